@@ -1,0 +1,1 @@
+"""One module per lesson (``lNN.py``) registering that lesson's exercises with ``@exercise``."""

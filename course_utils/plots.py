@@ -1,0 +1,136 @@
+"""Plots every lesson shares: batch-size curves, speed-up bars, latency distributions, roofline.
+
+Each function draws on a new (or given) matplotlib Axes, labels units, and returns the Figure.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+
+import matplotlib
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+
+STYLE = {"figure.figsize": (7, 4), "axes.grid": True, "grid.alpha": 0.3, "axes.spines.top": False,
+         "axes.spines.right": False}  # fmt: skip
+matplotlib.rcParams.update(STYLE)
+
+
+def batch_curve(df: pd.DataFrame, *, label: str = "", title: str = "Latency and throughput vs batch size"):
+    """Two panels: median latency (with p10-p90 band) and throughput, against batch size (log2 x-axis)."""
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4))
+    groups = df.groupby("variant") if "variant" in df.columns else [(label, df)]
+    for name, g in groups:
+        g = g.sort_values("batch_size")
+        ax1.plot(g["batch_size"], g["median_ms"], marker="o", label=name or None)
+        if {"p10_ms", "p90_ms"} <= set(g.columns):
+            ax1.fill_between(g["batch_size"], g["p10_ms"], g["p90_ms"], alpha=0.2)
+        ax2.plot(g["batch_size"], g["throughput"], marker="o", label=name or None)
+    for ax in (ax1, ax2):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("batch size")
+    ax1.set_ylabel("latency per batch (ms, median; band p10-p90)")
+    ax2.set_ylabel("throughput (items/s)")
+    if "variant" in df.columns or label:
+        ax2.legend()
+    fig.suptitle(title)
+    fig.tight_layout()
+    return fig
+
+
+def speedup_bars(
+    speedups: Mapping[str, float] | pd.Series, *, title: str = "Speed-up vs baseline", ax=None, baseline: float = 1.0
+):
+    """Horizontal bars of speed-up factors, with the baseline (1.0x) drawn as a line."""
+    s = pd.Series(speedups, dtype=float)
+    if ax is None:
+        fig, ax = plt.subplots(figsize=(7, 0.5 * len(s) + 1.5))
+    else:
+        fig = ax.figure
+    colors = ["tab:green" if v >= baseline else "tab:red" for v in s.values]
+    ax.barh(list(s.index), s.values, color=colors)
+    ax.axvline(baseline, color="black", lw=1)
+    for i, v in enumerate(s.values):
+        ax.text(v, i, f" {v:.2f}x", va="center")
+    ax.set_xlabel("speed-up (x, higher is faster)")
+    ax.set_title(title)
+    ax.invert_yaxis()
+    fig.tight_layout()
+    return fig
+
+
+def latency_distribution(samples: Mapping[str, Sequence[float]], *, title: str = "Latency distribution", ax=None):
+    """Histogram of per-call latencies (ms) for each named variant, medians marked."""
+    if ax is None:
+        fig, ax = plt.subplots()
+    else:
+        fig = ax.figure
+    all_vals = np.concatenate([np.asarray(v, dtype=float) for v in samples.values()])
+    bins = np.linspace(all_vals.min(), np.percentile(all_vals, 99.5), 50) if all_vals.size else 10
+    for name, vals in samples.items():
+        vals = np.asarray(vals, dtype=float)
+        line = ax.hist(vals, bins=bins, alpha=0.5, label=f"{name} (median {np.median(vals):.3g} ms)")
+        ax.axvline(np.median(vals), color=line[2][0].get_facecolor(), ls="--")
+    ax.set_xlabel("latency per call (ms)")
+    ax.set_ylabel("calls")
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig
+
+
+def roofline(
+    points: pd.DataFrame,
+    *,
+    peak_flops: float,
+    peak_bytes_per_s: float,
+    title: str = "Roofline (peaks measured in this run)",
+    ax=None,
+):
+    """Achieved FLOP/s vs arithmetic intensity (FLOP/byte) against the measured compute and bandwidth roofs.
+
+    ``points`` needs columns ``name``, ``intensity`` (FLOP/byte) and ``flops_per_s``.
+    """
+    if ax is None:
+        fig, ax = plt.subplots()
+    else:
+        fig = ax.figure
+    lo = min(points["intensity"].min(), 0.01) / 2
+    hi = max(points["intensity"].max(), peak_flops / peak_bytes_per_s) * 4
+    x = np.logspace(np.log10(lo), np.log10(hi), 200)
+    ax.plot(x, np.minimum(peak_flops, x * peak_bytes_per_s), color="black", lw=2, label="roof (measured peaks)")
+    ax.axvline(peak_flops / peak_bytes_per_s, color="gray", ls=":", label="ridge point")
+    for _, row in points.iterrows():
+        ax.scatter(row["intensity"], row["flops_per_s"], s=60, zorder=3)
+        ax.annotate(str(row["name"]), (row["intensity"], row["flops_per_s"]), textcoords="offset points",
+                    xytext=(6, 4))  # fmt: skip
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
+    ax.set_ylabel("achieved FLOP/s")
+    ax.set_title(title)
+    ax.legend(loc="lower right")
+    fig.tight_layout()
+    return fig
+
+
+def pareto(df: pd.DataFrame, *, x: str = "median_ms", y: str = "accuracy", label: str = "variant", ax=None,
+           title: str = "Accuracy vs latency"):  # fmt: skip
+    """Scatter of accuracy vs latency with each point labelled; the Pareto front is drawn as a step line."""
+    if ax is None:
+        fig, ax = plt.subplots()
+    else:
+        fig = ax.figure
+    ax.scatter(df[x], df[y], s=50)
+    for _, row in df.iterrows():
+        ax.annotate(str(row[label]), (row[x], row[y]), textcoords="offset points", xytext=(5, 3))
+    front = df.sort_values(x)
+    front = front[front[y] >= front[y].cummax()]
+    ax.step(front[x], front[y], where="post", color="tab:green", alpha=0.6, label="Pareto front")
+    ax.set_xlabel(x.replace("_", " "))
+    ax.set_ylabel(y.replace("_", " "))
+    ax.set_title(title)
+    ax.legend()
+    fig.tight_layout()
+    return fig

@@ -1,0 +1,121 @@
+"""Sweep batch sizes (or any parameter), with a progress bar, stopping cleanly at out-of-memory.
+
+:func:`batch_sweep` returns a DataFrame with one row per batch size that fit; the batch size that ran
+out of memory (if any) is kept in ``df.attrs["oom_at"]`` and the largest that fit in
+``df.attrs["max_fit"]``, so a notebook reports the limit instead of dying.
+"""
+
+from __future__ import annotations
+
+import gc
+from collections.abc import Callable, Iterable
+from typing import Any
+
+import pandas as pd
+import torch
+from tqdm.auto import tqdm
+
+from .timing import measure
+
+
+def _is_oom(exc: BaseException) -> bool:
+    if isinstance(exc, torch.OutOfMemoryError):
+        return True
+    return isinstance(exc, RuntimeError) and "out of memory" in str(exc).lower()
+
+
+def _free_memory(device: torch.device) -> None:
+    gc.collect()
+    if device.type == "cuda":
+        torch.cuda.empty_cache()
+
+
+def sweep(
+    run: Callable[[Any], dict[str, Any]],
+    values: Iterable[Any],
+    *,
+    name: str = "value",
+    device: str | torch.device | None = None,
+    progress: bool = True,
+) -> pd.DataFrame:
+    """Call ``run(value)`` for each value (each returns a dict of columns) and collect a DataFrame.
+
+    Stops at the first out-of-memory error: the cache is freed, ``df.attrs["oom_at"]`` names the value
+    that failed, and the rows measured so far are returned. Other errors propagate.
+    """
+    from .device import get_device
+
+    dev = get_device(device)
+    rows: list[dict[str, Any]] = []
+    oom_at = None
+    values = list(values)
+    for value in tqdm(values, desc=f"sweep {name}", disable=not progress, leave=False):
+        try:
+            row = run(value)
+        except Exception as exc:
+            if not _is_oom(exc):
+                raise
+            oom_at = value
+            _free_memory(dev)
+            print(f"Out of memory at {name}={value}: stopped the sweep, freed the cache, kept {len(rows)} rows.")
+            break
+        rows.append({name: value, **row})
+    df = pd.DataFrame(rows)
+    df.attrs["oom_at"] = oom_at
+    df.attrs["max_fit"] = rows[-1][name] if rows else None
+    return df
+
+
+def batch_sweep(
+    model: Callable[[torch.Tensor], Any],
+    make_input: Callable[[int], torch.Tensor],
+    batch_sizes: Iterable[int],
+    *,
+    device: str | torch.device | None = None,
+    memory_limit_mb: float | None = None,
+    progress: bool = True,
+    **measure_kwargs: Any,
+) -> pd.DataFrame:
+    """Latency and throughput of ``model(make_input(b))`` for each batch size ``b``.
+
+    Columns: ``batch_size, median_ms, p10_ms, p90_ms, iqr_ms, n, throughput, ms_per_item``.
+    ``memory_limit_mb`` simulates a smaller device: a batch whose input tensor alone exceeds it raises
+    ``torch.OutOfMemoryError`` and takes the same path as a real CUDA out-of-memory error.
+    Runs under ``torch.inference_mode()``.
+    """
+    from .device import get_device
+
+    dev = get_device(device)
+
+    def run(b: int) -> dict[str, Any]:
+        x = make_input(b)
+        if memory_limit_mb is not None:
+            need = x.element_size() * x.nelement() / 2**20
+            if need > memory_limit_mb:
+                raise torch.OutOfMemoryError(
+                    f"simulated: batch {b} input needs {need:.1f} MiB > memory_limit_mb={memory_limit_mb}"
+                )
+        with torch.inference_mode():
+            m = measure(lambda: model(x), device=dev, batch_size=b, **measure_kwargs)
+        d = m.as_dict()
+        return {k: d[k] for k in ("median_ms", "p10_ms", "p90_ms", "iqr_ms", "n", "throughput")} | {
+            "ms_per_item": m.median_ms / b
+        }
+
+    return sweep(run, batch_sizes, name="batch_size", device=dev, progress=progress)
+
+
+def knee(df: pd.DataFrame, *, x: str = "batch_size", y: str = "throughput", fraction: float = 0.9) -> Any:
+    """The smallest ``x`` whose ``y`` reaches ``fraction`` of the best ``y``: where throughput saturates."""
+    if df.empty:
+        raise ValueError("knee() needs at least one row")
+    best = df[y].max()
+    return df.loc[df[y] >= fraction * best, x].min()
+
+
+def best_under_budget(df: pd.DataFrame, budget_ms: float, *, latency: str = "p90_ms") -> pd.Series | None:
+    """The row with the highest throughput whose ``latency`` column stays within ``budget_ms`` (None if none)."""
+    ok = df[df[latency] <= budget_ms]
+    if ok.empty:
+        return None
+    return ok.loc[ok["throughput"].idxmax()]
