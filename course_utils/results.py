@@ -32,11 +32,11 @@ def results_dir() -> Path:
 
 def machine_id() -> str:
     """A file-name-safe name for this machine: GPU name if present, else CPU model, plus host name."""
-    from .device import cpu_model, has_cuda
-
     import socket
 
     import torch
+
+    from .device import cpu_model, has_cuda
 
     hw = torch.cuda.get_device_name(0) if has_cuda() else cpu_model()
     return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{socket.gethostname()}_{hw}").strip("-")[:120]
@@ -162,7 +162,8 @@ def show_reference(lesson: str, technique_contains: str = "") -> pd.DataFrame | 
         return None
     cols = [c for c in ["technique", "model", "dtype", "batch_size", "median_ms", "throughput", "speedup_vs_baseline",
                         "gpu", "torch", "time"] if c in df.columns]  # fmt: skip
-    print(f"Reference results measured on {', '.join(sorted(df['gpu'].dropna().astype(str).unique()))} (not this machine):")
+    gpus = ", ".join(sorted(df["gpu"].dropna().astype(str).unique()))
+    print(f"Reference results measured on {gpus} (not this machine):")
     return df[cols].reset_index(drop=True)
 
 
@@ -179,6 +180,4 @@ def compare_machines(df: pd.DataFrame, value: str = "median_ms") -> pd.DataFrame
     """Pivot rows to one column per machine: the same lesson/technique side by side (newest rows only)."""
     df = latest(df)
     index = ["lesson", "technique", "model", "dtype", "batch_size"]
-    return df.pivot_table(index=index, columns="machine", values=value, aggfunc="last", dropna=False).dropna(
-        how="all"
-    )
+    return df.pivot_table(index=index, columns="machine", values=value, aggfunc="last", dropna=False).dropna(how="all")

@@ -174,15 +174,15 @@ def naive_time(fn: Callable[[], object]) -> float:
     return (time.time() - t0) * 1000.0
 
 
-def benchmark_median_ms(fn: Callable[[], object], *, num_threads: int | None = None, min_run_time: float = 1.0) -> float:
-    """Median per-call time (ms) of ``fn`` by ``torch.utils.benchmark``, the reference :func:`measure` is checked against.
+def benchmark_median_ms(
+    fn: Callable[[], object], *, num_threads: int | None = None, min_run_time: float = 1.0
+) -> float:
+    """Median per-call time (ms) of ``fn`` by ``torch.utils.benchmark``: the reference for :func:`measure`.
 
     ``torch.utils.benchmark.Timer`` runs with ONE thread unless told otherwise; this passes the current
     ``torch.get_num_threads()`` so the two are compared under the same conditions.
     """
     from torch.utils import benchmark
 
-    timer = benchmark.Timer(
-        stmt="fn()", globals={"fn": fn}, num_threads=num_threads or torch.get_num_threads()
-    )
+    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=num_threads or torch.get_num_threads())
     return timer.blocked_autorange(min_run_time=min_run_time).median * 1000.0

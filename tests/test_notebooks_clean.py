@@ -1,0 +1,48 @@
+"""The stored notebooks are clean, use the course kernel, and match their text copies in lessons/."""
+
+import shutil
+
+import nbformat
+
+from course_utils import nbcheck
+
+
+def test_repository_notebooks_are_clean():
+    problems = nbcheck.check_all()
+    assert not problems, "\n".join(problems)
+
+
+def test_check_fails_on_a_notebook_with_outputs(tmp_path):
+    src = sorted((nbcheck.ROOT / "notebooks").glob("*.ipynb"))[0]
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "lessons").mkdir()
+    nb = nbformat.read(src, as_version=4)
+    code = next(c for c in nb.cells if c.cell_type == "code")
+    code.outputs = [nbformat.v4.new_output("stream", text="hello")]
+    code.execution_count = 1
+    nbformat.write(nb, tmp_path / "notebooks" / src.name)
+    shutil.copy(nbcheck.ROOT / "lessons" / f"{src.stem}.py", tmp_path / "lessons")
+    problems = nbcheck.check_all(tmp_path)
+    assert any("stored outputs" in p for p in problems) and any("execution count" in p for p in problems)
+
+
+def test_check_fails_on_drift_kernel_and_missing_pair(tmp_path):
+    src = sorted((nbcheck.ROOT / "notebooks").glob("*.ipynb"))[0]
+    (tmp_path / "notebooks").mkdir()
+    (tmp_path / "lessons").mkdir()
+    nb = nbformat.read(src, as_version=4)
+    nb.cells[0].source += "\nedited only in the notebook"
+    nb.metadata["kernelspec"]["name"] = "python3"
+    nbformat.write(nb, tmp_path / "notebooks" / src.name)
+    shutil.copy(nbcheck.ROOT / "lessons" / f"{src.stem}.py", tmp_path / "lessons")
+    (tmp_path / "lessons" / "99_orphan.py").write_text("# %%\nprint(1)\n")
+    problems = "\n".join(nbcheck.check_all(tmp_path))
+    assert "differ at cell 0" in problems and "kernelspec 'python3'" in problems and "99_orphan" in problems
+
+
+def test_build_writes_clean_notebooks(tmp_path):
+    (tmp_path / "lessons").mkdir()
+    (tmp_path / "lessons" / "50_demo.py").write_text("# %% [markdown]\n# # Demo\n\n# %%\nx = 1\n")
+    written = nbcheck.build_notebooks(tmp_path)
+    assert [p.name for p in written] == ["50_demo.ipynb"]
+    assert nbcheck.check_all(tmp_path) == []
