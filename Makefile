@@ -53,6 +53,14 @@ lint: setup
 notebooks: setup
 	$(PY) -m course_utils.nbcheck --build
 
+# CUDA machines: every lesson in strict GPU mode (a skipped GPU section fails), full sizes; writes data/reference/.
+gpu-test: setup
+	$(PY) -m scripts.gpu_check --size full --budget 3600
+
+# The same in smoke sizes within a 10-minute budget (also works offline, with --wheels DIR for missing packages).
+gpu-check: setup
+	$(PY) -m scripts.gpu_check --size smoke --budget 540
+
 checksums: setup
 	$(PY) -m scripts.checksums
 
