@@ -34,7 +34,8 @@ $(STAMP): pyproject.toml
 	@echo "Set-up done ($(EXTRAS)); $(if $(HAS_GPU),NVIDIA GPU found: GPU extras installed,no NVIDIA GPU: CPU set-up)."
 
 lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1
+	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --LabApp.extension_manager=readonly \
+	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
 # Unit tests and every notebook, smoke sizes, results into build/test-results; then the run's section record.
 test: setup
