@@ -62,6 +62,12 @@ gpu-test: setup
 gpu-check: setup
 	$(PY) -m scripts.gpu_check --size smoke --budget 540
 
+# Run every notebook headless at full size into build/course/ (outputs kept) and render build/course/index.html
+# (each notebook as HTML, what ran / was skipped and why, wall times, the leaderboard).
+# COURSE_SMOKE=1 make course for a quick pass; ONLY="00 14" to run some notebooks.
+course: setup
+	MPLBACKEND=agg $(PY) -m scripts.run_course --out build/course $(if $(ONLY),--only $(ONLY))
+
 checksums: setup
 	$(PY) -m scripts.checksums
 

@@ -5,7 +5,21 @@ plots · results (rows per machine) · compare (outputs vs baseline, tolerances)
 (offline zoo, checksums) · modes (smoke, strict GPU, section record) · exercises · lesson (setup cell).
 """
 
-from . import compare, data, device, exercises, lesson, models, modes, plots, results, sweep, timing
+from . import (
+    compare,
+    data,
+    device,
+    exercises,
+    leaderboard,
+    lesson,
+    models,
+    modes,
+    optimize,
+    plots,
+    results,
+    sweep,
+    timing,
+)
 from .compare import check_outputs, compare_outputs
 from .device import pick_device
 from .modes import gpu_section, is_smoke, pick

@@ -1,0 +1,101 @@
+"""The leaderboard pools several machines' result files; a malformed file is skipped, nothing else lost."""
+
+from __future__ import annotations
+
+import json
+import warnings
+
+import pandas as pd
+import pytest
+
+from course_utils import leaderboard as lb
+from course_utils.results import COLUMNS
+
+
+def _rows(machine: str, gpu: str, cpu: str, speeds: dict[str, float], time: str = "2026-11-01T10:00:00"):
+    rows = []
+    for tech, ms in speeds.items():
+        row = {c: None for c in COLUMNS}
+        row.update(lesson="14", technique=tech, model="digits-cnn", dtype="fp32", batch_size=1, median_ms=ms,
+                   speedup_vs_baseline=speeds["baseline"] / ms, machine=machine, gpu=gpu, cpu=cpu,
+                   torch="2.14.1", mode="full", time=time)  # fmt: skip
+        rows.append(row)
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+@pytest.fixture
+def attendee_files(tmp_path):
+    a = tmp_path / "alice_laptop.csv"
+    _rows("alice_Intel-i7", "", "Intel i7", {"baseline": 2.0, "onnxruntime": 1.0}).to_csv(a, index=False)
+    b = tmp_path / "bob_gpu.csv"
+    _rows("bob_L4", "NVIDIA L4", "AMD EPYC", {"baseline": 0.5, "onnxruntime": 0.4, "tensorrt fp16": 0.1}).to_csv(
+        b, index=False
+    )
+    garbage = tmp_path / "carol_broken.csv"
+    garbage.write_bytes(b"\x00\x01PK\x03\x04 not a csv \xff\xfe")
+    missing = tmp_path / "dave_wrong_columns.csv"
+    missing.write_text("foo,bar\n1,2\n")
+    bad_numbers = tmp_path / "erin_bad_numbers.csv"
+    bad = _rows("erin_M2", "", "Apple M2", {"baseline": 3.0})
+    bad["median_ms"] = ["fast!"]
+    bad.to_csv(bad_numbers, index=False)
+    empty = tmp_path / "frank_empty.csv"
+    empty.write_text("")
+    return tmp_path, [a, b, garbage, missing, bad_numbers, empty]
+
+
+def test_pool_keeps_good_files_and_names_each_bad_one(attendee_files):
+    _, files = attendee_files
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        df = lb.pool(files)
+    messages = " | ".join(str(w.message) for w in caught)
+    for name in ["carol_broken.csv", "dave_wrong_columns.csv", "erin_bad_numbers.csv", "frank_empty.csv"]:
+        assert name in messages, f"no warning names {name}: {messages}"
+    assert "alice_laptop.csv" not in messages and "bob_gpu.csv" not in messages
+    assert len(df) == 5 and set(df["source"]) == {"alice_laptop.csv", "bob_gpu.csv"}
+    assert df["median_ms"].dtype.kind == "f"
+
+
+def test_leaderboard_puts_machines_side_by_side(attendee_files, tmp_path):
+    folder, _ = attendee_files
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = lb.load(folder, include_reference=False)
+    table = lb.leaderboard(df, lesson="14")
+    assert len(table.columns) == 2
+    assert any("L4" in c for c in table.columns) and any("Intel i7" in c for c in table.columns)
+    onnx = table.xs("onnxruntime", level="technique").iloc[0]
+    assert sorted(onnx.dropna().tolist()) == [0.4, 1.0]
+    best = lb.best_technique(df, "14")
+    assert set(best["technique"]) == {"onnxruntime", "tensorrt fp16"}
+    who = lb.machines(df)
+    assert len(who) == 2 and who["rows"].sum() == 5
+    assert len(lb.plot(lb.leaderboard(df, lesson="14", value="speedup_vs_baseline")).axes) >= 1
+
+
+def test_newest_row_wins_and_references_are_labelled(tmp_path):
+    own = tmp_path / "own"
+    own.mkdir()
+    old = _rows("me_cpu", "", "Xeon", {"baseline": 4.0}, time="2026-11-01T10:00:00")
+    new = _rows("me_cpu", "", "Xeon", {"baseline": 3.0}, time="2026-11-02T10:00:00")
+    pd.concat([old, new]).to_csv(own / "me_cpu.csv", index=False)
+    ref = tmp_path / "ref"
+    ref.mkdir()
+    _rows("lab_H100", "NVIDIA H100", "Xeon", {"baseline": 0.2}).to_csv(ref / "H100_2026-11-20.csv", index=False)
+    (ref / "H100_2026-11-20.env.json").write_text(json.dumps({"gpu": "NVIDIA H100", "torch": "2.14.1",
+                                                              "tensorrt": "11.1", "date": "2026-11-20"}))  # fmt: skip
+    refs = lb.references(ref)
+    assert refs["label"].iloc[0].startswith("reference: NVIDIA H100") and "2026-11-20" in refs["label"].iloc[0]
+    df = pd.concat([lb.load(own, include_reference=False), refs], ignore_index=True)
+    table = lb.leaderboard(df, value="median_ms")
+    mine = [c for c in table.columns if "Xeon" in c and not c.startswith("reference")][0]
+    assert table[mine].iloc[0] == 3.0
+    with pytest.raises(ValueError, match="value must be"):
+        lb.leaderboard(df, value="colour")
+
+
+def test_empty_inputs():
+    assert lb.pool([]).empty
+    assert lb.leaderboard(pd.DataFrame()).empty
+    assert lb.machines(lb.pool([])).empty

@@ -1,0 +1,160 @@
+"""optimize() on models no lesson uses: a Conv1d net (no Linear layers) and a small GRU tagger."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import optimize as opt
+from course_utils.errors import CourseError
+
+
+class Conv1dNet(nn.Module):
+    """A 1-D conv net over 4-channel sequences, pooled to 6 scores: no Linear layer at all."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.body = nn.Sequential(nn.Conv1d(4, 16, 5, padding=2), nn.ReLU(), nn.Conv1d(16, 6, 3, padding=1))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x).mean(-1)
+
+
+class GRUTagger(nn.Module):
+    """A GRU over 8-dim tokens with a wide Linear head: most parameters are in Linear layers."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.gru = nn.GRU(8, 16, batch_first=True)
+        self.head = nn.Sequential(nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 5))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.gru(x)[0][:, -1])
+
+
+def _setup(model: nn.Module, shape: tuple[int, ...]):
+    torch.manual_seed(0)
+    model = model.eval()
+    data = torch.randn(64, *shape[1:])
+    with torch.no_grad():
+        labels = model(data).argmax(-1)
+
+    def accuracy(run) -> float:
+        return float((run(data).argmax(-1) == labels).float().mean())
+
+    return model, torch.randn(*shape), accuracy
+
+
+FAST = {"min_time_s": 0.01, "min_repeats": 3, "warmup": 1, "warn_spread": False}
+
+
+def test_conv1d_net_reports_every_technique():
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["batching", "precision", "int8"],
+                          measure_kwargs=FAST, verbose=False)  # fmt: skip
+    df = report.df
+    assert [t.split(" ")[0] for t in df["technique"][:7]] == list(opt.TECHNIQUES)
+    for col in ["technique", "applied", "reason", "median_ms", "speedup", "accuracy", "within_budget"]:
+        assert col in df.columns
+    base = report.step("baseline")
+    assert base.speedup == 1.0 and base.accuracy == 1.0
+    batching = report.step("batching")
+    assert batching.applied and batching.batch_size == 8 and batching.median_ms > 0
+    int8 = report.step("int8")
+    assert not int8.applied and "not applicable" in int8.reason and "Linear" in int8.reason
+    assert "not requested" in report.step("compile").reason
+    bf16 = report.step("precision bf16")
+    assert bf16.applied and bf16.comparison is not None
+    assert (df["cumulative_speedup"].diff().dropna() >= 0).all()
+    guide = opt.decision_guide(report)
+    assert "On this machine" in guide and "int8" in guide
+    fig = report.plot()
+    assert len(fig.axes) == 2
+
+
+def test_gru_gets_dynamic_int8():
+    model, example, acc = _setup(GRUTagger(), (1, 12, 8))
+    assert opt.linear_share(model) > opt.LINEAR_HEAVY_SHARE
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["int8"], measure_kwargs=FAST,
+                          verbose=False)  # fmt: skip
+    step = report.step("int8")
+    assert step.applied, step.reason
+    assert step.accuracy is not None and step.precision == "int8"
+    if step.comparison.within:
+        assert step.speedup is not None and step.speedup > 0
+    else:
+        assert step.speedup is None and "not timed" in step.reason
+
+
+def test_tensorrt_skips_with_reason_on_cpu():
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["tensorrt"], measure_kwargs=FAST,
+                          verbose=False)  # fmt: skip
+    trt = report.step("tensorrt")
+    assert not trt.applied and "GPU" in trt.reason
+
+
+def test_variant_outside_tolerance_is_not_timed(monkeypatch):
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+
+    def broken_precision(model, dev):
+        return [opt._Variant("precision broken", lambda x: model(x) * 0 + 1.0, "bf16", 0.0, "")]
+
+    monkeypatch.setattr(opt, "_precision", broken_precision)
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["precision"], measure_kwargs=FAST,
+                          verbose=False)  # fmt: skip
+    step = report.step("precision")
+    assert step.applied and step.speedup is None and step.within_budget is False and "not timed" in step.reason
+    assert "Outside the budget" in opt.decision_guide(report)
+
+
+def test_failing_technique_is_reported_and_others_run(monkeypatch):
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+
+    def boom(*a, **k):
+        raise RuntimeError("export exploded")
+
+    monkeypatch.setattr(opt, "_onnxruntime", boom)
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime", "batching"],
+                          measure_kwargs=FAST, verbose=False)  # fmt: skip
+    assert "export exploded" in report.step("onnxruntime").reason
+    assert report.step("batching").applied
+
+
+def test_no_batch_dim_and_record(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    model, _, _ = _setup(Conv1dNet(), (2, 4, 32))
+    single = nn.Sequential(model.body, nn.Flatten(0))
+    example = torch.randn(4, 32).unsqueeze(0)
+    report = opt.optimize(single, example, lambda run: 1.0, device="cpu", techniques=["batching"],
+                          has_batch_dim=False, measure_kwargs=FAST, verbose=False)  # fmt: skip
+    assert "no batch dimension" in report.step("batching").reason
+    assert report.record("99", model="conv1d") == 1
+    assert list(tmp_path.glob("*.csv"))
+
+
+def test_bad_input_names_the_fix():
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    with pytest.raises(CourseError, match="choose from"):
+        opt.optimize(model, example, acc, techniques=["warp-drive"])
+    with pytest.raises(CourseError, match="Tensor"):
+        opt.optimize(model, [example], acc)
+    with pytest.raises(CourseError, match="nn.Module"):
+        opt.optimize(lambda x: x, example, acc)
+
+    class Dicty(nn.Module):
+        def forward(self, x):
+            return {"logits": x}
+
+    with pytest.raises(CourseError, match="wrap the model"):
+        opt.optimize(Dicty(), example, acc, techniques=[])
+
+
+def test_no_gain_says_keep_the_baseline():
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    report = opt.optimize(model, example, acc, device="cpu", techniques=[], measure_kwargs=FAST, verbose=False)
+    assert "keep the baseline" in opt.decision_guide(report)
+    assert opt.cumulative_speedup(report.df).eq(1.0).all()
