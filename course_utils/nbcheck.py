@@ -8,6 +8,7 @@ non-course kernel, a missing pair, or cells that differ between the pair.
 
 from __future__ import annotations
 
+import hashlib
 import sys
 from pathlib import Path
 
@@ -76,7 +77,8 @@ def build_notebooks(root: Path = ROOT) -> list[Path]:
         nb = jupytext.read(text)
         nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY, "language": "python"}
         nb.metadata.pop("jupytext", None)
-        for cell in nb.cells:
+        for i, cell in enumerate(nb.cells):
+            cell.id = hashlib.sha1(f"{text.stem}:{i}".encode()).hexdigest()[:8]  # stable ids: clean diffs
             cell.metadata = {}
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
