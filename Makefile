@@ -26,6 +26,7 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install -q --upgrade pip
 	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
+	$(PY) -m pip install -q --no-deps tritonclient==2.73.0
 	@if [ -n "$(HAS_GPU)" ]; then \
 	  $(PY) -m pip install -q pycuda || echo "pycuda did not build here (it needs CUDA headers); the course runs without it"; \
 	fi

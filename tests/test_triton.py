@@ -1,0 +1,86 @@
+"""Tests of course_utils.triton: config text, validation with Triton's protobuf classes, repository layout."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from course_utils import triton as tr
+from course_utils.models import DigitsCNN
+
+INP = [tr.TensorSpec("input", "TYPE_FP32", (1, 8, 8))]
+OUT = [tr.TensorSpec("logits", "TYPE_FP32", (10,))]
+
+
+def test_make_config_parses_with_the_given_settings():
+    text = tr.make_config("m", INP, OUT, max_batch_size=16, preferred_batch_sizes=(4, 8), max_queue_delay_us=300,
+                          instance_count=2, kind="KIND_GPU")  # fmt: skip
+    cfg = tr.validate_config(text)
+    assert cfg.name == "m" and cfg.max_batch_size == 16
+    assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8]
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 300
+    assert cfg.instance_group[0].count == 2 and list(cfg.input[0].dims) == [1, 8, 8]
+
+
+def test_misspelled_field_is_caught():
+    text = tr.make_config("m", INP, OUT).replace("max_queue_delay_microseconds", "max_queue_delay_microsecond")
+    with pytest.raises(tr.TritonConfigError, match="max_queue_delay_microsecond"):
+        tr.validate_config(text)
+
+
+def test_preferred_size_above_maximum_is_caught():
+    text = tr.make_config("m", INP, OUT, max_batch_size=8, preferred_batch_sizes=(4, 16))
+    with pytest.raises(tr.TritonConfigError, match="preferred_batch_size 16 exceeds max_batch_size 8"):
+        tr.validate_config(text)
+
+
+@pytest.mark.parametrize(
+    "kwargs, words",
+    [
+        ({"max_batch_size": 0, "preferred_batch_sizes": (1,)}, "needs max_batch_size > 0"),
+        ({"preferred_batch_sizes": (0, 8)}, "below 1"),
+        ({"instance_count": 0}, "count 0"),
+    ],
+)
+def test_other_semantic_errors(kwargs, words):
+    with pytest.raises(tr.TritonConfigError, match=words):
+        tr.validate_config(tr.make_config("m", INP, OUT, **kwargs))
+
+
+def test_wrong_enum_value_is_caught():
+    with pytest.raises(tr.TritonConfigError, match="KIND_TPU"):
+        tr.validate_config(tr.make_config("m", INP, OUT).replace("KIND_CPU", "KIND_TPU"))
+
+
+def test_write_model_repository(tmp_path):
+    torch.manual_seed(0)
+    model = DigitsCNN().eval()
+    folder = tr.write_model_repository(tmp_path, model, torch.randn(2, 1, 8, 8), name="digits", max_batch_size=16,
+                                       preferred_batch_sizes=(8, 16))  # fmt: skip
+    assert folder == tmp_path / "digits"
+    assert (folder / "1" / "model.onnx").is_file() and not list(folder.rglob("*.data"))  # one self-contained file
+    cfg = tr.validate_config(folder / "config.pbtxt")
+    assert cfg.name == "digits" and cfg.input[0].name and list(cfg.output[0].dims) == [10]
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(str(folder / "1" / "model.onnx"), providers=["CPUExecutionProvider"])
+    x = torch.randn(5, 1, 8, 8)  # another batch size than the export's: the batch dimension is dynamic
+    got = sess.run(None, {cfg.input[0].name: x.numpy()})[0]
+    with torch.inference_mode():
+        np.testing.assert_allclose(got, model(x).numpy(), atol=1e-4)
+
+
+def test_write_model_repository_rejects_bad_settings(tmp_path):
+    with pytest.raises(tr.TritonConfigError, match="kind"):
+        tr.write_model_repository(tmp_path, DigitsCNN(), torch.randn(1, 1, 8, 8), kind="GPU")
+
+
+def test_docker_line_and_client_code(tmp_path):
+    line = tr.docker_run_line(tmp_path, gpus=False)
+    assert line.startswith("docker run") and "--gpus" not in line and f"{tmp_path.resolve()}:/models" in line
+    assert "-p 127.0.0.1:8001:8001" in line and "tritonserver --model-repository=/models" in line
+    assert "--gpus all" in tr.docker_run_line(tmp_path)
+    code = tr.client_code("digits", INP, OUT, batch=4)
+    compile(code, "<client>", "exec")  # valid Python, not executed
+    assert 'InferInput("input", list(x.shape), "FP32")' in code and "np.random.rand(4, 1, 8, 8)" in code
