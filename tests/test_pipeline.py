@@ -1,0 +1,140 @@
+"""Unit tests for course_utils.pipeline (CPU parts; GPU helpers must refuse clearly without CUDA)."""
+
+from __future__ import annotations
+
+import multiprocessing
+import threading
+import time
+
+import pytest
+import torch
+
+from course_utils import pipeline as pl
+from course_utils.errors import DeviceUnavailableError
+
+no_cuda = pytest.mark.skipif(torch.cuda.is_available(), reason="checks the no-GPU error path")
+
+
+def test_preprocess_shape_and_normalization() -> None:
+    img = torch.full((3, 10, 20), 255, dtype=torch.uint8)
+    out = pl.preprocess(img, 8)
+    assert out.shape == (3, 8, 8) and out.dtype == torch.float32
+    want = (1.0 - torch.tensor(pl.IMAGENET_MEAN)) / torch.tensor(pl.IMAGENET_STD)
+    assert torch.allclose(out[:, 0, 0], want, atol=1e-5)
+
+
+def test_decode_jpeg_matches_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = pl.JpegDataset(1).raw(0)
+    img = pl.decode_jpeg(raw)
+    assert img.dtype == torch.uint8 and img.ndim == 3 and img.shape[0] == 3
+    monkeypatch.setattr(pl, "jpeg_decoder", lambda: "torchvision.io")
+    assert torch.equal(pl.decode_jpeg(raw), img)
+    assert isinstance(pl.decode_jpeg([raw, raw]), list)
+
+
+def test_preprocess_rejects_bad_input() -> None:
+    with pytest.raises(ValueError, match="decode_jpeg"):
+        pl.preprocess(torch.zeros(3, 4, 4), 4)
+
+
+def test_dataset_repeats_shipped_jpegs() -> None:
+    ds = pl.JpegDataset(8, size=16)
+    assert len(ds) == 8
+    x, label = ds[len(ds.paths)]
+    assert x.shape == (3, 16, 16) and label == 0
+    assert ds.raw(0).dtype == torch.uint8
+    with pytest.raises(IndexError):
+        ds[8]
+    with pytest.raises(ValueError):
+        pl.JpegDataset(0)
+
+
+def test_loader_workers_match_main_process_and_stop() -> None:
+    ds = pl.JpegDataset(4, size=16)
+    ref = next(iter(pl.make_loader(ds, batch_size=4)))[0]
+    loader = pl.make_loader(ds, batch_size=2, num_workers=1)
+    assert not loader.persistent_workers
+    with pl.loader_batches(loader) as batches:
+        first = next(batches)[0]  # leave the loop early: workers must still stop
+    assert torch.equal(first, ref[:2])
+    assert multiprocessing.active_children() == []
+    with pytest.raises(ValueError):
+        pl.make_loader(ds, num_workers=-1)
+
+
+def test_num_workers_sweep_columns() -> None:
+    df = pl.num_workers_sweep(pl.JpegDataset(4, size=16), (0, 1), batch_size=2)
+    assert list(df["num_workers"]) == [0, 1]
+    assert (df["images"] == 4).all() and (df["images_per_s"] > 0).all()
+    assert multiprocessing.active_children() == []
+
+
+def test_end_to_end_counts_images() -> None:
+    loader = pl.make_loader(pl.JpegDataset(4, size=16), batch_size=2)
+    out = pl.end_to_end(loader, pl.tiny_cnn())
+    assert out["images"] == 4 and out["images_per_s"] > 0
+
+
+def test_prefetcher_order_errors_and_stop() -> None:
+    with pl.Prefetcher(range(10), lambda v: v * 2) as it:
+        assert list(it) == [v * 2 for v in range(10)]
+
+    def boom(v: int) -> int:
+        if v == 3:
+            raise RuntimeError("bad item")
+        return v
+
+    with pytest.raises(RuntimeError, match="bad item"), pl.Prefetcher(range(10), boom) as it:
+        list(it)
+    p = pl.Prefetcher(range(1000), lambda v: v, depth=1)
+    with p as it:
+        for v in it:
+            if v == 2:
+                break
+    assert not p.alive
+    assert not any(t.name == "prefetcher" for t in threading.enumerate())
+    with pytest.raises(ValueError):
+        pl.Prefetcher([], depth=0)
+
+
+def test_run_pipeline_overlaps_sleeping_stages() -> None:
+    items = list(range(6))
+    stage = 0.02
+    seq = pl.run_pipeline(items, lambda v: time.sleep(stage) or v, lambda v: time.sleep(stage), overlap=False)
+    ovl = pl.run_pipeline(items, lambda v: time.sleep(stage) or v, lambda v: time.sleep(stage), overlap=True)
+    assert seq >= 2 * stage * len(items) * 0.95
+    assert ovl < seq * 0.85  # sleeping releases the GIL, so the stages overlap
+    assert ovl >= pl.overlap_bound(stage, stage, len(items)) * 0.9
+
+
+def test_overlap_bound() -> None:
+    assert pl.overlap_bound(1.0, 3.0, 4) == 1.0 + 3 * 3.0 + 3.0
+    assert pl.overlap_bound(2.0, 2.0, 1) == 4.0
+    with pytest.raises(ValueError):
+        pl.overlap_bound(1.0, 1.0, 0)
+
+
+def test_timeline_records_and_plots() -> None:
+    tl = pl.Timeline()
+    tl.add("a", "a", 0.0, 2.0)
+    tl.add("b", "b", 1.0, 3.0)
+    assert tl.busy_overlap_s("a", "b") == pytest.approx(1.0)
+    wrapped = tl.wrap("c", lambda v: v + 1)
+    assert wrapped(1) == 2 and len(tl.frame()) == 3
+    fig = tl.plot()
+    assert fig is not None
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+
+
+@no_cuda
+def test_gpu_helpers_refuse_without_cuda() -> None:
+    with pytest.raises(DeviceUnavailableError):
+        pl.copy_to_device_ms(torch.zeros(2), "pinned")
+    with pytest.raises(DeviceUnavailableError):
+        pl.CudaPrefetcher([torch.zeros(2)])
+    with pytest.raises(DeviceUnavailableError):
+        pl.gpu_decode_preprocess([torch.zeros(2, dtype=torch.uint8)])
+    with pytest.raises(DeviceUnavailableError):
+        pl.stream_pipeline(lambda x: x, [torch.zeros(2)], overlap=True)
