@@ -1,0 +1,179 @@
+"""Unit tests for course_utils.backends: ONNX export, ORT helpers, and the TensorRT cache logic (no GPU)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import backends as B
+from course_utils.errors import CourseError, MissingBackendError
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(8, 16)
+        self.b = nn.Linear(16, 4)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.b(torch.relu(self.a(x)))
+
+
+@pytest.fixture(scope="module")
+def tiny_onnx(tmp_path_factory):
+    torch.manual_seed(0)
+    model = Tiny().eval()
+    path = B.export_onnx(model, torch.randn(1, 8), tmp_path_factory.mktemp("onnx") / "tiny.onnx")
+    return model, path
+
+
+def test_export_is_one_file_with_dynamic_batch(tiny_onnx):
+    import onnx
+
+    _, path = tiny_onnx
+    assert path.exists() and not list(path.parent.glob("*.data"))
+    dims = onnx.load(str(path)).graph.input[0].type.tensor_type.shape.dim
+    assert dims[0].dim_param == "batch" and dims[1].dim_value == 8
+
+
+def test_count_nodes(tiny_onnx):
+    counts = B.count_nodes(tiny_onnx[1])
+    assert sum(counts.values()) >= 3 and counts.get("Relu") == 1
+
+
+def test_session_runner_parity_and_levels(tiny_onnx, tmp_path):
+    model, path = tiny_onnx
+    for level in B.LEVELS:
+        sess = B.ort_session(path, level=level, threads=1, optimized_path=tmp_path / f"{level}.onnx")
+        assert (tmp_path / f"{level}.onnx").exists()
+    run = B.ort_runner(sess)
+    x = torch.randn(5, 8)
+    torch.testing.assert_close(run(x), model(x).detach(), atol=1e-5, rtol=1e-5)
+    assert run({"input": x}).shape == (5, 4)
+    with pytest.raises(ValueError):
+        B.ort_session(path, level="max")
+
+
+def test_runner_bad_inputs_name_the_expected(tiny_onnx):
+    run = B.ort_runner(B.ort_session(tiny_onnx[1], threads=1))
+    with pytest.raises(B.BadInputError, match="expected one of \\['input'\\]"):
+        run({"x": torch.randn(2, 8)})
+    with pytest.raises(B.BadInputError, match="torch.float32"):
+        run(torch.randn(2, 8, dtype=torch.float64))
+    with pytest.raises(B.BadInputError, match="rank 2"):
+        run(torch.randn(8))
+    with pytest.raises(B.BadInputError, match="dimension 1 must be 8"):
+        run(torch.randn(2, 7))
+    assert isinstance(B.BadInputError("x"), CourseError)
+
+
+def test_provider_fallback_is_reported(tiny_onnx):
+    import onnxruntime as ort
+
+    if "CUDAExecutionProvider" in ort.get_available_providers() and torch.cuda.is_available():
+        pytest.skip("CUDA provider really loads here")
+    with pytest.raises(B.ProviderFallbackError, match="fell back"):
+        B.ort_session(tiny_onnx[1], providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    sess = B.ort_session(tiny_onnx[1], providers=["CUDAExecutionProvider", "CPUExecutionProvider"], strict=False)
+    assert sess.get_providers() == ["CPUExecutionProvider"]
+
+
+def test_quantize_dynamic(tiny_onnx, tmp_path):
+    model, path = tiny_onnx
+    q = B.ort_quantize_dynamic(path, tmp_path / "q.onnx")
+    assert any("Integer" in k or "Quant" in k for k in B.count_nodes(q))
+    out = B.ort_runner(B.ort_session(q, threads=1))(torch.randn(3, 8))
+    assert out.shape == (3, 4)
+
+
+# ----------------------------------------------------------------------------- TensorRT cache, no GPU
+
+BASE = dict(
+    gpu_name="NVIDIA H200", compute_capability=(9, 0), trt_version="11.1.0", precision="fp16",
+    profile=B.Profile.for_batch("input", (3, 224, 224), 1, 8, 32), onnx_sha256="ab" * 32,
+)  # fmt: skip
+
+
+def test_cache_key_is_stable_and_sensitive_to_every_field():
+    key = B.engine_cache_key(**BASE)
+    assert key == B.engine_cache_key(**dict(BASE))
+    changes = {
+        "gpu_name": "NVIDIA L4", "compute_capability": (8, 9), "trt_version": "10.13.0", "precision": "int8",
+        "profile": B.Profile.for_batch("input", (3, 224, 224), 1, 16, 32), "onnx_sha256": "cd" * 32,
+    }  # fmt: skip
+    for field, value in changes.items():
+        assert B.engine_cache_key(**{**BASE, field: value}) != key, field
+    assert B.engine_cache_key(**{**BASE, "compute_capability": "9.0"}) == key
+
+
+def test_staleness_reasons():
+    meta = B.engine_metadata(**BASE)
+    assert B.engine_staleness(meta, meta) == []
+    assert "no metadata" in B.engine_staleness(None, meta)[0]
+    foreign = B.engine_metadata(**{**BASE, "trt_version": "10.13.0", "gpu_name": "NVIDIA L4"})
+    reasons = B.engine_staleness(foreign, meta)
+    assert len(reasons) == 2 and any("trt_version" in r and "10.13.0" in r for r in reasons)
+    # JSON round trip (as stored beside the engine) keeps it usable
+    assert B.engine_staleness(json.loads(json.dumps(meta)), meta) == []
+
+
+def test_engine_paths_and_metadata_file(tmp_path):
+    key = B.engine_cache_key(**BASE)
+    eng, meta = B.engine_paths(tmp_path, "model.onnx", "fp16", key)
+    assert eng.name == f"model-fp16-{key}.engine" and meta.suffix == ".json"
+    assert B.read_metadata(meta) is None
+    meta.write_text("{broken")
+    assert B.read_metadata(meta) is None
+
+
+def test_profile_validation():
+    with pytest.raises(ValueError, match="min <= opt <= max"):
+        B.Profile.for_batch("input", (3,), 8, 4, 16)
+    with pytest.raises(ValueError, match="precision"):
+        B.engine_metadata(**{**BASE, "precision": "fp64"})
+
+
+def test_missing_tensorrt_names_the_fix():
+    if importlib.util.find_spec("tensorrt") is not None:
+        pytest.skip("tensorrt is installed here")
+    with pytest.raises(MissingBackendError, match="make setup"):
+        B.require_tensorrt()
+    with pytest.raises(MissingBackendError):
+        B.build_engine("x.onnx", profile=B.Profile.for_batch("input", (3,), 1, 1, 1))
+
+
+def test_calibration_and_modelopt_command(tmp_path):
+    import numpy as np
+
+    p = B.write_calibration(torch.randn(10, 3), tmp_path / "calib.npy", 4)
+    assert np.load(p).shape == (4, 3)
+    with pytest.raises(ValueError):
+        B.write_calibration(torch.randn(10, 3), tmp_path / "c.npy", 11)
+    cmd = B.modelopt_int8_command("m.onnx", p, "m.int8.onnx")
+    assert cmd[1:3] == ["-m", "modelopt.onnx.quantization"] and "--calibration_data" in cmd and "int8" in cmd
+
+
+def test_build_plan(tiny_onnx):
+    prof = B.Profile.for_batch("input", (8,), 1, 4, 16)
+    plat = {"gpu_name": "NVIDIA H200", "compute_capability": (9, 0), "trt_version": "11.1.0"}
+    df = B.build_plan({"fp32": tiny_onnx[1], "int8": None}, prof, plat)
+    assert list(df["precision"]) == ["fp32", "int8"] and len(df.loc[0, "cache key"]) == 20
+    assert df.loc[1, "cache key"].startswith("(")
+
+
+def test_optimizer_fuses_nodes_between_lowest_and_highest_level(tmp_path):
+    torch.manual_seed(0)
+    layers: list[nn.Module] = []
+    for c_in in (1, 32, 32, 32):  # 32 channels: a multiple of ORT's NCHWc block on AVX2 and AVX-512
+        layers += [nn.Conv2d(c_in, 32, 3, padding=1), nn.ReLU()]
+    cnn = nn.Sequential(*layers).eval()
+    path = B.export_onnx(cnn, torch.randn(1, 1, 8, 8), tmp_path / "cnn.onnx")
+    totals = {}
+    for level in ("disable", "all"):
+        B.ort_session(path, level=level, threads=1, optimized_path=tmp_path / f"{level}.onnx")
+        totals[level] = sum(B.count_nodes(tmp_path / f"{level}.onnx").values())
+    assert totals["all"] < totals["disable"], totals
