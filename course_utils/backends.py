@@ -100,11 +100,9 @@ def count_nodes(path: str | Path) -> collections.Counter:
 
 def file_sha256(path: str | Path) -> str:
     """Hex sha256 of a file (an ONNX model's identity in the engine cache key)."""
-    h = hashlib.sha256()
-    with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    from .data import sha256
+
+    return sha256(path)
 
 
 # ------------------------------------------------------------------------------------------- ONNX Runtime

@@ -245,17 +245,17 @@ def pick_technique(rows: list[dict], budget: float) -> str:
 cu.exercises.check("14.pick", pick_technique)
 
 # %% [markdown]
-# **14.break-even.** A compiled model or an ONNX export costs seconds before its first answer. Given the
-# set-up seconds and the baseline's and the variant's milliseconds per call, return after how many calls
-# the set-up has paid back (rounded up), or `math.inf` if the variant is not faster. Then use it on this
-# run's `compile` or `onnxruntime` row.
+# **Break-even, revisited (exercise 06.break-even).** A compiled model or an ONNX export costs seconds before
+# its first answer. Write again (or copy from lesson 06) the function that returns after how many calls the
+# set-up has paid back (rounded up), `math.inf` if the variant is not faster, 0 if set-up cost nothing; then
+# apply it to this run's `compile` or `onnxruntime` row (`setup_s` and `median_ms` columns of `report.df`).
 
 # %%
-def break_even_calls(setup_s: float, baseline_ms: float, variant_ms: float) -> float:
+def break_even(setup_s: float, baseline_ms: float, variant_ms: float) -> float:
     raise NotImplementedError  # your code here
 
 
-cu.exercises.check("14.break-even", break_even_calls)
+cu.exercises.check("06.break-even", break_even)
 
 # %% [markdown]
 # ## Summary
