@@ -1,0 +1,184 @@
+"""Unit tests for course_utils.quant on small models (MiniLM is exercised by lesson 05 itself)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from course_utils import quant as Q
+from course_utils.errors import CourseError
+
+
+class Tiny(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(64, 128)
+        self.b = nn.Linear(128, 128)
+        self.c = nn.Linear(128, 10)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.c(torch.relu(self.b(torch.relu(self.a(x)))))
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    torch.manual_seed(0)
+    return Tiny().eval()
+
+
+def test_dynamic_int8_shrinks_linear_weights_and_warns(tiny):
+    q, msgs = Q.dynamic_int8(tiny)
+    assert Q.count_quantized(q) == 3 and Q.count_quantized(tiny) == 0
+    assert any("deprecated" in m for m in msgs)
+    ratio = Q.linear_weight_bytes(tiny) / Q.linear_weight_bytes(q)
+    assert 3.5 < ratio <= 4.0
+    assert Q.state_dict_bytes(q) < Q.state_dict_bytes(tiny)
+    x = torch.rand(8, 64)
+    with torch.no_grad():
+        assert torch.nn.functional.cosine_similarity(q(x).flatten(), tiny(x).flatten(), dim=0) > 0.99
+    q1, _ = Q.dynamic_int8(tiny, layers=["b"])
+    assert Q.count_quantized(q1) == 1
+
+
+def test_sensitivity_selective_and_greedy(tiny):
+    x = torch.rand(16, 64)
+    with torch.no_grad():
+        ref = tiny(x)
+    q, _ = Q.dynamic_int8(tiny)
+
+    def score(m):
+        with torch.no_grad():
+            return Q.mean_cosine(m(x), ref)
+
+    sens = Q.layer_sensitivity(tiny, q, score)
+    assert list(sens.table.layer) == ["a", "b", "c"] and (sens.table.cosine > 0.9).all()
+    assert Q.count_quantized(tiny) == 0  # swapped back
+    assert len(sens.worst(2)) == 2
+    sel = Q.selective_int8(tiny, q, keep_fp32=["c"])
+    assert Q.count_quantized(sel) == 2 and isinstance(sel.c, nn.Linear)
+    keep, path = Q.greedy_keep_fp32(tiny, q, sens, score, target=1.01, max_keep=3)
+    assert len(keep) == 3 and len(path) == 4 and path.cosine.iloc[-1] == pytest.approx(1.0, abs=1e-6)
+    with pytest.raises(CourseError):
+        Q.selective_int8(tiny, q, keep_fp32=["nope"])
+
+
+def test_tensor_bytes_quantized_and_plain():
+    assert Q.tensor_bytes(torch.zeros(10)) == 40
+    qt = torch.quantize_per_tensor(torch.zeros(10), 0.1, 0, torch.qint8)
+    assert Q.tensor_bytes(qt) == 10 + 8
+
+
+def test_neighbour_agreement():
+    torch.manual_seed(0)
+    e = torch.randn(10, 8)
+    same = Q.neighbour_agreement(e, e, k=3)
+    assert same == {"top1": 1.0, "topk_overlap": 1.0}
+    other = Q.neighbour_agreement(torch.randn(10, 8), e, k=3)
+    assert other["topk_overlap"] < 1.0
+    with pytest.raises(CourseError):
+        Q.neighbour_agreement(e, e[:5], k=3)
+    assert Q.mean_cosine(e, e) == pytest.approx(1.0)
+
+
+class FakeST(nn.Module):
+    """Stands in for a SentenceTransformer: a tokenizer attribute and a forward returning a dict."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = nn.Embedding(100, 4)
+
+        class Tok:
+            def __call__(self, sents, padding=False, max_length=None, truncation=False, return_tensors=None):
+                ids = [[1 + (hash(w) % 98) for w in s.split()] for s in sents]
+                if padding == "max_length":
+                    ids = [(i + [0] * max_length)[:max_length] for i in ids]
+                    mask = [[int(t != 0) for t in i] for i in ids]
+                    return {"input_ids": torch.tensor(ids), "attention_mask": torch.tensor(mask)}
+                return {"input_ids": ids}
+
+        self.tokenizer = Tok()
+
+    def forward(self, f):
+        e = (self.emb(f["input_ids"]) * f["attention_mask"][..., None]).sum(1)
+        return {"sentence_embedding": e}
+
+
+def test_fixed_length_features_and_embed_batched():
+    st = FakeST()
+    sents = ["a b c", "d e", "f g h i", "j"]
+    f = Q.fixed_length_features(st, sents)
+    assert f["input_ids"].shape == (4, 4)
+    full = Q.embed(st, f)
+    assert torch.allclose(full.norm(dim=-1), torch.ones(4))
+    assert torch.allclose(Q.embed_batched(st, f, 3), full, atol=1e-6)
+    with pytest.raises(CourseError):
+        Q.fixed_length_features(st, [])
+
+
+def test_compile_inner_replaces_inner_forward():
+    class Inner(nn.Module):
+        def forward(self, x):
+            return x + 1
+
+    class Wrap(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.auto_model = Inner()
+
+    st = nn.Sequential(Wrap())
+    before = st[0].auto_model.forward
+    Q.compile_inner(st)
+    assert st[0].auto_model.forward is not before  # compiled lazily: nothing runs here
+
+
+def test_torchao_configs(tiny):
+    x = torch.rand(8, 64)
+    for kind in ("dynamic", "weight_only"):
+        m = Q.torchao_int8(tiny, kind)
+        with torch.no_grad():
+            cos = torch.nn.functional.cosine_similarity(m(x).flatten(), tiny(x).flatten(), dim=0)
+        assert cos > 0.99
+        assert Q.linear_weight_bytes(tiny) / Q.linear_weight_bytes(m) > 3.0
+    with pytest.raises(CourseError):
+        Q.torchao_int8(tiny, "int2")
+
+
+def small_cnn():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
+                         nn.Linear(4 * 64, 10)).eval()  # fmt: skip
+
+
+def test_fold_batchnorm_same_outputs():
+    m, x = small_cnn(), torch.rand(3, 1, 8, 8)
+    with torch.no_grad():
+        m[1].running_mean.uniform_(-1, 1)
+        f = Q.fold_batchnorm(m)
+        assert isinstance(f[1], nn.Identity)
+        assert torch.allclose(f(x), m(x), atol=1e-5)
+
+
+def test_ptq_and_qat_pt2e():
+    m, x = small_cnn(), torch.rand(32, 1, 8, 8)
+    y = torch.randint(0, 10, (32,))
+    q = Q.ptq_pt2e(m, x[:1])  # one calibration image must work (batch-1 export would specialize)
+    with torch.no_grad():
+        ref = m(x)
+        assert torch.nn.functional.cosine_similarity(q(x).flatten(), ref.flatten(), dim=0) > 0.98
+    qat = Q.qat_pt2e(m, x, y, epochs=1, batch_size=16)
+    assert qat(x[:5]).shape == (5, 10)
+    with pytest.raises(CourseError):
+        Q.ptq_pt2e(m, x[:0])
+
+
+def test_accuracy_flag():
+    assert Q.accuracy_flag(0.99, 0.99, 1.0) == "OK"
+    assert Q.accuracy_flag(0.97, 0.99, 1.0).startswith("FLAG")
+
+
+def test_layer_kind():
+    assert Q.layer_kind("0.model.encoder.layer.3.output.dense") == "output.dense"
+    assert Q.layer_kind("0.model.encoder.layer.3.attention.output.dense") == "attention.output.dense"
+    assert Q.layer_kind("0.model.pooler.dense") == "model.pooler.dense"
+    assert Q.layer_kind("fc") == "fc"
