@@ -38,8 +38,11 @@ lab: setup
 	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --LabApp.extension_manager=readonly \
 	  $(if $(filter 0,$(shell id -u)),--allow-root)
 
-# Unit tests and every notebook, smoke sizes, results into build/test-results; then the run's section record.
+# ruff, then unit tests and every notebook at smoke sizes (results into build/test-results); then, alone,
+# the checks on the whole run (section record, rows per lesson) and the timer-agreement test.
 test: setup
+	$(VENV)/bin/ruff check course_utils tests scripts
+	$(VENV)/bin/ruff format --check course_utils tests scripts
 	@rm -rf $(TEST_RESULTS); mkdir -p $(TEST_RESULTS)
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR=$(CURDIR)/$(TEST_RESULTS) MPLBACKEND=agg \
 	  $(PY) -m pytest -q -n $(JOBS) --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \

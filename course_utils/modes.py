@@ -95,7 +95,8 @@ def gpu_section(section: str, *, needs: tuple[str, ...] = (), why: str = "") -> 
         problems.append("no CUDA GPU (torch.cuda.is_available() is False)")
     missing = missing_modules(needs)
     if missing:
-        problems.append("missing Python package(s): " + ", ".join(missing) + " (install the GPU extras: run `make setup` on a CUDA machine)")
+        hint = " (install the GPU extras: run `make setup` on a CUDA machine)"
+        problems.append("missing Python package(s): " + ", ".join(missing) + hint)
     if problems:
         reason = "; ".join(problems)
         _record(section, False, reason, "gpu")
