@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from torch import nn
 
+from .device import synchronize
 from .errors import CourseError, DeviceUnavailableError
 
 
@@ -51,18 +52,12 @@ def inductor_freezing(enabled: bool = True) -> Iterator[None]:
         cfg.freezing = old
 
 
-def sync(device: torch.device | str) -> None:
-    """Wait for queued GPU work (no-op on the CPU)."""
-    if torch.device(device).type == "cuda":
-        torch.cuda.synchronize()
-
-
 def time_first_call(fn: Callable[[], Any], device: torch.device | str = "cpu") -> float:
     """Seconds taken by one call of ``fn`` (synchronized): for a compiled model, the compile cost."""
-    sync(device)
+    synchronize(device)
     t0 = time.perf_counter()
     fn()
-    sync(device)
+    synchronize(device)
     return time.perf_counter() - t0
 
 

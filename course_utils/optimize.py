@@ -28,6 +28,7 @@ import torch
 from torch import nn
 
 from .compare import Comparison, compare_outputs
+from .device import synchronize
 from .errors import CourseError
 from .timing import Measurement, measure
 
@@ -303,9 +304,11 @@ def optimize(
 
     def evaluate(v: _Variant, x: torch.Tensor, *, reuse_accuracy: float | None = None) -> Step:
         n = int(x.shape[0]) if batched else 1
+        synchronize(dev)
         t0 = time.perf_counter()
         with torch.inference_mode():
             out = _first_tensor(v.run(x)).float()
+        synchronize(dev)  # GPU work is asynchronous: stop the clock when it has finished
         first_call_s = time.perf_counter() - t0
         cmp = compare_outputs(out[:b] if batched else out, ref, v.precision)
         acc = reuse_accuracy if reuse_accuracy is not None else float(accuracy_fn(_Runner(v.run, dev, v.name)))

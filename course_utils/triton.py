@@ -138,28 +138,6 @@ def validate_config(config: str | Path) -> Any:
     return cfg
 
 
-def export_onnx(model: Any, example: Any, path: str | Path) -> Path:
-    """Export ``model`` to a single-file ONNX model with a dynamic batch dimension (input ``x``).
-
-    Uses ``course_utils.backends.export_onnx`` when that helper exists, else ``torch.onnx.export(dynamo=True)``
-    with ``dynamic_shapes`` and ``external_data=False`` (Triton wants one self-contained file).
-    """
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    try:
-        from .backends import export_onnx as shared_export  # type: ignore[attr-defined]
-    except ImportError:
-        shared_export = None
-    if shared_export is not None:
-        shared_export(model, example, path, dynamic_batch=True)
-        return path
-    import torch
-
-    prog = torch.onnx.export(model.eval(), (example,), dynamo=True, dynamic_shapes=({0: "batch"},), verbose=False)
-    prog.save(str(path), external_data=False)
-    return path
-
-
 def onnx_io(path: str | Path) -> tuple[list[TensorSpec], list[TensorSpec]]:
     """Inputs and outputs of an ONNX model as :class:`TensorSpec` (batch dimension dropped)."""
     import onnx
@@ -195,7 +173,9 @@ def write_model_repository(
     if kind not in KINDS:
         raise TritonConfigError(f"kind must be one of {KINDS}, got {kind!r}")
     folder = Path(root) / name
-    onnx_path = export_onnx(model, example, folder / "1" / "model.onnx")
+    from .backends import export_onnx
+
+    onnx_path = export_onnx(model, example, folder / "1" / "model.onnx", dynamic_batch=True)
     inputs, outputs = onnx_io(onnx_path)
     text = make_config(name, inputs, outputs, max_batch_size=max_batch_size,
                        preferred_batch_sizes=preferred_batch_sizes, max_queue_delay_us=max_queue_delay_us,
