@@ -54,9 +54,9 @@ lint: setup
 	$(VENV)/bin/ruff check course_utils tests scripts
 	$(VENV)/bin/ruff format --check course_utils tests scripts
 
-# Regenerate notebooks/*.ipynb from their text copies in lessons/*.py (the files you edit).
+# Regenerate notebooks/*.ipynb from their text copies in lessons/*.py (the files you edit); ONLY="08 14" for some.
 notebooks: setup
-	$(PY) -m course_utils.nbcheck --build
+	$(PY) -m course_utils.nbcheck --build $(ONLY)
 
 # CUDA machines: every lesson in strict GPU mode (a skipped GPU section fails), full sizes; writes data/reference/.
 gpu-test: setup

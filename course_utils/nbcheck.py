@@ -68,18 +68,21 @@ def check_all(root: Path = ROOT) -> list[str]:
     return problems
 
 
-def build_notebooks(root: Path = ROOT) -> list[Path]:
-    """Write ``notebooks/NN.ipynb`` from every ``lessons/NN.py``: no outputs, the course kernel."""
+def build_notebooks(root: Path = ROOT, only: list[str] | None = None) -> list[Path]:
+    """Write ``notebooks/NN.ipynb`` from ``lessons/NN.py`` (all, or the lesson numbers in ``only``)."""
     import jupytext
 
     written = []
     for text in sorted((root / "lessons").glob("*.py")):
+        if only and text.stem.split("_")[0] not in only:
+            continue
         nb = jupytext.read(text)
         nb.metadata["kernelspec"] = {"name": KERNEL_NAME, "display_name": KERNEL_DISPLAY, "language": "python"}
         nb.metadata.pop("jupytext", None)
         for i, cell in enumerate(nb.cells):
             cell.id = hashlib.sha1(f"{text.stem}:{i}".encode()).hexdigest()[:8]  # stable ids: clean diffs
-            cell.metadata = {}
+            tags = cell.metadata.get("tags")
+            cell.metadata = {"tags": list(tags)} if tags else {}  # tags mark cells the test suites execute
             if cell.cell_type == "code":
                 cell.outputs, cell.execution_count = [], None
         out = root / "notebooks" / f"{text.stem}.ipynb"
@@ -91,7 +94,8 @@ def build_notebooks(root: Path = ROOT) -> list[Path]:
 
 def main() -> int:
     if "--build" in sys.argv:
-        for path in build_notebooks():
+        only = [a for a in sys.argv[1:] if a.isdigit()]
+        for path in build_notebooks(only=only or None):
             print(f"wrote {path.relative_to(ROOT)}")
     problems = check_all()
     for p in problems:
