@@ -10,18 +10,25 @@
 # # 01 · Measuring inference
 #
 # **Goals.**
-# 1. See, with numbers from this run, how the usual quick timing goes wrong: the cold first call, the thread
-#    count, a benchmark tool's single-thread default, and on a GPU the missing synchronization.
-# 2. Time correctly: warm-up, synchronization, many repeats, the median and the spread (`cu.measure`).
-# 3. Learn the **bottleneck taxonomy** every later lesson links back to, by placing four micro-benchmarks
-#    (compute-, memory-, overhead- and transfer-bound) on a roofline built from peaks measured here.
+# 1. See, with numbers from this run, how quick timing goes wrong: a cold first call, the thread count, a
+#    benchmark tool's single-thread default, and on a GPU the missing synchronization.
+# 2. Write the correct timer yourself (about a dozen lines: `perf_counter`, `synchronize`, warm-up, CUDA
+#    events, median and percentiles). `cu.measure`, which every later lesson uses, is that timer.
+# 3. Tell per-call latency from pipelined throughput (many launches, one synchronization).
+# 4. Learn the **bottleneck taxonomy** every later lesson links back to, by placing micro-benchmarks on a
+#    roofline whose roofs come from the hardware's spec sheet, beside the peaks measured here.
 
 # %%
+import os
 import time
 
+import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
+import psutil
 import torch
+from IPython.display import display
+from torch.utils import benchmark
 
 import course_utils as cu
 
@@ -32,20 +39,21 @@ threads = torch.get_num_threads()
 # ## The bottleneck taxonomy
 # A model's time goes to one of a few limits. Each later lesson attacks one of them:
 #
-# | bottleneck | what limits it | sign in a measurement | lessons that attack it |
+# | bottleneck | limited by | sign in a measurement | attacked in |
 # |---|---|---|---|
-# | **compute-bound** | arithmetic units (FLOP/s) | time grows with FLOPs; near the compute roof | 04 precision, 05 quantization, 08 TensorRT, 12 pruning |
-# | **memory-bound** | memory bandwidth (bytes/s) | time grows with bytes moved; near the bandwidth roof | 04 precision, 06/07/08 operator fusion, 11 memory |
-# | **overhead-bound** (launch, Python, framework) | per-op fixed cost | time barely depends on size; far below both roofs | 03 batching, 06 compilation and CUDA graphs |
-# | **transfer-bound** | host↔device copies | time tracks bytes copied across the bus | 09 data pipeline, 10 streams |
-# | **input-bound** | data loading and preprocessing | the device waits for the next batch | 09 data pipeline, 10 streams |
+# | **compute-bound** | arithmetic units (FLOP/s) | near the compute roof | 04, 05, 08, 12 |
+# | **memory-bound** | memory bandwidth (bytes/s) | near the bandwidth roof | 04, 06/07/08 (fusion), 11 |
+# | **overhead-bound** (launch, Python, framework) | per-op fixed cost | time barely depends on size | 03, 06 |
+# | **transfer-bound** | host↔device copies | time tracks bytes copied across the bus | 09, 10 |
+# | **input-bound** | data loading and preprocessing | the device waits for the next batch | 09, 10 |
 #
 # Before optimizing anything, find out which one you are in: that is what this lesson measures.
 
 # %% [markdown]
-# ## 1. Naive vs correct timing
-# The workload: a small CNN-sized matrix product chain. The naive way is what most tutorials print:
-# one call, `time.time()` before and after, no warm-up, no synchronization.
+# ## 1. What not to do: one cold call and `time.time()`
+# The workload is a chain of two matrix products. The naive way is what many tutorials print: one call,
+# `time.time()` before and after, no warm-up, no synchronization. Here the single call also runs on inputs
+# of a shape nothing has used yet.
 
 # %%
 n = cu.pick(full=1024, smoke=256)
@@ -57,17 +65,119 @@ def work():
     return torch.relu(a @ b) @ b
 
 
-fresh = torch.randn(n, n, device=device)  # a first call on never-used memory pays one-off costs
-naive_cold_ms = cu.timing.naive_time(lambda: torch.relu(fresh @ b) @ b)
-good = cu.measure(work, device=device, label="measure (warm-up, many calls, median)")
-print(f"naive, cold first call : {naive_cold_ms:8.3f} ms")
+t0 = time.time()  # what not to do: wall clock, one call, no warm-up, no synchronize
+work()
+naive_ms = (time.time() - t0) * 1000
+print(f"naive single call: {naive_ms:.3f} ms")
+
+# %% [markdown]
+# ## 2. Warm-up: first calls are different
+# The first calls of something new pay one-off costs: memory is allocated and touched for the first time,
+# libraries choose and prepare kernels for a new shape, a compiled function compiles. Below, two genuinely
+# cold things, each timed call by call: a **fresh module** on a **shape never seen before**, and (full size
+# only: it takes seconds) a **`torch.compile`d function**'s first calls.
+
+# %%
+sync = torch.get_device_module(device).synchronize  # torch.cuda.synchronize on a GPU; a no-op on the CPU
+
+
+def first_calls(fn, k=5):
+    out = []
+    for _ in range(k):
+        t0 = time.perf_counter()
+        fn()
+        sync()
+        out.append((time.perf_counter() - t0) * 1000)
+    return out
+
+
+cold = {}
+with torch.inference_mode():
+    conv = torch.nn.Sequential(torch.nn.Conv2d(3, 32, 3), torch.nn.ReLU(), torch.nn.Conv2d(32, 32, 3)).to(device)
+    x_new = torch.randn(2, 3, 45, 45, device=device)  # a shape no kernel here has run yet
+    cold["fresh conv module, new shape"] = first_calls(lambda: conv(x_new))
+if cu.pick(full=True, smoke=False):
+    compiled = torch.compile(lambda t: torch.relu(t @ t) + 1)
+    t_in = torch.randn(64, 64, device=device)
+    cold["torch.compile'd function"] = first_calls(lambda: compiled(t_in), k=4)
+else:
+    print("Smoke mode: the torch.compile example is skipped (its first call takes seconds).")
+cold_table = pd.DataFrame({k: pd.Series(v) for k, v in cold.items()}).rename_axis("call").round(3)
+display(cold_table)
+for name, times in cold.items():
+    print(f"{name}: first call {times[0]:.2f} ms, last {times[-1]:.2f} ms ({times[0] / times[-1]:.1f}x)")
+
+# %% [markdown]
+# A compiled function's first call includes tracing and code generation. Inductor keeps an on-disk cache,
+# so on a second run of this notebook the "cold" call is faster: it loads the cached code instead (set
+# `TORCHINDUCTOR_FORCE_DISABLE_CACHES=1` to see a truly cold compile).
+
+# %% [markdown]
+# ## 3. The correct timer, written out
+# Five rules, each a line or two:
+# 1. **warm up**: call the function a few times before timing;
+# 2. **synchronize** before timing starts, so work queued earlier does not land in the first call;
+# 3. **time each call and wait for it**: on a GPU, `torch.cuda.Event(enable_timing=True)` records a
+#    timestamp on the device's own queue and `elapsed_time` reads the gap; on the CPU `time.perf_counter()`
+#    around the call, after `synchronize`;
+# 4. **repeat** many times;
+# 5. report the **median** and the spread (percentiles), not the mean of a few calls.
+#
+# `torch.get_device_module(device)` gives `torch.cuda` on a GPU and `torch.cpu` on the CPU, so one timer
+# serves both (`torch.cpu.synchronize()` does nothing: CPU work is finished when the call returns).
+
+
+# %% tags=["contract"]
+def time_calls(fn, device, warmup=5, repeats=50):
+    """Per-call times (ms) of fn() on device: warm-up, synchronize, CUDA events on a GPU, perf_counter elsewhere."""
+    dev = torch.device(device)
+    mod = torch.get_device_module(dev)  # torch.cuda or torch.cpu: the same synchronize() call
+    for _ in range(warmup):  # 1. warm-up: one-off costs stay out of the numbers
+        fn()
+    mod.synchronize()  # 2. start from an empty queue
+    times = []
+    for _ in range(repeats):  # 4. many calls
+        if dev.type == "cuda":  # 3. time on the GPU's own clock
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            fn()
+            end.record()
+            end.synchronize()  # wait until the GPU reached `end`
+            times.append(start.elapsed_time(end))
+        else:
+            t0 = time.perf_counter()
+            fn()
+            mod.synchronize()
+            times.append((time.perf_counter() - t0) * 1000)
+    return times
+
+
+def summarize(times):
+    """5. median and spread of per-call times (ms)."""
+    p10, p50, p90 = np.percentile(times, [10, 50, 90])
+    return {"median_ms": p50, "p10_ms": p10, "p90_ms": p90, "n": len(times)}
+
+
+# %%
+mine = summarize(time_calls(work, device, repeats=cu.pick(full=50, smoke=10)))
+print(f"time_calls: median {mine['median_ms']:.3f} ms (p10 {mine['p10_ms']:.3f}, p90 {mine['p90_ms']:.3f}, "
+      f"n={mine['n']})")  # fmt: skip
+print(f"The naive single call said {naive_ms:.3f} ms: {naive_ms / mine['median_ms']:.2f}x the median.")
+
+# %% [markdown]
+# **`cu.measure` is this timer.** It adds two conveniences: it repeats until a minimum time has passed (so
+# short workloads get many calls), and it returns a `Measurement` with the median, p10/p90/p99, IQR and
+# items/s. Every later lesson times with it. Here both on the same workload:
+
+# %%
+good = cu.measure(work, device=device, label="cu.measure")
 print(good)
-print(f"The cold single call was {naive_cold_ms / good.median_ms:.2f}x the steady-state median on this machine.")
+print(f"time_calls median / cu.measure median = {mine['median_ms'] / good.median_ms:.3f}")
 
 # %% [markdown]
 # ### The thread count matters on a CPU
-# PyTorch uses all cores by default. The same workload with one thread is a different measurement:
-# always report the thread count with a CPU number.
+# PyTorch uses all cores by default. The same workload with one thread is a different measurement: always
+# report the thread count with a CPU number.
 
 # %%
 rows = []
@@ -77,9 +187,7 @@ for t in sorted({1, threads}):
     rows.append({"threads": t, "median_ms": m.median_ms, "p90_ms": m.p90_ms})
 torch.set_num_threads(threads)
 thread_table = pd.DataFrame(rows)
-thread_table
-
-# %%
+display(thread_table)
 if len(thread_table) > 1:
     ratio = thread_table.median_ms.iloc[0] / thread_table.median_ms.iloc[-1]
     print(f"One thread took {ratio:.2f}x the time of {threads} threads for this workload.")
@@ -88,48 +196,80 @@ else:
 
 # %% [markdown]
 # ### `torch.utils.benchmark` is single-threaded unless told otherwise
-# `torch.utils.benchmark.Timer` is a good tool (it warms up, synchronizes, and reports median and IQR),
-# but its `num_threads` defaults to **1**. Compared with a model that runs on all cores, that is the wrong
-# baseline. `cu.timing.benchmark_median_ms` passes the current thread count.
+# `torch.utils.benchmark.Timer` warms up, synchronizes and reports the median and IQR, but its `num_threads`
+# defaults to **1**. Compared with a model running on all cores, that is the wrong baseline: pass
+# `num_threads`.
 
 # %%
-from torch.utils import benchmark
-
-bench_default = benchmark.Timer(stmt="work()", globals={"work": work}).blocked_autorange(
-    min_run_time=cu.pick(full=1.0, smoke=0.1)
+run_time = cu.pick(full=1.0, smoke=0.1)
+bench_default = benchmark.Timer(stmt="work()", globals={"work": work}).blocked_autorange(min_run_time=run_time)
+bench_threads = benchmark.Timer(stmt="work()", globals={"work": work}, num_threads=threads).blocked_autorange(
+    min_run_time=run_time
 )
-bench_threads = cu.timing.benchmark_median_ms(work, min_run_time=cu.pick(full=1.0, smoke=0.1))
 print(f"torch.utils.benchmark, default num_threads=1 : {bench_default.median * 1000:.3f} ms")
-print(f"torch.utils.benchmark, num_threads={threads}          : {bench_threads:.3f} ms")
+print(f"torch.utils.benchmark, num_threads={threads}          : {bench_threads.median * 1000:.3f} ms")
 print(f"cu.measure ({threads} threads)                       : {good.median_ms:.3f} ms")
-agreement = good.median_ms / bench_threads
+agreement = good.median_ms / (bench_threads.median * 1000)
 print(f"cu.measure / torch.utils.benchmark at the same threads = {agreement:.3f} (course target: within 10%)")
-print(f"cu.measure's mean / torch.utils.benchmark = {good.mean_ms / bench_threads:.3f}")
 
 # %% [markdown]
 # The two tools summarize differently. `cu.measure` times **every call** and reports the median call;
-# `torch.utils.benchmark` times **blocks** of many calls and reports the median of the block averages, so
-# a slow call (the OS or another program took a core) raises every block it lands in. When the calls are
-# steady the two agree; when they are not, the benchmark's number sits near `cu.measure`'s *mean*. The
-# check below repeats the comparison on one thread, where a 2-core machine has a core to spare for
-# everything else.
+# `torch.utils.benchmark` times **blocks** of many calls and reports the median of the block averages, so a
+# slow call (the OS or another program took a core) raises every block it lands in. When calls are steady
+# they agree; when they are not, the benchmark's number sits nearer `cu.measure`'s *mean*. The check below
+# repeats the comparison on one thread, where a 2-core machine keeps a core for everything else.
 
 # %%
 torch.set_num_threads(1)
 one_measure = cu.measure(work, device=device, label="1 thread")
-one_bench = cu.timing.benchmark_median_ms(work, num_threads=1, min_run_time=cu.pick(full=1.0, smoke=0.1))
+one_bench = benchmark.Timer(stmt="work()", globals={"work": work}, num_threads=1).blocked_autorange(
+    min_run_time=run_time
+)
 torch.set_num_threads(threads)
-agreement_1t = one_measure.median_ms / one_bench
-print(f"1 thread: cu.measure median {one_measure.median_ms:.3f} ms (spread {one_measure.spread:.1%}), "
-      f"torch.utils.benchmark {one_bench:.3f} ms: ratio {agreement_1t:.3f}")  # fmt: skip
+agreement_1t = one_measure.median_ms / (one_bench.median * 1000)
+print(f"1 thread: cu.measure median {one_measure.median_ms:.3f} ms (mean {one_measure.mean_ms:.3f}, spread "
+      f"{one_measure.spread:.1%}), torch.utils.benchmark {one_bench.median * 1000:.3f} ms: "
+      f"ratio {agreement_1t:.3f}")  # fmt: skip
 for label, r in [(f"{threads} threads", agreement), ("1 thread", agreement_1t)]:
     verdict = "within" if abs(r - 1) <= 0.10 else "outside"
     print(f"{label}: the timers are {verdict} 10% of each other here.")
 
 # %% [markdown]
+# ## 4. Latency per call vs throughput of a stream of calls
+# A timer that synchronizes after every call measures **latency**: what one request waits. A GPU (and
+# anything else that queues work) can accept the next launch while the previous one still runs, so **many
+# launches followed by one synchronization** measure **throughput**: the rate at which work gets done when
+# the queue never runs dry. On a GPU the second is shorter per call for small work (launch overhead is
+# hidden behind the running kernel); on a CPU every call finishes before it returns, so the two should agree.
+
+# %%
+small = torch.randn(cu.pick(full=256, smoke=128), cu.pick(full=256, smoke=128), device=device)
+calls = cu.pick(full=200, smoke=40)
+
+
+def small_op():
+    return small @ small
+
+
+per_call = summarize(time_calls(small_op, device, repeats=calls))["median_ms"]
+for _ in range(5):
+    small_op()
+sync()
+t0 = time.perf_counter()
+for _ in range(calls):  # many launches ...
+    small_op()
+sync()  # ... one synchronization
+pipelined = (time.perf_counter() - t0) * 1000 / calls
+print(f"{device}: per call, synchronized each time: {per_call:.4f} ms; pipelined ({calls} calls, one sync): "
+      f"{pipelined:.4f} ms per call ({per_call / pipelined:.2f}x).")  # fmt: skip
+
+# %% [markdown]
 # ### On a GPU: the missing synchronization
-# CUDA calls return as soon as the work is *queued*. `time.time()` around a launch measures the launch.
-# `cu.measure` brackets each call with CUDA events and waits for them.
+# CUDA calls return as soon as the work is *queued*. `time.perf_counter()` around a launch without
+# `synchronize` measures the launch. The cell below shows it on a large matrix product, then times it with
+# the `time_calls` written above (CUDA events).
+# *Verification: contract-tested (`tests/gpu_contract/test_l01_timer.py` runs `time_calls` down its CUDA branch
+# against the real `torch.cuda.Event` interface); not yet executed on a GPU.*
 
 # %%
 if cu.gpu_section("01.gpu-sync"):
@@ -141,45 +281,72 @@ if cu.gpu_section("01.gpu-sync"):
     ag @ ag  # no synchronize: measures the launch only
     launch_ms = (time.perf_counter() - t0) * 1000
     torch.cuda.synchronize()
-    gpu_good = cu.measure(lambda: ag @ ag, device="cuda", label="4096² matmul, CUDA events")
-    print(f"without synchronize: {launch_ms:.3f} ms; with CUDA events: {gpu_good.median_ms:.3f} ms")
-    print(f"The unsynchronized timer reported {gpu_good.median_ms / launch_ms:.1f}x less than the real time.")
+    gpu_good = summarize(time_calls(lambda: ag @ ag, "cuda"))
+    print(f"without synchronize: {launch_ms:.3f} ms; with CUDA events: {gpu_good['median_ms']:.3f} ms")
+    print(f"The unsynchronized timer reported {gpu_good['median_ms'] / launch_ms:.1f}x less than the real time.")
     cu.record("01", "unsynchronized timer (wrong)", model="matmul4096", device="cuda", dtype="fp32",
               median_ms=launch_ms, notes="launch time only")  # fmt: skip
-    cu.record("01", "CUDA events (right)", model="matmul4096", dtype="fp32", measurement=gpu_good)
+    cu.record("01", "CUDA events (right)", model="matmul4096", device="cuda", dtype="fp32",
+              median_ms=gpu_good["median_ms"], p90_ms=gpu_good["p90_ms"])  # fmt: skip
 else:
     cu.results.show_reference("01")
 
 # %% [markdown]
-# ## 2. Warm-up and spread
-# Time the first calls one by one and compare them with the steady state. Then look at the whole distribution:
-# a single number hides the tail, which is what users of a service feel.
+# ## 5. The spread
+# A single number hides the tail, which is what the users of a service feel.
 
 # %%
-torch.manual_seed(0)
-c = torch.randn(n, n, device=device)
-first_calls = []
-for _ in range(5):
-    t0 = time.perf_counter()
-    torch.relu(c @ b) @ b
-    cu.device.synchronize(device)
-    first_calls.append((time.perf_counter() - t0) * 1000)
-print("first five calls (ms):", ", ".join(f"{t:.3f}" for t in first_calls))
-print(f"steady-state median {good.median_ms:.3f} ms, p10 {good.p10_ms:.3f}, p90 {good.p90_ms:.3f} "
-      f"(spread IQR/median = {good.spread:.1%}, n = {good.n})")  # fmt: skip
-
-# %%
-cu.plots.latency_distribution({"steady state": good.times_ms}, title=f"{n}² matmul chain, {threads} threads");
+print(f"steady-state median {good.median_ms:.3f} ms, p10 {good.p10_ms:.3f}, p90 {good.p90_ms:.3f}, "
+      f"p99 {good.p99_ms:.3f} (spread IQR/median = {good.spread:.1%}, n = {good.n})")  # fmt: skip
+_ = cu.plots.latency_distribution({"steady state": good.times_ms}, title=f"{n}² matmul chain, {threads} threads")
 
 # %% [markdown]
-# ## 3. Four micro-benchmarks on a roofline
-# We measure this machine's **peaks** first (the best matmul FLOP/s over a few sizes, and the copy bandwidth of
-# a large buffer; a workload below that does better raises the roof), then place four workloads against them:
+# ## 6. Micro-benchmarks on a roofline
+# A roofline says how fast a workload *could* run: at arithmetic intensity *I* (FLOP per byte moved) it is
+# capped by `min(peak FLOP/s, I × peak bytes/s)`. The roofs should come from the **hardware**, not from our own
+# best run (a roof measured by the fastest workload is reached by that workload by construction).
 #
-# * **compute-bound**: a large matrix product (intensity grows with size: 2n³ FLOPs over 3n² floats),
-# * **memory-bound**: a large elementwise add (1 FLOP per 12 bytes moved),
-# * **overhead-bound**: many tiny ops on an 8-element tensor (the cost is per call, not per byte),
-# * **transfer-bound**: a large copy (host→device on a GPU; a memcpy on a CPU), reported as bandwidth.
+# * **CPU compute roof (spec)**: physical cores × clock × FLOP per cycle. FLOP per cycle for FP32 is
+#   (vector lanes: 16 with AVX-512, 8 with AVX2, 4 otherwise) × 2 (a fused multiply-add is 2 FLOP) × 2 FMA
+#   units per core (typical for server cores; some have one: then the real roof is half).
+# * **GPU roofs (spec)**: FP32 TFLOP/s and memory bandwidth from the vendor's datasheet, for the models below.
+# * **CPU bandwidth roof**: a datasheet does not tell what memory a virtual machine got, so it is measured
+#   (a large copy), and said so.
+
+# %%
+cpu_capability = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "DEFAULT", ...
+lanes = {"AVX512": 16, "AVX2": 8}.get(cpu_capability, 4)
+physical = psutil.cpu_count(logical=False) or os.cpu_count()
+ghz = psutil.cpu_freq().max / 1000 if psutil.cpu_freq() and psutil.cpu_freq().max else None
+if not ghz:  # virtual machines often hide the maximum: use the current clock from /proc/cpuinfo
+    ghz = float(next(line.split(":")[1] for line in open("/proc/cpuinfo") if line.startswith("cpu MHz"))) / 1000
+cpu_spec_flops = physical * ghz * 1e9 * lanes * 2 * 2
+print(f"CPU: {physical} physical cores x {ghz:.2f} GHz x {lanes} lanes ({cpu_capability}) x 2 (FMA) x 2 units "
+      f"= {cpu_spec_flops / 1e9:.0f} GFLOP/s FP32 (spec)")  # fmt: skip
+
+GPU_DATASHEET = {  # FP32 TFLOP/s (no tensor cores), memory TB/s; vendor datasheets
+    "H200": (67.0, 4.8), "H100 SXM": (67.0, 3.35), "H100 PCIe": (51.0, 2.0), "A100-SXM4-80GB": (19.5, 2.04),
+    "A100-SXM4-40GB": (19.5, 1.555), "A100-PCIE-40GB": (19.5, 1.555), "L40S": (91.6, 0.864), "L4": (30.3, 0.3),
+    "A10": (31.2, 0.6), "T4": (8.1, 0.32), "RTX 4090": (82.6, 1.008),
+}  # fmt: skip
+spec = None
+if device.type == "cuda":
+    gpu_name = torch.cuda.get_device_name(0)
+    key = next((k for k in GPU_DATASHEET if k in gpu_name), None)
+    spec = GPU_DATASHEET[key] if key else None
+    print(f"GPU: {gpu_name}: " + (f"datasheet {spec[0]} TFLOP/s FP32, {spec[1]} TB/s" if spec else
+                                  "not in the datasheet table: add it (measured peaks only below)"))  # fmt: skip
+
+# %% [markdown]
+# Now the measured peaks (best matmul over a few sizes; a large copy, read + write) and four workloads:
+#
+# * **compute-bound**: a large matrix product: 2n³ FLOP over 3n² floats of 4 bytes;
+# * **memory-bound**: a large elementwise add: 1 FLOP per 12 bytes (two reads, one write of 4 bytes);
+# * **overhead-bound**: 100 tiny adds on an 8-element tensor: each add is 8 FLOP for 64 bytes (8 floats read,
+#   8 written), 1/8 FLOP per byte, but the cost is per call;
+# * **transfer-bound**: the same add with both inputs first copied from the host, counted against the bytes
+#   that cross the bus (1 FLOP per 8 bytes copied). On a GPU that bus is PCIe or NVLink; on a CPU the
+#   "copy" is a memcpy in the same memory.
 
 # %%
 sizes = cu.pick(full=[256, 512, 1024, 2048], smoke=[64, 128, 256])
@@ -189,26 +356,27 @@ for s in sizes:
     m = cu.measure(lambda x=x: x @ x, device=device, label=f"matmul {s}")
     peak_rows.append({"n": s, "median_ms": m.median_ms, "GFLOP/s": 2 * s**3 / (m.median_ms / 1e3) / 1e9})
 peaks = pd.DataFrame(peak_rows)
-peak_flops = peaks["GFLOP/s"].max() * 1e9
+measured_flops = peaks["GFLOP/s"].max() * 1e9
 
 numel = cu.pick(full=32 * 2**20, smoke=2**20)  # float32 elements
 src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
 copy = cu.measure(lambda: dst.copy_(src), device=device, label="copy")
-peak_bw = 2 * numel * 4 / (copy.median_ms / 1e3)  # read + write
-print(peaks.to_string(index=False))
-print(f"measured peaks here: {peak_flops / 1e9:.1f} GFLOP/s (matmul), {peak_bw / 1e9:.1f} GB/s (copy)")
+measured_bw = 2 * numel * 4 / (copy.median_ms / 1e3)  # read + write
+spec_flops = spec[0] * 1e12 if spec else (cpu_spec_flops if device.type == "cpu" else None)
+spec_bw = spec[1] * 1e12 if spec else None
+print(peaks.round(2).to_string(index=False))
+print(f"measured: {measured_flops / 1e9:.1f} GFLOP/s (best matmul), {measured_bw / 1e9:.1f} GB/s (copy)")
+if spec_flops:
+    print(f"The best matmul reached {measured_flops / spec_flops:.0%} of the spec-sheet compute roof.")
 
 # %%
-points = []
 big = sizes[-1]
 xb = torch.randn(big, big, device=device)
-m_mm = cu.measure(lambda: xb @ xb, device=device, label="compute-bound matmul")
-points.append(("compute: matmul", 2 * big**3 / (3 * big * big * 4), 2 * big**3 / (m_mm.median_ms / 1e3), m_mm))
+m_mm = cu.measure(lambda: xb @ xb, device=device, label="compute: matmul")
 
 ea, eb = torch.randn(numel, device=device), torch.randn(numel, device=device)
 out = torch.empty_like(ea)
-m_add = cu.measure(lambda: torch.add(ea, eb, out=out), device=device, label="memory-bound add")
-points.append(("memory: add", 1 / 12, numel / (m_add.median_ms / 1e3), m_add))
+m_add = cu.measure(lambda: torch.add(ea, eb, out=out), device=device, label="memory: add")
 
 tiny = torch.randn(8, device=device)
 ops = 100
@@ -221,90 +389,143 @@ def many_tiny_ops():
     return y
 
 
-m_tiny = cu.measure(many_tiny_ops, device=device, label="overhead-bound tiny ops")
-points.append(("overhead: tiny ops", 1 / 12, ops * 8 / (m_tiny.median_ms / 1e3), m_tiny))
+m_tiny = cu.measure(many_tiny_ops, device=device, label="overhead: tiny adds")
 
-# A peak is the best this machine showed: if a workload beat the first estimate, it raises the roof.
-peak_flops = max(peak_flops, points[0][2])
-peak_bw = max(peak_bw, numel * 12 / (m_add.median_ms / 1e3))
+# the transfer-bound point: its inputs come from the host each call (pinned memory on a GPU, lesson 09)
+host_a, host_b = torch.randn(numel), torch.randn(numel)
+if device.type == "cuda":
+    host_a, host_b = host_a.pin_memory(), host_b.pin_memory()
+
+
+def add_from_host():
+    ea.copy_(host_a, non_blocking=True)
+    eb.copy_(host_b, non_blocking=True)
+    return torch.add(ea, eb, out=out)
+
+
+m_h2d = cu.measure(add_from_host, device=device, label="transfer: add, inputs from host")
+points = [  # name, FLOP per call, bytes per call (for the intensity), measurement
+    ("compute: matmul", 2 * big**3, 3 * big * big * 4, m_mm),
+    ("memory: add", numel, 12 * numel, m_add),
+    ("overhead: tiny adds", ops * 8, ops * 64, m_tiny),
+    ("transfer: add from host", numel, 8 * numel, m_h2d),
+]
 roof = pd.DataFrame(
-    [
-        {"name": name, "intensity": i, "flops_per_s": f, "median_ms": m.median_ms,
-         "fraction_of_roof": f / min(peak_flops, i * peak_bw)}
-        for name, i, f, m in points
-    ]
+    [{"name": name, "intensity": fl / by, "flops_per_s": fl / (m.median_ms / 1e3), "median_ms": m.median_ms}
+     for name, fl, by, m in points]
 )  # fmt: skip
-roof
-
-# %%
-cu.plots.roofline(roof, peak_flops=peak_flops, peak_bytes_per_s=peak_bw);
-
-# %%
-per_op_us = m_tiny.median_ms * 1000 / ops
-print(f"compute-bound matmul reaches {roof.fraction_of_roof[0]:.0%} of its roof.")
-print(f"memory-bound add reaches {roof.fraction_of_roof[1]:.0%} of its roof "
-      f"({numel * 12 / (m_add.median_ms / 1e3) / 1e9:.1f} GB/s moved).")  # fmt: skip
-print(f"overhead-bound tiny ops reach {roof.fraction_of_roof[2]:.2%} of their roof: each op costs "
-      f"{per_op_us:.2f} µs whatever its size. Batching (03) and compilation (06) attack this.")  # fmt: skip
+# With no datasheet bandwidth, the bandwidth roof is measured: the best of the copy and the add, so one of
+# them sits on it by construction (the compute roof, from the spec sheet, has no such guarantee).
+measured_bw = max(measured_bw, 12 * numel / (m_add.median_ms / 1e3))
+roof_flops = spec_flops or measured_flops
+roof_bw = spec_bw or measured_bw
+roof["fraction_of_roof"] = roof.flops_per_s / np.minimum(roof_flops, roof.intensity * roof_bw)
+display(roof.round(4))
 
 # %% [markdown]
 # ### Transfer-bound: copies between host and device
-# On a GPU the bus between host and device is often the slowest link; pinned (page-locked) host memory is
-# needed for the fastest, asynchronous copies (lessons 09 and 10). On a CPU the analogue is a large memcpy.
+# The bus between host and device is often the slowest link: its bandwidth is a lower roof for any data that
+# must cross it each call. Pinned (page-locked) host memory is needed for the fastest, asynchronous copies
+# (lessons 09 and 10). On a CPU the analogue is a large memcpy.
+# *Verification: contract-tested for the bandwidth arithmetic and the copy calls with CPU tensors
+# (`tests/gpu_contract/test_l01_timer.py`); `pin_memory` itself needs a GPU: not yet executed on one.*
+
+
+# %% tags=["contract"]
+def copy_bandwidth(dst, src, device, non_blocking=False):
+    """GB/s of dst.copy_(src), timed with time_calls (bytes crossing once)."""
+    times = time_calls(lambda: dst.copy_(src, non_blocking=non_blocking), device, warmup=3, repeats=20)
+    return src.numel() * src.element_size() / (float(np.median(times)) / 1e3) / 1e9
+
 
 # %%
 if cu.gpu_section("01.transfer"):
     host = torch.randn(numel)
     pinned = host.pin_memory()
     dev_buf = torch.empty(numel, device="cuda")
-    m_pageable = cu.measure(lambda: dev_buf.copy_(host), device="cuda", label="H2D pageable")
-    m_pinned = cu.measure(lambda: dev_buf.copy_(pinned, non_blocking=True), device="cuda", label="H2D pinned")
-    m_dev = cu.measure(lambda: dst.copy_(src), device="cuda", label="device-to-device")
-    bw = {m.label: numel * 4 / (m.median_ms / 1e3) / 1e9 for m in (m_pageable, m_pinned)}
-    bw["device-to-device"] = 2 * numel * 4 / (m_dev.median_ms / 1e3) / 1e9
+    bw = {"H2D pageable": copy_bandwidth(dev_buf, host, "cuda"),
+          "H2D pinned": copy_bandwidth(dev_buf, pinned, "cuda", non_blocking=True)}  # fmt: skip
     print(pd.Series(bw, name="GB/s").round(1).to_string())
-    for m in (m_pageable, m_pinned):
-        cu.record("01", m.label, model=f"copy{numel}", dtype="fp32", measurement=m)
+    bus_bw = bw["H2D pinned"] * 1e9
+    for name, gbs in bw.items():
+        cu.record("01", name, model=f"copy{numel}", device="cuda", dtype="fp32",
+                  median_ms=numel * 4 / (gbs * 1e9) * 1e3, notes=f"{gbs:.1f} GB/s")  # fmt: skip
 else:
     host_src, host_dst = torch.randn(numel), torch.empty(numel)
-    m_memcpy = cu.measure(lambda: host_dst.copy_(host_src), device="cpu", label="CPU memcpy")
-    print(f"CPU memcpy of {numel * 4 / 2**20:.0f} MiB: {m_memcpy.median_ms:.3f} ms, "
-          f"{2 * numel * 4 / (m_memcpy.median_ms / 1e3) / 1e9:.1f} GB/s (read + write)")  # fmt: skip
+    bus_bw = copy_bandwidth(host_dst, host_src, "cpu") * 1e9
+    print(f"CPU memcpy of {numel * 4 / 2**20:.0f} MiB: {bus_bw / 1e9:.1f} GB/s (bytes copied once)")
     cu.results.show_reference("01", "H2D")
+
+# %%
+fig, ax = plt.subplots(figsize=(7, 4.5))
+xs = np.logspace(-3, 3, 200)
+if spec_flops and spec_bw:
+    ax.plot(xs, np.minimum(spec_flops, xs * spec_bw), color="black", lw=2, label="roof: spec sheet")
+elif spec_flops:
+    ax.plot(xs, np.minimum(spec_flops, xs * measured_bw), color="black", lw=2,
+            label="roof: spec compute, measured bandwidth")  # fmt: skip
+ax.plot(xs, np.minimum(measured_flops, xs * measured_bw), color="gray", ls="--", label="roof: measured peaks")
+ax.plot(xs, xs * bus_bw, color="tab:red", ls=":", label="host→device copy bandwidth (bus roof)")
+for row in roof.itertuples():
+    ax.scatter(row.intensity, row.flops_per_s, s=60, zorder=3)
+    ax.annotate(row.name, (row.intensity, row.flops_per_s), textcoords="offset points", xytext=(6, 4), fontsize=8)
+ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte)", ylabel="achieved FLOP/s",
+       title=f"Roofline on {device}")  # fmt: skip
+ax.legend(fontsize=8, loc="lower right")
+
+# %%
+per_op_us = m_tiny.median_ms * 1000 / ops
+f = roof.set_index("name")["fraction_of_roof"]
+roof_kind = "spec-sheet" if spec_flops else "measured"
+print(f"compute-bound matmul reaches {f['compute: matmul']:.0%} of its {roof_kind} roof.")
+print(f"memory-bound add reaches {f['memory: add']:.0%} of its roof "
+      f"({12 * numel / (m_add.median_ms / 1e3) / 1e9:.1f} GB/s moved).")  # fmt: skip
+print(f"overhead-bound tiny adds reach {f['overhead: tiny adds']:.3%} of their roof: each add costs "
+      f"{per_op_us:.2f} µs whatever its size. Batching (03) and compilation (06) attack this.")  # fmt: skip
+print(f"the add with host inputs takes {m_h2d.median_ms / m_add.median_ms:.2f}x the add alone: "
+      f"the copies, not the arithmetic, set its time.")  # fmt: skip
 
 # %% [markdown]
 # ## What surprised us
-# Printed from this run: how far the naive numbers were from the truth.
+# Printed from this run: how far the quick numbers were from the careful ones.
 
 # %%
 surprises = pd.DataFrame(
     [
-        ("cold first call vs steady median", naive_cold_ms / good.median_ms),
-        ("torch.utils.benchmark default (1 thread) vs same-thread median", bench_default.median * 1000 / bench_threads),
+        ("naive single call vs time_calls median", naive_ms / mine["median_ms"]),
+        ("first vs last call of a fresh module on a new shape", cold["fresh conv module, new shape"][0]
+         / cold["fresh conv module, new shape"][-1]),
+        ("torch.utils.benchmark default (1 thread) vs same-thread median", bench_default.median / bench_threads.median),
         ("cu.measure vs torch.utils.benchmark, same threads", agreement),
         ("cu.measure vs torch.utils.benchmark, 1 thread", agreement_1t),
+        ("per-call synchronized vs pipelined, small matmul", per_call / pipelined),
         ("p90 vs median (tail)", good.p90_ms / good.median_ms),
     ],
     columns=["comparison", "ratio"],
-)
-surprises
+)  # fmt: skip
+surprises.round(3)
 
 # %% [markdown]
 # ## Exercises
-# **1.** Write `matmul_intensity(n, bytes_per_element)`: the arithmetic intensity (FLOP per byte) of an n×n by
-# n×n matrix product that reads both inputs and writes the output once.
-#
-# **2.** Write `classify(intensity, achieved, peak_flops, peak_bw)` returning `"compute-bound"`,
-# `"memory-bound"` or `"overhead-bound"`: overhead-bound when the workload reaches under 10% of the roof at
-# its intensity; otherwise compute-bound right of the ridge point (peak_flops / peak_bw), memory-bound left.
+# **01.timer.** Write your own timer, without looking back: `my_timer(fn, synchronize, warmup, repeats)` returns
+# a list of `repeats` per-call times in **milliseconds**. `synchronize` is the function that waits for queued
+# work (`torch.cuda.synchronize` on a GPU). The self-check runs your timer on hidden workloads and compares it
+# with `cu.measure`: one ordinary workload, one **asynchronous** fake device (its calls return at once and the
+# work finishes only when you call `synchronize`), and one whose first calls are slow (cold).
 
 
 # %%
-def matmul_intensity(n: int, bytes_per_element: int) -> float:
+def my_timer(fn, synchronize, warmup=5, repeats=30):
     raise NotImplementedError  # your code here
 
 
-cu.exercises.check("01.intensity", matmul_intensity)
+cu.exercises.check("01.timer", my_timer)
+
+# %% [markdown]
+# **01.classify.** Write `classify(intensity, achieved, peak_flops, peak_bw)` returning `"compute-bound"`,
+# `"memory-bound"` or `"overhead-bound"`: overhead-bound when the workload reaches under 10% of the roof at its
+# intensity; otherwise compute-bound right of the ridge point (where the two roofs meet), memory-bound left.
+# Then run it on the table `roof` above.
 
 
 # %%
@@ -316,12 +537,16 @@ cu.exercises.check("01.classify", classify)
 
 # %% [markdown]
 # ## Summary: rows written to this machine's results
+# You can now time anything correctly by hand, and you know `cu.measure` does the same. Next:
+# **02 · Profiling**, where the time goes inside a pipeline.
 
 # %%
-cu.record("01", "naive cold single call", model=f"matmul-chain{n}", device=str(device), dtype="fp32",
-          median_ms=naive_cold_ms, notes="what not to do")  # fmt: skip
-cu.record("01", "measure (median)", model=f"matmul-chain{n}", dtype="fp32", measurement=good,
+cu.record("01", "naive single call", model=f"matmul-chain{n}", device=str(device), dtype="fp32",
+          median_ms=naive_ms, notes="what not to do")  # fmt: skip
+cu.record("01", "measure (median)", model=f"matmul-chain{n}", device=str(device), dtype="fp32", measurement=good,
           notes=f"{threads} threads; benchmark agreement {agreement:.3f} ({agreement_1t:.3f} at 1 thread)")  # fmt: skip
 for name, _, _, m in points:
-    cu.record("01", name, model="micro", dtype="fp32", measurement=m)
-print(f"peaks: {peak_flops / 1e9:.1f} GFLOP/s, {peak_bw / 1e9:.1f} GB/s; see {cu.results.results_dir()}")
+    cu.record("01", name, model="micro", device=str(device), dtype="fp32", measurement=m)
+print(f"measured peaks: {measured_flops / 1e9:.1f} GFLOP/s, {measured_bw / 1e9:.1f} GB/s"
+      + (f"; spec compute roof {spec_flops / 1e9:.0f} GFLOP/s" if spec_flops else "")
+      + f"; see {cu.results.results_dir()}")  # fmt: skip
