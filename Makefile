@@ -1,62 +1,112 @@
 # Two commands do everything on a fresh machine with Python 3.11+:
-#   make lab    set up, then open the course in JupyterLab
-#   make test   set up, then run every test (unit tests + every notebook in smoke mode)
-# Set-up is idempotent: a second run costs seconds unless pyproject.toml changed.
+#   make lab    set up, then open your workspace copy of the course in JupyterLab
+#   make test   set up, then run every test (unit tests, every lesson as a notebook and as a script)
+# Set-up is idempotent: a second run costs seconds unless pyproject.toml, this Makefile's settings or the
+# Python version changed.
+#
+# CPU-only machines may add CPU_TORCH=1 (make lab CPU_TORCH=1) to install PyTorch's CPU-only wheels from
+# PyTorch's own index instead of the default CUDA build from PyPI (several GB smaller). Off by default.
 
 SHELL := /bin/bash
-PYTHON ?= $(shell for p in python3.12 python3.11 python3; do command -v $$p >/dev/null && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' && { echo $$p; break; }; done)
+comma := ,
+PYTHON ?= $(shell for p in python3.12 python3.11 python3; do command -v $$p >/dev/null && $$p -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null && { echo $$p; break; }; done)
+PYVER := $(shell $(PYTHON) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 VENV := .venv
 PY := $(VENV)/bin/python
 KERNEL := gpu-inference-course
+WORKSPACE := workspace
 HAS_GPU := $(shell nvidia-smi -L >/dev/null 2>&1 && echo 1)
 EXTRAS := $(if $(HAS_GPU),gpu,cpu),dev
-STAMP := $(VENV)/.setup-$(subst $(comma),-,$(EXTRAS))
-comma := ,
+# The torch pins live in pyproject.toml only; they are installed first (from PyTorch's CPU index with CPU_TORCH=1).
+TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)",.*/\1/p' pyproject.toml)
+CPU_TORCH ?=
+TORCH_INDEX := $(if $(filter 1,$(CPU_TORCH)),--index-url https://download.pytorch.org/whl/cpu)
+# The stamp names what the venv was set up with: extras, Python version, and a digest of the pins and index.
+SETUP_KEY := $(shell echo '$(EXTRAS) $(PYVER) $(TORCH_PINS) $(TORCH_INDEX) tritonclient==2.73.0' | sha1sum | cut -c1-10)
+STAMP := $(VENV)/.setup-$(subst $(comma),-,$(EXTRAS))-py$(PYVER)-$(SETUP_KEY)
+# A venv whose interpreter no longer runs, or runs another Python version, is rebuilt.
+VENV_OK := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 JOBS ?= 2
 TEST_RESULTS := build/test-results
 NB_TIMEOUT ?= 900
+LINTED := course_utils tests scripts lessons
 
-.PHONY: setup lab test unit notebooks-test lint notebooks checksums gpu-test gpu-check course clean
+.PHONY: setup lab workspace reset-lesson reset-workspace test lint notebooks checksums gpu-test gpu-check course clean FORCE
 
 setup: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(if $(filter $(PYVER),$(VENV_OK)),,FORCE)
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or newer is needed (python3.11 or python3.12 on PATH)"; exit 1; }
+	@if [ -d $(VENV) ] && [ "$(VENV_OK)" != "$(PYVER)" ]; then \
+	  echo "Rebuilding $(VENV): its interpreter does not run or is not Python $(PYVER)"; rm -rf $(VENV); fi
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q torch==2.14.1 torchvision==0.29.1
+	$(PY) -m pip install -q $(TORCH_INDEX) $(TORCH_PINS)
+	@# onnxruntime and onnxruntime-gpu provide the same module: switching CPU <-> GPU removes the other one first.
+	$(PY) -m pip uninstall -q -y $(if $(HAS_GPU),onnxruntime,onnxruntime-gpu) 2>/dev/null || true
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps tritonclient==2.73.0
 	@if [ -n "$(HAS_GPU)" ]; then \
 	  $(PY) -m pip install -q pycuda || echo "pycuda did not build here (it needs CUDA headers); the course runs without it"; \
 	fi
 	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "GPU inference course" >/dev/null
+	@# JupyterLab stays offline: no news feed, no update check (both would contact the internet).
+	@mkdir -p $(VENV)/share/jupyter/lab/settings $(VENV)/etc/jupyter
+	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
+	  > $(VENV)/share/jupyter/lab/settings/overrides.json
+	@printf 'c.LabApp.news_url = None\nc.LabApp.check_for_updates_class = "jupyterlab.handlers.announcements.NeverCheckForUpdate"\n' \
+	  > $(VENV)/etc/jupyter/jupyter_lab_config.py
 	@rm -f $(VENV)/.setup-*; touch $@
-	@echo "Set-up done ($(EXTRAS)); $(if $(HAS_GPU),NVIDIA GPU found: GPU extras installed,no NVIDIA GPU: CPU set-up)."
+	@echo "Set-up done ($(EXTRAS), Python $(PYVER)); $(if $(HAS_GPU),NVIDIA GPU found: GPU extras installed,no NVIDIA GPU: CPU set-up)."
 
-lab: setup
-	$(VENV)/bin/jupyter lab --notebook-dir=notebooks --ServerApp.ip=127.0.0.1 --LabApp.extension_manager=readonly \
-	  $(if $(filter 0,$(shell id -u)),--allow-root)
+# Your own copy of the notebooks (git ignores workspace/): created on first run, never overwritten.
+workspace:
+	@mkdir -p $(WORKSPACE)
+	@for nb in notebooks/*.ipynb; do \
+	  [ -e "$(WORKSPACE)/$${nb##*/}" ] || { cp "$$nb" "$(WORKSPACE)/" && echo "workspace: added $${nb##*/}"; }; \
+	done
+	@printf 'formats = "ipynb"\n' > $(WORKSPACE)/jupytext.toml
 
-# ruff, then unit tests and every notebook at smoke sizes (results into build/test-results); then, alone,
-# the checks on the whole run (section record, rows per lesson) and the timer-agreement test.
+lab: setup workspace
+	$(VENV)/bin/jupyter lab --notebook-dir="$(WORKSPACE)" --ServerApp.ip=127.0.0.1 \
+	  --LabApp.extension_manager=readonly $(if $(filter 0,$(shell id -u)),--allow-root)
+
+# Restore one lesson (make reset-lesson LESSON=03) or all of them; your old copies go to workspace/.old/.
+reset-lesson:
+	@test -n "$(LESSON)" || { echo "usage: make reset-lesson LESSON=03"; exit 2; }
+	@mkdir -p "$(WORKSPACE)/.old"
+	@for nb in notebooks/$(LESSON)_*.ipynb; do \
+	  [ -e "$$nb" ] || { echo "no lesson $(LESSON) in notebooks/"; exit 2; }; \
+	  [ ! -e "$(WORKSPACE)/$${nb##*/}" ] || mv "$(WORKSPACE)/$${nb##*/}" "$(WORKSPACE)/.old/$${nb##*/}.$$(date +%Y%m%d-%H%M%S)"; \
+	  cp "$$nb" "$(WORKSPACE)/" && echo "restored $${nb##*/} (your old copy is in $(WORKSPACE)/.old/)"; \
+	done
+
+reset-workspace:
+	@mkdir -p "$(WORKSPACE)/.old"
+	@for nb in "$(WORKSPACE)"/*.ipynb; do [ -e "$$nb" ] && mv "$$nb" "$(WORKSPACE)/.old/$${nb##*/}.$$(date +%Y%m%d-%H%M%S)"; done; true
+	@$(MAKE) --no-print-directory workspace
+
+# ruff; then unit tests, every notebook through nbmake and every lesson as a plain script, all at smoke sizes
+# (results into build/test-results); then, alone, the checks on the whole run and the timer-agreement test.
+# Kernels keep Jupyter's inline plots; only plain scripts use the agg backend.
 test: setup
-	$(VENV)/bin/ruff check course_utils tests scripts
-	$(VENV)/bin/ruff format --check course_utils tests scripts
-	@rm -rf $(TEST_RESULTS); mkdir -p $(TEST_RESULTS)
-	COURSE_SMOKE=1 COURSE_RESULTS_DIR=$(CURDIR)/$(TEST_RESULTS) MPLBACKEND=agg \
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
+	@rm -rf "$(TEST_RESULTS)"; mkdir -p "$(TEST_RESULTS)"
+	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" \
 	  $(PY) -m pytest -q -n $(JOBS) --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
 	  rc=$$?; [ $$rc -eq 5 ] && rc=0; [ $$rc -eq 0 ] || exit $$rc
-	COURSE_SMOKE=1 COURSE_RESULTS_DIR=$(CURDIR)/$(TEST_RESULTS) COURSE_AFTER_RUN=1 \
+	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" COURSE_AFTER_RUN=1 \
 	  $(PY) -m pytest -q tests/after_run
 
 lint: setup
-	$(VENV)/bin/ruff check course_utils tests scripts
-	$(VENV)/bin/ruff format --check course_utils tests scripts
+	$(VENV)/bin/ruff check $(LINTED)
+	$(VENV)/bin/ruff format --check $(LINTED)
 
-# Regenerate notebooks/*.ipynb from their text copies in lessons/*.py (the files you edit); ONLY="08 14" for some.
+# Regenerate notebooks/*.ipynb from their text copies in lessons/*.py (the files you edit); ONLY="08 14" for
+# some. A notebook edited by hand is kept (FORCE=1 overwrites it after a backup to build/notebook-backups/).
 notebooks: setup
-	$(PY) -m course_utils.nbcheck --build $(ONLY)
+	$(PY) -m scripts.nbcheck --build $(ONLY) $(if $(filter 1,$(FORCE)),--force)
 
 # CUDA machines: every lesson in strict GPU mode (a skipped GPU section fails), full sizes; writes data/reference/.
 gpu-test: setup
@@ -66,11 +116,11 @@ gpu-test: setup
 gpu-check: setup
 	$(PY) -m scripts.gpu_check --size smoke --budget 540
 
-# Run every notebook headless at full size into build/course/ (outputs kept) and render build/course/index.html
-# (each notebook as HTML, what ran / was skipped and why, wall times, the leaderboard).
+# Run every notebook headless at full size into build/course/ (outputs and plots kept) and render
+# build/course/index.html (each notebook as HTML, what ran / was skipped and why, wall times, the leaderboard).
 # COURSE_SMOKE=1 make course for a quick pass; ONLY="00 14" to run some notebooks.
 course: setup
-	MPLBACKEND=agg $(PY) -m scripts.run_course --out build/course $(if $(ONLY),--only $(ONLY))
+	$(PY) -m scripts.run_course --out build/course $(if $(ONLY),--only $(ONLY))
 
 checksums: setup
 	$(PY) -m scripts.checksums

@@ -17,7 +17,7 @@ from typing import Any
 
 _MODULES = {
     "backends", "batching", "compare", "compilation", "data", "device", "errors", "exercises", "leaderboard",
-    "lesson", "memory", "models", "modes", "nbcheck", "optimize", "pipeline", "plots", "precision", "profiling",
+    "lesson", "memory", "models", "modes", "optimize", "pipeline", "plots", "precision", "profiling",
     "pruning", "quant", "results", "serving", "sweep", "timing", "triton",
 }  # fmt: skip
 # Shortcuts for the most used functions: cu.measure, cu.record, ...

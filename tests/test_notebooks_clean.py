@@ -4,7 +4,7 @@ import shutil
 
 import nbformat
 
-from course_utils import nbcheck
+from scripts import nbcheck
 
 
 def test_repository_notebooks_are_clean():
@@ -46,3 +46,27 @@ def test_build_writes_clean_notebooks(tmp_path):
     written = nbcheck.build_notebooks(tmp_path)
     assert [p.name for p in written] == ["50_demo.ipynb"]
     assert nbcheck.check_all(tmp_path) == []
+
+
+def test_build_never_erases_cells_added_to_a_notebook(tmp_path, capsys):
+    (tmp_path / "lessons").mkdir()
+    text = tmp_path / "lessons" / "50_demo.py"
+    text.write_text("# %% [markdown]\n# # Demo\n\n# %%\nx = 1\n")
+    (nb_path,) = nbcheck.build_notebooks(tmp_path)
+    text.write_text("# %% [markdown]\n# # Demo\n\n# %%\nx = 2\n")  # the source changed: rebuilding is fine
+    assert nbcheck.build_notebooks(tmp_path) == [nb_path]
+    nb = nbformat.read(nb_path, as_version=4)
+    nb.cells.append(nbformat.v4.new_code_cell("my_own_work = 42"))  # edited in Jupyter
+    nbformat.write(nb, nb_path)
+    assert nbcheck.build_notebooks(tmp_path) == []
+    assert "my_own_work" in nb_path.read_text() and "FORCE=1" in capsys.readouterr().out
+    assert nbcheck.build_notebooks(tmp_path, force=True) == [nb_path]
+    (backup,) = (tmp_path / "build" / "notebook-backups").glob("50_demo.*.ipynb")
+    assert "my_own_work" in backup.read_text() and "my_own_work" not in nb_path.read_text()
+
+
+def test_tags_survive_the_build(tmp_path):
+    (tmp_path / "lessons").mkdir()
+    (tmp_path / "lessons" / "50_demo.py").write_text('# %% tags=["contract"]\ndef f():\n    return 1\n')
+    (nb_path,) = nbcheck.build_notebooks(tmp_path)
+    assert nbformat.read(nb_path, as_version=4).cells[0].metadata["tags"] == ["contract"]

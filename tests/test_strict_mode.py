@@ -6,7 +6,7 @@ import torch
 from nbclient import NotebookClient
 from nbclient.exceptions import CellExecutionError
 
-from course_utils import nbcheck
+from scripts import nbcheck
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="strict mode passes on a GPU machine")
