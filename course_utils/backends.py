@@ -116,14 +116,23 @@ LEVELS = {
 }
 
 
-def _ort():
+def require_onnxruntime():
+    """``import onnxruntime``, or :class:`MissingBackendError` naming the fix.
+
+    Any failure at import counts, not only ImportError: a half-installed wheel (a missing shared library,
+    two ORT wheels side by side) raises other exceptions from inside the package.
+    """
     try:
         import onnxruntime
-    except ImportError as exc:
+    except Exception as exc:  # noqa: BLE001 - every import failure gets the same fix
         raise MissingBackendError(
-            f"onnxruntime is not installed ({exc}): run make setup (CPU: onnxruntime, GPU: onnxruntime-gpu)"
+            f"onnxruntime cannot be imported ({type(exc).__name__}: {exc}): reinstall it with make setup "
+            "(CPU: onnxruntime, GPU: onnxruntime-gpu; never both in one environment)"
         ) from exc
     return onnxruntime
+
+
+_ort = require_onnxruntime
 
 
 def ort_session(
@@ -241,10 +250,11 @@ def ort_runner(session) -> Callable[[torch.Tensor], torch.Tensor]:
 
 
 def ort_iobinding_runner(session, out_shape: Callable[[tuple[int, ...]], tuple[int, ...]]):
-    """GPU: run ``session`` on torch CUDA tensors bound in place with IOBinding (no host copies).
+    """Run ``session`` on torch tensors bound in place with IOBinding (on CUDA: no host copies).
 
-    ``out_shape(in_shape)`` gives the output shape (e.g. ``lambda s: (s[0], 1000)``); the output tensor is
-    allocated by torch and reused per shape. Float32 input and output.
+    Lesson 07's ``bind_and_run``, kept for reuse. ``out_shape(in_shape)`` gives the output shape (e.g.
+    ``lambda s: (s[0], 1000)``); the output tensor is allocated by torch on the input's device and reused
+    per shape (copy a result you keep). Float32 input and output; works with CPU and CUDA tensors.
     """
     iname, oname = session.get_inputs()[0].name, session.get_outputs()[0].name
     outs: dict[tuple[int, ...], torch.Tensor] = {}
@@ -260,7 +270,7 @@ def ort_iobinding_runner(session, out_shape: Callable[[tuple[int, ...]], tuple[i
         dev = x.device.index or 0
         io.bind_input(iname, x.device.type, dev, np.float32, tuple(x.shape), x.data_ptr())
         io.bind_output(oname, y.device.type, dev, np.float32, shape, y.data_ptr())
-        torch.cuda.current_stream().synchronize()  # the input must be written before ORT reads it
+        torch.get_device_module(x.device).synchronize()  # the input must be written before ORT reads it
         session.run_with_iobinding(io)
         io.synchronize_outputs()
         return y
