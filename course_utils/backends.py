@@ -339,7 +339,30 @@ class Profile:
 PRECISIONS = ("fp32", "tf32", "fp16", "int8")
 
 # The fields that make an engine specific: a different value means the engine must be rebuilt.
-KEY_FIELDS = ("gpu_name", "compute_capability", "trt_version", "precision", "profile", "onnx_sha256")
+KEY_FIELDS = ("gpu_name", "compute_capability", "trt_version", "precision", "profile", "onnx_sha256", "build")
+
+# Build settings that change the engine (its kernels, its math, where it runs), with TensorRT's defaults.
+# A timing cache is not among them: it makes a build faster, not a different engine.
+BUILD_DEFAULTS: dict[str, Any] = {
+    "workspace_bytes": 1 << 30,
+    "tf32": True,
+    "opt_level": 3,
+    "hardware_compat": "NONE",
+    "version_compatible": False,
+}
+
+
+def build_settings(**settings: Any) -> dict[str, Any]:
+    """The engine-defining build settings (:data:`BUILD_DEFAULTS` filled in), JSON-able for the cache key.
+
+    Enum values (``trt.HardwareCompatibilityLevel.AMPERE_PLUS``) are stored by name; keys that do not change
+    the engine (``timing_cache``) are left out.
+    """
+    out = dict(BUILD_DEFAULTS)
+    for k, v in settings.items():
+        if k in out:
+            out[k] = "NONE" if v is None and k == "hardware_compat" else getattr(v, "name", v)
+    return out
 
 
 def engine_metadata(
@@ -350,8 +373,14 @@ def engine_metadata(
     precision: str,
     profile: Profile | Mapping[str, Any],
     onnx_sha256: str,
+    build: Mapping[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """The facts an engine depends on, in a canonical JSON-able form (stored beside the engine)."""
+    """The facts an engine depends on, in a canonical JSON-able form (stored beside the engine).
+
+    ``build`` holds the build settings (workspace, TF32, optimization level, compatibility options; see
+    :func:`build_settings`): the same ONNX file built with TF32 off or at another optimization level is
+    another engine, so it gets another key.
+    """
     if precision not in PRECISIONS:
         raise ValueError(f"precision '{precision}': use one of {PRECISIONS}")
     cc = (
@@ -367,11 +396,12 @@ def engine_metadata(
         "precision": precision,
         "profile": prof,
         "onnx_sha256": onnx_sha256,
+        "build": build_settings(**dict(build or {})),
     }
 
 
 def engine_cache_key(**fields: Any) -> str:
-    """A short hex key of GPU name, compute capability, TensorRT version, precision, profile and ONNX hash.
+    """A short hex key of GPU, compute capability, TensorRT version, precision, profile, ONNX hash, build settings.
 
     Accepts the keyword arguments of :func:`engine_metadata`. Two engines share a key only if all of those
     match, so a key names exactly one engine that is valid on this machine.
@@ -520,7 +550,11 @@ def load_or_build_engine(
 
     trt = require_tensorrt()
     plat = current_platform()
-    meta = engine_metadata(**plat, precision=precision, profile=profile, onnx_sha256=file_sha256(onnx_path))
+    settings = {"workspace_bytes": workspace_bytes, **build_kwargs}
+    if "optimization_level" in settings:
+        settings["opt_level"] = settings["optimization_level"]
+    meta = engine_metadata(**plat, precision=precision, profile=profile, onnx_sha256=file_sha256(onnx_path),
+                           build=settings)  # fmt: skip
     key = engine_cache_key(**{k: meta[k] for k in KEY_FIELDS})
     engine_path, meta_path = engine_paths(cache_dir, onnx_path, precision, key)
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
@@ -562,19 +596,22 @@ def _torch_dtype(trt, dt) -> torch.dtype:
 
 
 class TrtRunner:
-    """Run a TensorRT engine with torch CUDA tensors as the input and output buffers.
+    """Run a TensorRT engine with torch tensors as the input and output buffers (lesson 08 writes it out).
 
     Per call: ``set_input_shape`` for the dynamic batch, ``set_tensor_address`` with each tensor's
     ``data_ptr()``, ``execute_async_v3`` on a dedicated non-default stream that waits for the current
     stream (so the input is ready) and is waited on by it (so the output is ready for later torch work).
-    Output tensors are allocated once per shape and reused: copy a result you want to keep.
+    A batch larger than the profile's maximum runs in chunks of that maximum, so a caller (an accuracy
+    probe over a whole test set) never meets ``set_input_shape`` returning False. Output tensors are
+    allocated once per shape and reused: copy a result you want to keep. ``stream``: a torch stream
+    (default: a new ``torch.cuda.Stream()``).
     """
 
-    def __init__(self, engine) -> None:
+    def __init__(self, engine, stream=None) -> None:
         self.trt = require_tensorrt()
         self.engine = engine
         self.context = engine.create_execution_context()
-        self.stream = torch.cuda.Stream()
+        self.stream = torch.cuda.Stream() if stream is None else stream
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         mode = self.trt.TensorIOMode.INPUT
         self.inputs = [n for n in names if engine.get_tensor_mode(n) == mode]
@@ -582,17 +619,29 @@ class TrtRunner:
         if len(self.inputs) != 1:
             raise CourseError(f"TrtRunner handles one input; this engine has {self.inputs}")
         self.input_dtype = _torch_dtype(self.trt, engine.get_tensor_dtype(self.inputs[0]))
+        lo, _, hi = engine.get_tensor_profile_shape(self.inputs[0], 0)
+        self.min_batch, self.max_batch = int(lo[0]), int(hi[0])
         self._out: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         name = self.inputs[0]
-        if x.device.type != "cuda":
+        if torch.cuda.is_available() and x.device.type != "cuda":
             raise BadInputError(f"TensorRT input '{name}' must be a CUDA tensor: call x.cuda()")
         if x.dtype != self.input_dtype:
             raise BadInputError(f"engine input '{name}' is {self.input_dtype}, got {x.dtype}: convert with .to()")
+        if x.dim() > 0 and x.shape[0] > self.max_batch:
+            parts = [self._run(c).clone() for c in x.split(self.max_batch)]
+            return torch.cat(parts)
+        return self._run(x)
+
+    def _run(self, x: torch.Tensor) -> torch.Tensor:
+        name = self.inputs[0]
         x = x.contiguous()
         if not self.context.set_input_shape(name, tuple(x.shape)):
-            raise BadInputError(f"shape {tuple(x.shape)} is outside the engine's optimization profile for '{name}'")
+            raise BadInputError(
+                f"shape {tuple(x.shape)} is outside the engine's optimization profile for '{name}' "
+                f"(batch {self.min_batch} to {self.max_batch}): rebuild the engine with a profile that covers it"
+            )
         self.context.set_tensor_address(name, x.data_ptr())
         results = []
         for out in self.outputs:
@@ -603,10 +652,11 @@ class TrtRunner:
                 self._out[key] = torch.empty(shape, dtype=dtype, device=x.device)
             self.context.set_tensor_address(out, self._out[key].data_ptr())
             results.append(self._out[key])
-        self.stream.wait_stream(torch.cuda.current_stream())
+        dev = torch.get_device_module(x.device)
+        self.stream.wait_stream(dev.current_stream())
         if not self.context.execute_async_v3(self.stream.cuda_stream):
             raise CourseError("TensorRT execute_async_v3 failed: see the TensorRT log")
-        torch.cuda.current_stream().wait_stream(self.stream)
+        dev.current_stream().wait_stream(self.stream)
         return results[0]
 
 
@@ -675,41 +725,69 @@ def write_calibration(x: torch.Tensor, path: str | Path, n: int) -> Path:
     return path
 
 
-def modelopt_int8_command(onnx_path: str | Path, calib_npy: str | Path, out_path: str | Path) -> list[str]:
+def modelopt_int8_command(
+    onnx_path: str | Path,
+    calib_npy: str | Path,
+    out_path: str | Path,
+    *,
+    calibration_method: str = "max",
+    calibration_eps: tuple[str, ...] = ("cuda:0", "cpu"),
+    high_precision_dtype: str = "fp16",
+) -> list[str]:
     """The command that writes a Q/DQ (explicitly quantized INT8) copy of an ONNX model with ModelOpt.
 
-    ``python -m modelopt.onnx.quantization --quantize_mode int8 --calibration_data calib.npy`` runs the
-    model on the calibration samples, picks per-tensor scales and inserts QuantizeLinear/DequantizeLinear
-    pairs; TensorRT then builds INT8 kernels where the Q/DQ pairs say so (no calibrator in TensorRT 11).
+    Every flag is spelled out (ModelOpt's parser accepts abbreviations such as ``--calibration_data``; the
+    course does not rely on them, and the contract suite parses this command with abbreviations off):
+
+    * ``--calibration_data_path``: the ``.npy`` of real, preprocessed inputs the activation ranges come from;
+    * ``--calibration_eps``: where calibration runs, in priority order. ModelOpt's default starts with
+      ``cpu``; the course names ``cuda:0`` first (then ``cpu`` as the fallback);
+    * ``--high_precision_dtype``: the type of the layers left unquantized. ModelOpt's default ``fp16``
+      converts them from FP32 to FP16; ``fp32`` keeps them FP32.
     """
     return [
         sys.executable, "-m", "modelopt.onnx.quantization",
         "--onnx_path", str(onnx_path),
         "--quantize_mode", "int8",
-        "--calibration_data", str(calib_npy),
-        "--calibration_method", "max",
+        "--calibration_data_path", str(calib_npy),
+        "--calibration_method", calibration_method,
+        "--calibration_eps", *calibration_eps,
+        "--high_precision_dtype", high_precision_dtype,
         "--output_path", str(out_path),
     ]  # fmt: skip
 
 
-def build_plan(sources: Mapping[str, str | Path | None], profile: Profile, platform: Mapping[str, Any]):
-    """A table of the engines a lesson would build: precision, ONNX file, profile shapes, cache key.
+def build_plan(
+    sources: Mapping[str, str | Path | None],
+    profile: Profile,
+    platform: Mapping[str, Any],
+    settings: Mapping[str, Mapping[str, Any]] | None = None,
+):
+    """A table of the engines a lesson would build: precision, ONNX file, profile, build settings, cache key.
+
+    ``settings`` maps a row name to its build settings (:func:`build_settings`; default TensorRT's). A row
+    name's first word (before a space or dash) is its precision: ``"tf32"``, ``"int8 (calib 64)"``.
 
     ``sources`` maps each precision to its ONNX file, or to None when that file can only be made on the
     GPU machine (the INT8 Q/DQ file needs ModelOpt): its key is then shown as pending.
     """
+    import re
+
     import pandas as pd
 
     rows = []
-    for precision, src in sources.items():
+    for name, src in sources.items():
+        precision = re.split(r"[ \-]", name)[0]
+        build = build_settings(**dict((settings or {}).get(name, {})))
         key = "(after the ONNX file exists)"
         if src is not None:
             key = engine_cache_key(
                 gpu_name=platform["gpu_name"], compute_capability=platform["compute_capability"],
                 trt_version=platform["trt_version"], precision=precision, profile=profile,
-                onnx_sha256=file_sha256(src),
+                onnx_sha256=file_sha256(src), build=build,
             )  # fmt: skip
-        rows.append({"precision": precision, "onnx file": Path(src).name if src else "made on the GPU machine",
+        rows.append({"engine": name, "onnx file": Path(src).name if src else "made on the GPU machine",
                      "profile min": profile.min, "profile opt": profile.opt, "profile max": profile.max,
-                     "cache key": key})  # fmt: skip
+                     "TF32": build["tf32"], "opt level": build["opt_level"],
+                     "workspace MiB": build["workspace_bytes"] >> 20, "cache key": key})  # fmt: skip
     return pd.DataFrame(rows)

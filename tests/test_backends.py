@@ -104,10 +104,26 @@ def test_cache_key_is_stable_and_sensitive_to_every_field():
     changes = {
         "gpu_name": "NVIDIA L4", "compute_capability": (8, 9), "trt_version": "10.13.0", "precision": "int8",
         "profile": B.Profile.for_batch("input", (3, 224, 224), 1, 16, 32), "onnx_sha256": "cd" * 32,
+        "build": {"tf32": False},
     }  # fmt: skip
     for field, value in changes.items():
         assert B.engine_cache_key(**{**BASE, field: value}) != key, field
     assert B.engine_cache_key(**{**BASE, "compute_capability": "9.0"}) == key
+    # every engine-defining build setting changes the key; TensorRT's defaults are the key without settings
+    for setting, value in {"workspace_bytes": 2 << 30, "tf32": False, "opt_level": 5,
+                           "hardware_compat": "AMPERE_PLUS", "version_compatible": True}.items():  # fmt: skip
+        assert B.engine_cache_key(**{**BASE, "build": {setting: value}}) != key, setting
+    assert B.engine_cache_key(**{**BASE, "build": dict(B.BUILD_DEFAULTS)}) == key
+    # a timing cache makes builds faster, not another engine: not part of the key
+    assert B.engine_cache_key(**{**BASE, "build": {"timing_cache": "/tmp/t.cache"}}) == key
+
+
+def test_build_settings_store_enum_names():
+    class Level:  # stands in for a pybind11 enum member: it has .name
+        name = "AMPERE_PLUS"
+
+    assert B.build_settings(hardware_compat=Level())["hardware_compat"] == "AMPERE_PLUS"
+    assert B.build_settings(hardware_compat=None)["hardware_compat"] == "NONE"
 
 
 def test_staleness_reasons():
@@ -154,15 +170,23 @@ def test_calibration_and_modelopt_command(tmp_path):
     with pytest.raises(ValueError):
         B.write_calibration(torch.randn(10, 3), tmp_path / "c.npy", 11)
     cmd = B.modelopt_int8_command("m.onnx", p, "m.int8.onnx")
-    assert cmd[1:3] == ["-m", "modelopt.onnx.quantization"] and "--calibration_data" in cmd and "int8" in cmd
+    assert cmd[1:3] == ["-m", "modelopt.onnx.quantization"] and "int8" in cmd
+    # every flag spelled out (no argparse abbreviation), the silent defaults stated
+    assert "--calibration_data_path" in cmd and "--calibration_data" not in cmd
+    eps = cmd[cmd.index("--calibration_eps") + 1 : cmd.index("--high_precision_dtype")]
+    assert eps[0] == "cuda:0", eps
+    assert cmd[cmd.index("--high_precision_dtype") + 1] == "fp16"
 
 
 def test_build_plan(tiny_onnx):
     prof = B.Profile.for_batch("input", (8,), 1, 4, 16)
     plat = {"gpu_name": "NVIDIA H200", "compute_capability": (9, 0), "trt_version": "11.1.0"}
-    df = B.build_plan({"fp32": tiny_onnx[1], "int8": None}, prof, plat)
-    assert list(df["precision"]) == ["fp32", "int8"] and len(df.loc[0, "cache key"]) == 20
-    assert df.loc[1, "cache key"].startswith("(")
+    df = B.build_plan({"fp32": tiny_onnx[1], "tf32": tiny_onnx[1], "int8": None}, prof, plat,
+                      {"fp32": {"tf32": False}})  # fmt: skip
+    assert list(df["engine"]) == ["fp32", "tf32", "int8"] and len(df.loc[0, "cache key"]) == 20
+    assert list(df["TF32"]) == [False, True, True]
+    assert df.loc[0, "cache key"] != df.loc[1, "cache key"]  # same file, TF32 off vs on: two engines
+    assert df.loc[2, "cache key"].startswith("(")
 
 
 def test_optimizer_fuses_nodes_between_lowest_and_highest_level(tmp_path):
