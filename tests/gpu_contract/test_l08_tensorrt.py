@@ -28,7 +28,6 @@ COVERS = {
     "08.run": "TrtRunner: tensor names/modes/dtypes, set_input_shape, set_tensor_address, execute_async_v3 on a "
     "non-default stream handle; outputs checked against the PyTorch model (fp32 tolerance)",
     "08.profile-error": "a batch above the profile's max: set_input_shape returns False, BadInputError names the fix",
-    "08.int8": "the same build/cache/runner functions (the Q/DQ file's command is parsed in test_l08_modelopt.py)",
     "08.resnet50": "the same build/cache/runner functions with a larger workspace and batch profile",
     "14.optimize-tensorrt": "optimize()'s engine step (backends.build_engine, Runtime, backends.TrtRunner) incl. "
     "batches above the profile's max (chunked)",
