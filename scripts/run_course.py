@@ -38,6 +38,7 @@ class NotebookRun:
     wall_s: float = 0.0
     error: str = ""
     sections: list[dict] = field(default_factory=list)
+    figures: int = 0
 
     @property
     def skipped(self) -> list[dict]:
@@ -85,7 +86,19 @@ def execute_notebook(src: Path, dest: Path, *, timeout: int, kernel: str | None,
     dest.parent.mkdir(parents=True, exist_ok=True)
     nbformat.write(nb, dest)
     run.sections = _read_sections(results / "sections.jsonl")[before:]
+    run.figures = count_figures(nb)
     return run
+
+
+def count_figures(nb) -> int:
+    """Image outputs (plots) in an executed notebook."""
+    return sum(
+        1
+        for cell in nb.cells
+        if cell.cell_type == "code"
+        for out in cell.get("outputs", [])
+        if any(k.startswith("image/") for k in out.get("data", {}))
+    )
 
 
 def render_html(nb_path: Path) -> Path:
@@ -191,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
     results = Path(os.environ.get("COURSE_RESULTS_DIR") or out / "results").resolve()
     results.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_RESULTS_DIR"] = str(results)  # the kernels inherit the environment
-    os.environ.setdefault("MPLBACKEND", "agg")
+    # Kernels keep Jupyter's inline backend, so the executed notebooks hold their plots (agg would drop them).
+    os.environ.pop("MPLBACKEND", None)
     mode = (
         "smoke (COURSE_SMOKE=1)" if os.environ.get("COURSE_SMOKE", "").lower() in {"1", "true", "yes", "on"} else "full"
     )
@@ -221,7 +235,10 @@ def main(argv: list[str] | None = None) -> int:
     width = max(len(r.name) for r in runs)
     for r in runs:
         ran = sum(bool(s.get("ran")) for s in r.sections)
-        print(f"  {r.name:<{width}}  {r.status:<7} {r.wall_s:8.1f} s  ran {ran} / skipped {len(r.skipped)} section(s)")
+        print(
+            f"  {r.name:<{width}}  {r.status:<7} {r.wall_s:8.1f} s  {r.figures:3d} figure(s)  "
+            f"ran {ran} / skipped {len(r.skipped)} section(s)"
+        )
         for s in r.skipped:
             print(f"      skipped {s['section']} ({s.get('kind', '')}): {s.get('reason', '')}")
         if r.error:
@@ -229,7 +246,11 @@ def main(argv: list[str] | None = None) -> int:
     (out / "summary.json").write_text(json.dumps([asdict(r) for r in runs], indent=1))
     index = render_index(out, runs, results, mode, total)
     failed = [r.name for r in runs if r.status != "ok"]
-    print(f"\n{len(runs) - len(failed)} ok, {len(failed)} failed, {total:.0f} s in all. Report: {index}")
+    figures = sum(r.figures for r in runs)
+    print(
+        f"\n{len(runs) - len(failed)} ok, {len(failed)} failed, {figures} figures, {total:.0f} s in all. "
+        f"Report: {index}"
+    )
     if failed:
         print("Failed: " + ", ".join(failed))
     return 1 if failed else 0

@@ -7,7 +7,8 @@ import os
 import pytest
 
 os.environ.setdefault("COURSE_SMOKE", "1")
-os.environ.setdefault("MPLBACKEND", "agg")
+# No MPLBACKEND here: nbmake's kernels inherit this environment and must keep Jupyter's inline backend (agg
+# would drop every figure). Unit tests plot headless anyway (matplotlib picks agg without a display).
 
 
 @pytest.fixture(autouse=True)

@@ -58,3 +58,24 @@ def test_run_course_reports_ok_failed_skipped_and_leaderboard(tmp_path, monkeypa
 
 def test_no_matching_notebooks(tmp_path):
     assert run_course.main(["--notebooks", str(tmp_path), "--out", str(tmp_path / "o")]) == 2
+
+
+PLOT_CELL = """
+import matplotlib.pyplot as plt
+plt.plot([1, 2, 3], [1, 4, 9])
+plt.show()
+"""
+
+
+def test_executed_notebooks_keep_their_plots(tmp_path, monkeypatch):
+    """Kernels keep Jupyter's inline backend: an executed notebook that plots holds an image output."""
+    nbs = tmp_path / "nbs"
+    nbs.mkdir()
+    _notebook(nbs / "97_plot.ipynb", PLOT_CELL)
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path / "results"))
+    monkeypatch.setenv("MPLBACKEND", "agg")  # as a caller's environment might have it: must not reach kernels
+    assert run_course.main(["--notebooks", str(nbs), "--out", str(tmp_path / "out"), "--timeout", "120"]) == 0
+    executed = nbformat.read(tmp_path / "out" / "97_plot.ipynb", as_version=4)
+    assert run_course.count_figures(executed) == 1
+    summary = json.loads((tmp_path / "out" / "summary.json").read_text())
+    assert summary[0]["figures"] == 1
