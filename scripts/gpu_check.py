@@ -65,7 +65,7 @@ def run_lesson(path: Path, env: dict[str, str], timeout_s: float) -> tuple[str, 
     t0 = time.perf_counter()
     try:
         proc = subprocess.run(
-            [sys.executable, str(path)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout_s
+            [sys.executable, path.name], cwd=path.parent, env=env, capture_output=True, text=True, timeout=timeout_s
         )
     except subprocess.TimeoutExpired:
         return "timeout", time.perf_counter() - t0, ""
@@ -148,7 +148,9 @@ def main(argv: list[str] | None = None) -> int:
         ref.mkdir(parents=True, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{info['gpu']}_{info['date']}_{args.size}")
         rows_df.to_csv(ref / f"{stem}.csv", index=False)
-        (ref / f"{stem}.env.json").write_text(json.dumps(info | {"lessons": [r[:4] for r in runs]}, indent=2))
+        ran = sorted({s["section"] for s in sections if s["ran"]})
+        extra = {"lessons": [r[:4] for r in runs], "sections_ran": ran}  # read by scripts/gpu_levels.py
+        (ref / f"{stem}.env.json").write_text(json.dumps(info | extra, indent=2))
         print(f"\nreference results written to {ref / stem}.csv (+ .env.json)")
     print(json.dumps(info))
     failed = [r for r in runs if r[2] not in {"ok"}]
