@@ -9,7 +9,8 @@ Levels (COURSE.md, "GPU paths: how each is verified"):
 * **not contract-testable**: named in a ``NOT_TESTABLE`` dict of such a file, with the reason.
 * **unverified**: none of these.
 
-Sections are found as ``gpu_section("NN.slug", ...)`` calls in ``lessons/*.py``.
+Sections are found as ``gpu_section("NN.slug", ...)`` calls in ``lessons/*.py`` and in ``course_utils``
+(lesson 14's ``optimize()`` enters some itself; ``modes.py``, which defines ``gpu_section``, is skipped).
 ``python -m scripts.gpu_levels --write`` rewrites the table in README.md between its markers;
 ``tests/test_gpu_levels.py`` fails when README is stale or a section is unverified.
 """
@@ -36,9 +37,10 @@ class Level:
 
 
 def lesson_sections(root: Path = ROOT) -> dict[str, str]:
-    """Every GPU-only section key -> the lesson file that enters it (literal keys only; else ValueError)."""
+    """Every GPU-only section key -> the file that enters it (literal keys only; else ValueError)."""
     found: dict[str, str] = {}
-    for path in sorted((root / "lessons").glob("[0-9][0-9]_*.py")):
+    package = [p for p in sorted((root / "course_utils").rglob("*.py")) if p.name != "modes.py"]
+    for path in sorted((root / "lessons").glob("[0-9][0-9]_*.py")) + package:
         text = path.read_text()
         calls = [m for m in re.finditer(r"gpu_section\(", text) if not text[: m.start()].endswith("def ")]
         keys = [m.group("key") for m in _CALL.finditer(text)]
