@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from torch import nn
@@ -119,9 +121,90 @@ def test_failing_technique_is_reported_and_others_run(monkeypatch):
 
     monkeypatch.setattr(opt, "_onnxruntime", boom)
     report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime", "batching"],
-                          measure_kwargs=FAST, verbose=False)  # fmt: skip
-    assert "export exploded" in report.step("onnxruntime").reason
+                          measure_kwargs=FAST, verbose=False, on_error="record")  # fmt: skip
+    assert (
+        report.step("onnxruntime").reason.startswith("failed")
+        and "export exploded" in report.step("onnxruntime").reason
+    )
     assert report.step("batching").applied
+
+
+def test_failing_technique_raises_in_tests_and_smoke_runs(monkeypatch):
+    """The tests (and smoke runs) must not hide a broken technique as a 'failed:' row."""
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+
+    def boom(*a, **k):
+        raise RuntimeError("export exploded")
+
+    monkeypatch.setattr(opt, "_onnxruntime", boom)
+    with pytest.raises(RuntimeError, match="export exploded"):
+        opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
+                     verbose=False, on_error="raise")  # fmt: skip
+    monkeypatch.setenv("COURSE_SMOKE", "1")
+    monkeypatch.delenv(opt.ON_ERROR_ENV, raising=False)
+    with pytest.raises(RuntimeError, match="export exploded"):  # default in smoke mode
+        opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST, verbose=False)
+    monkeypatch.setenv(opt.ON_ERROR_ENV, "record")
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
+                          verbose=False)  # fmt: skip
+    assert "failed" in report.step("onnxruntime").reason
+    monkeypatch.setenv(opt.ON_ERROR_ENV, "ignore")
+    with pytest.raises(CourseError, match="'raise' or 'record'"):
+        opt.optimize(model, example, acc, device="cpu", techniques=[], measure_kwargs=FAST, verbose=False)
+
+
+def test_failed_rows_are_recorded(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    monkeypatch.setattr(opt, "_onnxruntime", lambda *a, **k: 1 / 0)
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
+                          verbose=False, on_error="record")  # fmt: skip
+    assert report.record("99", model="conv1d") == 2  # the baseline, and the failed step (no timing)
+    from course_utils import results
+
+    rows = results.load_results(sorted(tmp_path.glob("*.csv")))
+    assert rows["notes"].astype(str).str.startswith("failed").sum() == 1
+
+
+def _broken_package(tmp_path, monkeypatch, name: str) -> None:
+    """Make ``import name`` raise a RuntimeError from inside the package, as a half-installed wheel does."""
+    pkg = tmp_path / name
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text("raise RuntimeError('libonnxruntime.so: cannot open shared object file')\n")
+    for mod in [m for m in sys.modules if m == name or m.startswith(name + ".")]:
+        monkeypatch.delitem(sys.modules, mod)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+@pytest.mark.parametrize("how", ["missing", "broken"])
+def test_backend_that_fails_to_import_is_a_skipped_technique(tmp_path, monkeypatch, how):
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    if how == "missing":
+        monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import raises ImportError
+    else:
+        _broken_package(tmp_path, monkeypatch, "onnxruntime")
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime", "batching"],
+                          measure_kwargs=FAST, verbose=False, on_error="raise")  # fmt: skip
+    step = report.step("onnxruntime")
+    assert not step.applied and "cannot be imported" in step.reason and "make setup" in step.reason
+    assert report.step("batching").applied, "the other techniques still run"
+
+
+def test_require_onnxruntime_names_the_fix_for_a_broken_install(tmp_path, monkeypatch):
+    from course_utils import backends
+    from course_utils.errors import MissingBackendError
+
+    _broken_package(tmp_path, monkeypatch, "onnxruntime")
+    with pytest.raises(MissingBackendError, match="RuntimeError.*make setup"):
+        backends.require_onnxruntime()
+
+
+def test_onnxruntime_step_matches_the_model():
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
+                          verbose=False, on_error="raise")  # fmt: skip
+    step = report.step("onnxruntime")
+    assert step.applied and step.comparison.within and step.precision == "fp32", step.reason
 
 
 def test_no_batch_dim_and_record(tmp_path, monkeypatch):
