@@ -10,48 +10,47 @@
 # # 02 · Profiling: find the hotspot from data, fix it, measure again
 #
 # **Goals.**
-# * Profile a deliberately slow inference pipeline with `torch.profiler` (CPU activity always, CUDA activity
-#   on a GPU), using a schedule (wait / warm-up / active steps).
-# * Name the stages with `record_function` ranges (and NVTX ranges on a GPU, for Nsight Systems).
-# * Read the top-operators table, export a Chrome trace and open it in Perfetto.
-# * Find the hotspot **in code, from the profile data**, fix it, re-measure, and repeat until the model
-#   itself is the largest stage.
+# * Profile a deliberately slow inference pipeline with `torch.profiler.profile` and a **schedule**
+#   (wait / warm-up / active steps): CPU activity always, CUDA activity on a GPU.
+# * Name the stages with `record_function` ranges (NVTX ranges on a GPU, for Nsight Systems).
+# * Read the operator table (`key_averages().table`), export a Chrome trace (`export_chrome_trace`) and
+#   open it in Perfetto; make `with_stack` point at the Python function behind an operator.
+# * Read the table, **write the fix yourself**, check it, re-measure, and repeat until the model itself is the
+#   largest stage.
 # * Know the Nsight Systems command line for a GPU machine.
 #
-# **The bottleneck this attacks.** In *01 · Measuring inference* we sorted slow inference into compute-,
-# memory-, launch- and transfer-bound work. Real pipelines add a fifth kind: time spent *around* the model:
-# Python loops in pre- and post-processing, thousands of tiny operators (each one launch- and
-# framework-overhead-bound), and host-device synchronizations (`.item()`, `.cpu()`) that stall the GPU queue.
-# A timer tells you the pipeline is slow; a profiler tells you *where*.
+# **The bottleneck this attacks.** *01 · Measuring inference* sorted slow inference into compute-, memory-,
+# overhead- and transfer-bound work. Real pipelines add time spent *around* the model: Python loops in pre- and
+# post-processing, thousands of tiny operators (each one overhead-bound), and host-device synchronizations
+# (`.item()`, `.cpu()`) that stall the GPU queue. A timer tells you the pipeline is slow; a profiler tells you
+# *where*.
 
 # %%
+import numpy as np
+import pandas as pd
+import torch
 from IPython.display import display
+from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import course_utils as cu
-import course_utils.profiling
 
 device = cu.lesson.start("02", "Profiling")
 
 # %% [markdown]
 # ## A deliberately slow pipeline
-# Requests arrive as decoded 8×8 grey images (`uint8`, values 0–16, from scikit-learn's digits). The
-# pipeline turns them into a batch, runs the trained digits CNN, and returns `(label, confidence)` per image.
-# It contains four classic mistakes, on purpose:
+# Requests arrive as decoded 8×8 grey images (`uint8`, values 0–16, from scikit-learn's digits). The pipeline
+# turns them into a batch, runs the trained digits CNN, and returns `(label, confidence)` per image. It contains
+# four classic mistakes, on purpose:
 # 1. **pre-processing in Python loops**: one small tensor per image, filled row by row;
 # 2. **many tiny operators**: every row and every image is its own operator call;
 # 3. **the model called once per image** instead of once per batch (lesson 03 measures what batching buys);
-# 4. **a sync inside the loop**: post-processing calls `.item()` and `.cpu()` once per image. On a GPU each
-#    of these waits for the device to finish and copies a single number back.
+# 4. **a sync inside the loop**: post-processing calls `.item()` and `.cpu()` once per image. On a GPU each of
+#    these waits for the device to finish and copies a single number back.
 #
-# We will not guess which one matters most: the profiler will tell us.
-#
-# Each stage is wrapped in `cu.profiling.annotate(name)`: a `torch.profiler.record_function` range (and a
-# `torch.cuda.nvtx.range` when a GPU is present), so the profiler can report time per stage.
+# We will not guess which one matters most: the profiler will tell us. Each stage sits in a
+# `record_function(name)` range, so the profiler reports time per stage.
 
 # %%
-import numpy as np
-import torch
-
 digits = cu.data.load_digits_split()
 n_images = cu.pick(full=128, smoke=48)
 raw = (digits.x_test[:n_images, 0] * 16).round().to(torch.uint8).numpy()
@@ -83,15 +82,15 @@ def postprocess_slow(logits):
 
 
 def run_pipeline(images, preprocess, model, postprocess):
-    with cu.profiling.annotate("preprocess"):
+    with record_function("preprocess"):
         x = preprocess(images)
-    with cu.profiling.annotate("model"):
-        with torch.inference_mode():
-            logits = model(x.to(device))  # the stage function: per image or batched
-    with cu.profiling.annotate("postprocess"):
+    with record_function("model"), torch.inference_mode():
+        logits = model(x.to(device))
+    with record_function("postprocess"):
         return postprocess(logits)
 
 
+stages = ["preprocess", "model", "postprocess"]
 slow = {"preprocess": preprocess_slow, "model": infer_per_image, "postprocess": postprocess_slow}
 baseline_out = run_pipeline(images, **slow)
 acc = np.mean([label == int(y) for (label, _), y in zip(baseline_out, digits.y_test[:n_images], strict=True)])
@@ -99,183 +98,257 @@ print(f"First results: {baseline_out[:3]} ... accuracy on these images: {acc:.1%
 
 # %% [markdown]
 # ## Baseline, measured
-# `cu.measure` (lesson 01) times the whole pipeline: warm-up, synchronization, median and spread.
+# `cu.measure` (lesson 01's timer) times the whole pipeline: warm-up, synchronization, median and spread.
 
 # %%
 reps = dict(min_repeats=cu.pick(full=10, smoke=3))  # the slow pipeline is slow: fewer repeats suffice
-m_slow = cu.measure(lambda: run_pipeline(images, **slow), device=device, batch_size=n_images, label="slow pipeline",
-                    **reps)  # fmt: skip
+m_slow = cu.measure(lambda: run_pipeline(images, **slow), device=device, batch_size=n_images,
+                    label="slow pipeline", **reps)  # fmt: skip
 print(m_slow)
 
 # %% [markdown]
 # ## Profile it
-# `cu.profiling.profile(fn, name=...)` wraps `torch.profiler.profile` with
-# `activities=[ProfilerActivity.CPU]` (+ `ProfilerActivity.CUDA` on a GPU), `record_shapes=True` and
-# `schedule(wait=1, warmup=1, active=N)`: the first call is skipped, the second is profiled but thrown away
-# (one-off costs), the next *N* (here 2) are kept. The loop calls `prof.step()` after each call. When the active
-# steps are done, `on_trace_ready` exports a Chrome trace.
+# `torch.profiler.profile` records every operator call between `__enter__` and `__exit__`. Three arguments do
+# most of the work:
+# * `activities`: `ProfilerActivity.CPU` always; add `ProfilerActivity.CUDA` on a GPU for kernel times;
+# * `schedule(wait=1, warmup=1, active=2)`: the loop calls `prof.step()` after each pipeline call; the first
+#   step is skipped, the second is recorded but thrown away (one-off costs: allocator growth, kernel
+#   selection), the next two are kept;
+# * `on_trace_ready`: called when the active steps are done; here it writes a Chrome trace with
+#   `export_chrome_trace` (open it in [Perfetto](https://ui.perfetto.dev) or `chrome://tracing`).
 #
-# *What not to do:* older tutorials pass `on_trace_ready=tensorboard_trace_handler(...)` and open the result
-# in TensorBoard. The TensorBoard profiler plugin is deprecated; export a Chrome trace and open it in
-# [Perfetto](https://ui.perfetto.dev) (or `chrome://tracing`) instead.
+# `record_shapes=True` keeps each operator's input shapes. On a GPU the loop synchronizes after each call, so
+# a step's kernels are finished inside the step. *What not to do:* older tutorials pass
+# `on_trace_ready=tensorboard_trace_handler(...)` and open the result in TensorBoard; the TensorBoard profiler
+# plugin is deprecated.
+
+
+# %% tags=["contract"]
+def profile_pipeline(fn, device, trace_path, active=2, **options):
+    """Profile fn() for `active` steps (after 1 skipped and 1 warm-up step); write a Chrome trace."""
+    dev = torch.device(device)
+    acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(
+        activities=acts,
+        schedule=schedule(wait=1, warmup=1, active=active),
+        record_shapes=True,
+        on_trace_ready=lambda p: p.export_chrome_trace(str(trace_path)),
+        **options,
+    ) as prof:
+        for _ in range(1 + 1 + active):
+            fn()
+            torch.get_device_module(dev).synchronize()
+            prof.step()
+    return prof
+
+
+def stage_table(prof, stages, steps=2):
+    """ms per call of each record_function range in `stages`, largest first, with its share of the total."""
+    ms = {e.key: e.cpu_time_total / 1000 / steps for e in prof.key_averages() if e.key in stages}
+    table = pd.Series(ms, name="ms").sort_values(ascending=False).to_frame()
+    table["share"] = table["ms"] / table["ms"].sum()
+    return table
+
 
 # %%
-prof_slow = cu.profiling.profile(lambda: run_pipeline(images, **slow), name="02_slow_pipeline", device=device, active=2)
-print(f"Chrome trace: {prof_slow.trace_path} ({prof_slow.trace_bytes:,} bytes)")
-assert prof_slow.trace_bytes > 0, "the trace file is empty"
-print(prof_slow.table(row_limit=10))
+traces = cu.profiling.traces_dir()  # <results folder>/traces: outside the repository
+prof_slow = profile_pipeline(lambda: run_pipeline(images, **slow), device, traces / "02_slow.json")
+print(f"Chrome trace: {traces / '02_slow.json'} ({(traces / '02_slow.json').stat().st_size:,} bytes)")
+sort_key = "self_cuda_time_total" if device.type == "cuda" else "self_cpu_time_total"
+print(prof_slow.key_averages().table(sort_by=sort_key, row_limit=12, max_name_column_width=30))
 
 # %% [markdown]
-# The same numbers as a DataFrame (per profiled step), sorted two ways: by **self time** (time spent in the
-# operator itself, not its children) and by **number of calls**. Many calls of a few microseconds each is the
-# signature of "many tiny ops".
+# How to read it: **Self CPU** is the time spent in the operator itself, not in operators it called (`aten::to`
+# calls `aten::_to_copy`, which calls `aten::copy_`); **CPU total** includes them; **# of Calls** counts calls
+# over the two active steps. The table also lists the `record_function` ranges (`preprocess`, `model`, ...):
+# a range's *self* time is Python time spent inside it outside any operator. Many calls of a few microseconds
+# each is the signature of "many tiny ops". Sorted by number of calls:
 
 # %%
-ops = cu.profiling.top_ops(prof_slow, n=200, sort_by="self_cpu_ms")
-ops.head(8).round(4)
-
-# %%
-cu.profiling.top_ops(prof_slow, n=8, sort_by="calls").round(4)
+print(prof_slow.key_averages().table(sort_by="count", row_limit=8, max_name_column_width=30))
 
 # %% [markdown]
 # `record_shapes=True` lets the profiler group operators by input shape: the tiny shapes (one row of 8
 # pixels, one row of 10 logits) show where the calls come from.
 
 # %%
-by_shape = prof_slow.prof.key_averages(group_by_input_shape=True)
-print(by_shape.table(sort_by="count", row_limit=6, max_name_column_width=30))
+print(prof_slow.key_averages(group_by_input_shape=True).table(sort_by="count", row_limit=6, max_name_column_width=30))
 
 # %% [markdown]
-# ## The hotspot, found from the data
-# `cu.profiling.stage_times` reads the `record_function` ranges; `cu.profiling.hotspot` names the largest
-# one. No eyeballing: the code below decides what to fix.
+# ### Which line of my code? `with_stack`
+# `with_stack=True` records the Python call stack of every operator. In torch 2.14 the stack is only filled
+# in with the profiler's verbose experimental config; the frames then read `file(line): function`, the
+# function that made the call and the line it was called from. The most-called operator, traced back:
 
 # %%
-stages = ["preprocess", "model", "postprocess"]
-times_slow = cu.profiling.stage_times(prof_slow, stages)
-hot, share = cu.profiling.hotspot(times_slow)
-print(f"Hotspot: '{hot}' takes {share:.0%} of the pipeline's profiled time.")
+verbose = torch._C._profiler._ExperimentalConfig(verbose=True)
+with profile(activities=[ProfilerActivity.CPU], with_stack=True, experimental_config=verbose) as prof_stack:
+    run_pipeline(images, **slow)
+counts = pd.Series({e.key: e.count for e in prof_stack.key_averages() if e.key.startswith("aten::")})
+busiest = counts.idxmax()
+frame = next((e.stack for e in prof_stack.events() if e.name == busiest and e.stack), [])
+print(f"{busiest}: {counts[busiest]} calls per pipeline call; first call made from:")
+for line in frame[:3] or ["(no Python stack recorded by this torch build)"]:
+    print("   ", line)
+
+# %% [markdown]
+# ## The hotspot, read from the data
+# The ranges answer "which stage": their *total* CPU time per pipeline call, and each one's share.
+
+# %%
+times_slow = stage_table(prof_slow, stages)
+hot = times_slow.index[0]
+print(f"Largest stage: '{hot}', {times_slow.loc[hot, 'share']:.0%} of the profiled time.")
 times_slow.round(4)
 
 # %% [markdown]
-# ## Fix what the data points at, then look again
-# The fixes: build the batch with one `np.stack` and one conversion (no per-row ops), call the model once
-# on the whole batch, and post-process the whole batch at once with a single copy back to the host
-# (`softmax` and `max` over dim 1, then `.tolist()`). The loop reads the stage times from the latest
-# profile, fixes the largest stage that still has a fix, re-measures and re-profiles; it stops when every
-# stage is fixed or the largest unfixed one is too small to matter. The outputs must not change: the checks
-# below run **before** any speed figure.
+# **The decision rule** you follow from here: fix the largest stage that still has a fix, check the outputs
+# did not change, measure, profile again, and read the new table; stop when no fix is left or the next one
+# would save little (under 5% of the time). If the model is then the largest stage, the model is what to
+# optimize next (lessons 04-08).
+#
+# ## Exercises: write the fixes, before you see any
+# You have the tables above. Write the fixes for the two stages around the model; the self-checks run your
+# code for parity with the slow version and **count the operator calls with the profiler** (they must not
+# grow with the number of images).
+#
+# **02.vectorize.** Write `preprocess_vectorized(images)`: the same `(N, 1, 8, 8)` float tensor in [0, 1] as
+# `preprocess_slow`, with a fixed number of operator calls however many images there are.
+
 
 # %%
-def preprocess_fast(images):
-    return torch.from_numpy(np.stack(images)).float().div_(16.0).unsqueeze(1)
+def preprocess_vectorized(images):
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("02.vectorize", preprocess_vectorized)
+
+# %% [markdown]
+# **02.one-sync.** Write `postprocess_batched(logits)`: the same `[(label, confidence), ...]` as
+# `postprocess_slow`, with one copy back to the host for the whole batch instead of an `.item()` per row.
+
+
+# %%
+def postprocess_batched(logits):
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("02.one-sync", postprocess_batched)
+
+# %% [markdown]
+# **02.top-op.** Use the profiler itself: write `top_self_cpu_op(fn)` that profiles one call of `fn()` and
+# returns the name of the **operator** (an `aten::...` name, not a `record_function` range) with the most
+# self CPU time. The self-check runs it on hidden workloads.
+
+
+# %%
+def top_self_cpu_op(fn):
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("02.top-op", top_self_cpu_op)
+
+# %% [markdown]
+# ## Fix, check, measure, profile again
+# The pipeline below uses **your** functions where their checks pass, and the course's reference solutions
+# otherwise (`cu.exercises.show_solution("02.vectorize")` prints one). The third fix, calling the model once
+# for the whole batch, is one line: `cnn(x)`.
+
+
+# %%
+def solved(key, answer):
+    """Your answer if its self-check passes, else the course's reference solution."""
+    try:
+        cu.exercises.get(key).checker(answer)
+        return answer
+    except Exception:  # not solved yet, or not right yet
+        return cu.exercises.get(key).solution
 
 
 def infer_batched(x):
     return cnn(x)  # one call for the whole batch
 
 
-def postprocess_fast(logits):
-    conf, label = torch.softmax(logits, dim=1).max(dim=1)
-    return list(zip(label.cpu().tolist(), conf.cpu().tolist(), strict=True))  # one copy (and one sync) per batch
+fixes = {"preprocess": solved("02.vectorize", preprocess_vectorized), "model": infer_batched,
+         "postprocess": solved("02.one-sync", postprocess_batched)}  # fmt: skip
+print({stage: f"{fn.__module__}.{fn.__name__}" for stage, fn in fixes.items()})
 
+# %% [markdown]
+# Now the decision rule, one step per pass: the largest stage not yet fixed gets its fix; the labels must be
+# identical and the confidences equal at the FP32 tolerance **before** any speed figure; then measure and
+# profile again.
 
-fixes = {"preprocess": preprocess_fast, "model": infer_batched, "postprocess": postprocess_fast}
-current = dict(slow)
-steps = [("slow pipeline", m_slow, hot, share)]
-prof_now = prof_slow
-MIN_SHARE = 0.05  # a stage below this share of the time is not worth a fix (change it and rerun)
-for _ in range(len(fixes)):
-    times = cu.profiling.stage_times(prof_now, stages)
-    top, top_share = cu.profiling.hotspot(times)
-    pending = times[[s in fixes and current[s] is not fixes[s] for s in times["stage"]]]
-    if pending.empty:
-        print(f"Hotspot '{top}' ({top_share:.0%}); every stage is fixed: what is left is the work itself.")
+# %%
+current, table = dict(slow), times_slow
+steps = [("slow pipeline", m_slow, table)]
+while any(current[s] is slow[s] for s in stages):
+    hot = next(s for s in table.index if current[s] is slow[s])  # the largest stage not fixed yet
+    if table.loc[hot, "share"] < 0.05:
+        print(f"'{hot}' is only {table.loc[hot, 'share']:.0%} of the time: not worth a fix. Stop.")
         break
-    hot, share = str(pending.iloc[0]["stage"]), float(pending.iloc[0]["share"])  # largest stage not yet fixed
-    if share < MIN_SHARE:
-        print(f"Hotspot '{top}' ({top_share:.0%}); the largest unfixed stage, '{hot}', is only {share:.0%}: stop.")
-        break
-    if hot != top:
-        print(f"Hotspot '{top}' ({top_share:.0%}) is already fixed; next largest: '{hot}'.")
     current[hot] = fixes[hot]
-    print(f"Fixing '{hot}' ({share:.0%} of the time) ...")
     out = run_pipeline(images, **current)
-    assert [lab for lab, _ in out] == [lab for lab, _ in baseline_out], "labels changed: the fix is wrong"
+    assert [lab for lab, _ in out] == [lab for lab, _ in baseline_out], f"labels changed after fixing {hot}"
     cu.check_outputs(torch.tensor([c for _, c in out]), torch.tensor([c for _, c in baseline_out]), "fp32",
                      label=f"confidences after fixing {hot}")  # fmt: skip
-    m = cu.measure(lambda: run_pipeline(images, **current), device=device, batch_size=n_images, label=f"fixed {hot}",
-                   **reps)  # fmt: skip
-    prof_now = cu.profiling.profile(lambda: run_pipeline(images, **current), name=f"02_fixed_{hot}", device=device,
-                                    active=2)  # fmt: skip
-    new_hot, new_share = cu.profiling.hotspot(cu.profiling.stage_times(prof_now, stages))
-    steps.append((f"+ fixed {hot}", m, new_hot, new_share))
-    print(f"  {m}\n  {m_slow.median_ms / m.median_ms:.2f}x the slow pipeline's speed; hotspot now '{new_hot}'")
+    m = cu.measure(lambda: run_pipeline(images, **current), device=device, batch_size=n_images,
+                   label=f"fixed {hot}", **reps)  # fmt: skip
+    prof_now = profile_pipeline(lambda: run_pipeline(images, **current), device, traces / "02_fixed.json")
+    table = stage_table(prof_now, stages)
+    steps.append((f"+ fixed {hot}", m, table))
+    print(f"fixed {hot}: {m.median_ms:.2f} ms ({m_slow.median_ms / m.median_ms:.2f}x the slow pipeline's speed); "
+          f"largest stage now '{table.index[0]}' ({table['share'].iloc[0]:.0%})")  # fmt: skip
 
 # %% [markdown]
 # ## Results: table and plot
 
 # %%
-import pandas as pd
-
 summary = pd.DataFrame(
     [
         {"pipeline": name, "median_ms": m.median_ms, "p90_ms": m.p90_ms, "images_per_s": m.throughput,
-         "speedup": m_slow.median_ms / m.median_ms, "hotspot": h, "hotspot_share": s}
-        for name, m, h, s in steps
+         "speedup": m_slow.median_ms / m.median_ms, "largest stage": t.index[0], "its share": t["share"].iloc[0]}
+        for name, m, t in steps
     ]
 )  # fmt: skip
 display(summary.round(3))
-cu.plots.speedup_bars(summary.set_index("pipeline")["speedup"], title=f"Pipeline speed-up on {device}");
+_ = cu.plots.speedup_bars(summary.set_index("pipeline")["speedup"], title=f"Pipeline speed-up on {device}")
 
 # %%
-times_fixed = cu.profiling.stage_times(prof_now, stages)
-both = pd.concat([times_slow.assign(pipeline="slow"), times_fixed.assign(pipeline="fixed")])
-ax = both.pivot(index="stage", columns="pipeline", values="ms").loc[stages].plot.barh(logx=True)
+times_fixed = steps[-1][2]
+both = pd.DataFrame({"slow": times_slow["ms"], "fixed": times_fixed["ms"]}).loc[stages]
+ax = both.plot.barh(logx=True)
 ax.set_xlabel("ms per pipeline call (profiled, log scale)")
-ax.set_title("Time per stage, before and after");
-
-# %%
-final = steps[-1][1]
-speedup = m_slow.median_ms / final.median_ms
-print(f"End to end, the fixed pipeline runs at {speedup:.2f}x the slow one's speed "
-      f"({m_slow.median_ms:.2f} ms -> {final.median_ms:.2f} ms for {n_images} images).")  # fmt: skip
-print(f"Operator calls per pipeline call: {cu.profiling.op_calls(prof_slow):,.0f} slow vs "
-      f"{cu.profiling.op_calls(prof_now):,.0f} fixed.")  # fmt: skip
-print(f"Chrome traces to compare in Perfetto:\n  {prof_slow.trace_path}\n  {prof_now.trace_path}")
+_ = ax.set_title("Time per stage, before and after")
 
 # %% [markdown]
-# ### Two more profiler switches
-# `profile_memory=True` records how much memory each operator allocates (on the CPU here, on the GPU too
-# where present); `with_stack=True` records the Python line that called each operator, so the trace and
-# `key_averages(group_by_stack_n=5)` point at *your* code (both make profiling slower and traces larger:
-# switch them on when you need them). Memory per operator in the fixed pipeline:
+# ### One more profiler switch: memory
+# `profile_memory=True` records how much memory each operator allocates (on the CPU here, on the GPU too where
+# present). It makes profiling slower and traces larger: switch it on when you need it.
 
 # %%
-prof_mem = cu.profiling.profile(lambda: run_pipeline(images, **current), name="02_fixed_memory", device=device,
-                                active=1, profile_memory=True)  # fmt: skip
-print(prof_mem.prof.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=6))
+prof_mem = profile_pipeline(lambda: run_pipeline(images, **current), device, traces / "02_fixed_memory.json",
+                            active=1, profile_memory=True)  # fmt: skip
+print(prof_mem.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=6, max_name_column_width=30))
 
 # %% [markdown]
 # ## On a GPU: CUDA activity, NVTX and the cost of a sync
-# *This section has not yet been run on a GPU by the course unless reference results are shown below.*
 # With `ProfilerActivity.CUDA` the table gains device-time columns and CUDA runtime calls. The per-image
-# `.item()` in the slow post-processing shows up as one `cudaStreamSynchronize` / `cudaMemcpyAsync` per
-# image; the fixed version has one per batch. The NVTX ranges from `annotate` appear in Nsight Systems.
+# `.item()` in the slow post-processing shows up as one `cudaStreamSynchronize` / `cudaMemcpyAsync` per image;
+# the fixed version has one per batch. `torch.cuda.nvtx.range(name)` marks the same stages for Nsight Systems.
+# *Verification: contract-tested (`tests/gpu_contract/test_l02_profile.py` runs `profile_pipeline` with
+# `ProfilerActivity.CUDA` requested and checks the schedule, ranges and exported trace); not yet executed on a
+# GPU.*
 
 # %%
 if cu.gpu_section("02.cuda-profile"):
-    prof_gpu = cu.profiling.profile(lambda: run_pipeline(images, **slow), name="02_slow_pipeline_cuda", device="cuda")
-    display(cu.profiling.top_ops(prof_gpu, n=10, sort_by="self_cpu_ms").round(4))
-    display(cu.profiling.top_ops(prof_gpu, n=8, sort_by="self_device_ms").round(4))
-    prof_gpu_fixed = cu.profiling.profile(
-        lambda: run_pipeline(images, **current), name="02_fixed_pipeline_cuda", device="cuda"
-    )
+    with torch.cuda.nvtx.range("slow pipeline"):
+        prof_gpu = profile_pipeline(lambda: run_pipeline(images, **slow), "cuda", traces / "02_slow_cuda.json")
+    prof_gpu_fixed = profile_pipeline(lambda: run_pipeline(images, **current), "cuda", traces / "02_fixed_cuda.json")
+    print(prof_gpu.key_averages().table(sort_by="self_cuda_time_total", row_limit=10, max_name_column_width=30))
     for api in ("cudaStreamSynchronize", "cudaMemcpyAsync", "cudaLaunchKernel"):
-        print(f"{api}: {cu.profiling.op_calls(prof_gpu, api):,.0f} calls per pipeline call (slow) vs "
-              f"{cu.profiling.op_calls(prof_gpu_fixed, api):,.0f} (fixed)")  # fmt: skip
-    display(cu.profiling.stage_times(prof_gpu_fixed, stages).round(4))
-    print(f"CUDA traces: {prof_gpu.trace_path}, {prof_gpu_fixed.trace_path}")
+        print(f"{api}: {cu.profiling.op_calls(prof_gpu, api) / 2:,.0f} calls per pipeline call (slow) vs "
+              f"{cu.profiling.op_calls(prof_gpu_fixed, api) / 2:,.0f} (fixed)")  # fmt: skip
+    display(stage_table(prof_gpu_fixed, stages).round(4))
     m_gpu_slow = cu.measure(lambda: run_pipeline(images, **slow), device="cuda", batch_size=n_images)
     m_gpu_fixed = cu.measure(lambda: run_pipeline(images, **current), device="cuda", batch_size=n_images)
     gpu_speedup = m_gpu_slow.median_ms / m_gpu_fixed.median_ms
@@ -289,88 +362,61 @@ else:
 # %% [markdown]
 # ### Nsight Systems (GPU machines)
 # The PyTorch profiler sees PyTorch's operators; Nsight Systems sees the whole process: CUDA API calls,
-# kernels, copies, NVTX ranges and OS runtime calls (`osrt`: sleeps, locks, file reads) on one timeline.
-# Put the pipeline in a script (the ranges from `cu.profiling.annotate` become NVTX rows) and run:
+# kernels, copies, NVTX ranges and OS runtime calls (`osrt`: sleeps, locks, file reads) on one timeline. Put
+# the pipeline in a script (with `torch.cuda.nvtx.range` around the stages) and run:
 
 # %%
 print(cu.profiling.nsys_command("my_pipeline.py"))
 
 # %% [markdown]
-# Useful variations: limit the capture to a region with `torch.cuda.profiler.start()` / `stop()` in the
-# script and `--capture-range=cudaProfilerApi`; `nsys stats report.nsys-rep` prints summary tables in the
-# terminal. For one kernel in depth (occupancy, memory throughput), Nsight Compute:
-# `ncu --set full -o kernel_report python my_pipeline.py` (slow: it replays each kernel many times).
-# For memory over time, `torch.cuda.memory._record_memory_history()` (lesson 11).
+# Useful variations: limit the capture to a region with `torch.cuda.profiler.start()` / `stop()` in the script
+# and `--capture-range=cudaProfilerApi`; `nsys stats report.nsys-rep` prints summary tables in the terminal. For
+# one kernel in depth (occupancy, memory throughput), Nsight Compute: `ncu --set full -o kernel_report python
+# my_pipeline.py` (slow: it replays each kernel many times). For memory over time,
+# `torch.cuda.memory._record_memory_history()` (lesson 11).
 
 # %% [markdown]
 # ## What surprised us
 # Printed from this run's numbers.
 
 # %%
-def ratio_word(r):
-    return "faster" if r > 1 else "slower"
-
-
 prof_ms = float(times_slow["ms"].sum())
 overhead = prof_ms / m_slow.median_ms
 print(f"1. Under the profiler the slow pipeline's stages took {prof_ms:.2f} ms per call, {overhead:.2f}x the "
       f"{m_slow.median_ms:.2f} ms measured without it. "
       + ("The profiler adds a cost to every operator call, so code with many tiny ops looks worse under it."
          if overhead > 1 else "Here the profiler's own cost was lost in the run-to-run noise of this machine.")
-      + " Use the profiler to find where the time goes, and a timer (cu.measure) for how much.")
-item_us = ops.set_index("name")["us_per_call"].get("aten::item", float("nan"))
-n_item = cu.profiling.op_calls(prof_slow, "aten::item")
-print(f"2. On {device}, the {n_item:.0f} `.item()` calls per pipeline call cost {item_us:.1f} us each (profiled). "
-      + ("On a CPU there is no device queue to wait for, so the sync itself is cheap here; on a GPU each one "
-         "stalls until all queued kernels finish." if device.type == "cpu" else
-         "Each one waits for the GPU queue to drain."))
-model_share = float(times_fixed.set_index("stage").loc["model", "share"])
+      + " Use the profiler to find where the time goes, and a timer (cu.measure) for how much.")  # fmt: skip
+item = next((e for e in prof_slow.key_averages() if e.key == "aten::item"), None)
+if item is not None:
+    print(f"2. On {device}, the {item.count / 2:.0f} `.item()` calls per pipeline call cost "
+          f"{item.cpu_time_total / item.count:.1f} us each (profiled). "
+          + ("On a CPU there is no device queue to wait for, so the sync itself is cheap here; on a GPU each one "
+             "stalls until all queued kernels finish." if device.type == "cpu" else
+             "Each one waits for the GPU queue to drain."))  # fmt: skip
+model_share = float(times_fixed.loc["model", "share"])
 print(f"3. After the fixes the model takes {model_share:.0%} of the pipeline time "
-      f"(it was {float(times_slow.set_index('stage').loc['model', 'share']):.0%}): "
+      f"(it was {float(times_slow.loc['model', 'share']):.0%}): "
       + ("now the model is what to optimize (lessons 04-08)." if model_share >= 0.5 else
-         "the code around the model still dominates; profile again before touching the model."))
-fix_gain = {name: m_slow.median_ms / m.median_ms for name, m, _, _ in steps[1:]}
-first = next(iter(fix_gain.items()), None)
-if first:
-    print(f"4. The first fix alone ('{first[0]}') made the pipeline {first[1]:.2f}x {ratio_word(first[1])}; "
-          f"all fixes together {speedup:.2f}x the slow pipeline's speed.")  # fmt: skip
-print(f"5. The Chrome trace of the slow pipeline is {prof_slow.trace_bytes / 2**20:.1f} MiB for "
-      f"{prof_slow.active_steps} profiled calls: every tiny op is an event. Profile a few steps, not a whole run.")
-
-# %% [markdown]
-# ## Exercises
-# **02.vectorize.** Write `preprocess_vectorized(images)` that turns a list of `uint8` 8×8 images (0–16)
-# into a float tensor of shape `(N, 1, 8, 8)` in [0, 1] with a fixed number of operator calls, however
-# many images there are (the self-check counts them with the profiler).
-
-# %%
-def preprocess_vectorized(images):
-    raise NotImplementedError  # your code here
-
-
-cu.exercises.check("02.vectorize", preprocess_vectorized)
-
-# %% [markdown]
-# **02.one-sync.** Write `postprocess_batched(logits)` that returns `[(label, confidence), ...]` like
-# `postprocess_slow`, without a per-row `.item()`: the number of operator calls must not grow with the
-# batch.
-
-# %%
-def postprocess_batched(logits):
-    raise NotImplementedError  # your code here
-
-
-cu.exercises.check("02.one-sync", postprocess_batched)
+         "the code around the model still dominates; profile again before touching the model."))  # fmt: skip
+ops_slow = sum(e.count for e in prof_slow.key_averages() if e.key.startswith("aten::")) / 2
+ops_fixed = sum(e.count for e in prof_mem.key_averages() if e.key.startswith("aten::"))
+print(f"4. Operator calls per pipeline call: {ops_slow:,.0f} slow vs {ops_fixed:,.0f} fixed.")
+trace_mib = (traces / "02_slow.json").stat().st_size / 2**20
+print(f"5. The Chrome trace of the slow pipeline is {trace_mib:.1f} MiB for 2 profiled calls: every tiny op is an "
+      "event. Profile a few steps, not a whole run.")  # fmt: skip
 
 # %% [markdown]
 # ## Summary
-# Rows for this machine's results file. Next: **03 · Batching**, how much throughput a larger batch buys
-# and what it costs in latency.
+# You can now wrap any pipeline in `torch.profiler.profile` with a schedule and ranges, read which stage and
+# which operator take the time, and fix what the data points at. From here on, `cu.profiling` holds the same
+# calls for reuse (`cu.profiling.profile`, `stage_times`, `top_ops`). Next: **03 · Batching**.
 
 # %%
 cu.record("02", "slow pipeline", model="digits_cnn", device=str(device), dtype="fp32", measurement=m_slow,
           notes="python-loop preprocessing, per-row .item()/.cpu()")  # fmt: skip
-for name, m, h, s in steps[1:]:
+for name, m, t in steps[1:]:
     cu.record("02", name.replace("+ ", ""), model="digits_cnn", device=str(device), dtype="fp32", measurement=m,
-              speedup_vs_baseline=m_slow.median_ms / m.median_ms, notes=f"hotspot after: {h} ({s:.0%})")  # fmt: skip
+              speedup_vs_baseline=m_slow.median_ms / m.median_ms,
+              notes=f"largest stage after: {t.index[0]} ({t['share'].iloc[0]:.0%})")  # fmt: skip
 summary.round(3)

@@ -76,3 +76,59 @@ def _check_one_sync(fn: Callable[[torch.Tensor], list]) -> None:
 def postprocess_batched(logits: torch.Tensor) -> list[tuple[int, float]]:
     conf, label = torch.softmax(logits, dim=1).max(dim=1)
     return list(zip(label.cpu().tolist(), conf.cpu().tolist(), strict=True))
+
+
+def _workloads() -> list[tuple[Callable[[], None], str]]:
+    """Hidden workloads and the operator with the most self CPU time in each (inputs made outside the profile)."""
+    a, small = torch.full((384, 384), 0.5), torch.ones(8)
+    x, m, out = torch.ones(50_000), torch.full((16, 16), 0.5), torch.empty(50_000)
+    b = torch.full((128, 128), 0.5)
+
+    def mm_heavy() -> None:
+        for _ in range(20):
+            small.add(1.0)
+        for _ in range(6):
+            a @ a
+
+    def add_heavy() -> None:
+        m @ m
+        for _ in range(400):
+            torch.add(x, x, out=out)
+
+    def python_heavy() -> None:
+        with torch.profiler.record_function("python loop"):
+            sum(i * i for i in range(300_000))  # pure Python: time in the range, in no operator
+            b @ b
+
+    return [(mm_heavy, "aten::mm"), (add_heavy, "aten::add"), (python_heavy, "aten::mm")]
+
+
+def _check_top_op(fn: Callable[[Callable[[], object]], str]) -> None:
+    for work, want in _workloads():
+        got = fn(work)
+        assert isinstance(got, str), f"return the operator's name as a string (got {type(got).__name__})"
+        if got == "python loop":
+            raise AssertionError(
+                "'python loop' is a record_function range, not an operator: its self time is Python time between "
+                "operators. Skip ranges (event.is_user_annotation) and ProfilerStep rows"
+            )
+        if got in ("aten::matmul", "aten::linear") and want == "aten::mm":
+            raise AssertionError(f"'{got}' has the most *total* CPU time (its child aten::mm does the work): "
+                                 "sort by self_cpu_time_total")  # fmt: skip
+        assert got == want, (
+            f"{work.__name__}: the operator with the most self CPU time is '{want}', you returned "
+            f"'{got}'. Profile fn() and take the max of self_cpu_time_total over prof.key_averages()"
+        )
+
+
+@exercise(
+    "02.top-op",
+    "Profile one call of fn() and return the name of the operator (not a record_function range) with the most "
+    "self CPU time.",
+    _check_top_op,
+)
+def top_self_cpu_op(fn: Callable[[], object]) -> str:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = [e for e in prof.key_averages() if not e.is_user_annotation and not e.key.startswith("ProfilerStep")]
+    return max(ops, key=lambda e: e.self_cpu_time_total).key
