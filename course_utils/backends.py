@@ -788,6 +788,6 @@ def build_plan(
             )  # fmt: skip
         rows.append({"engine": name, "onnx file": Path(src).name if src else "made on the GPU machine",
                      "profile min": profile.min, "profile opt": profile.opt, "profile max": profile.max,
-                     "TF32": build["tf32"], "opt level": build["opt_level"],
+                     "TF32": build["tf32"], "opt level": build["opt_level"], "hw compat": build["hardware_compat"],
                      "workspace MiB": build["workspace_bytes"] >> 20, "cache key": key})  # fmt: skip
     return pd.DataFrame(rows)

@@ -121,8 +121,8 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
         config.clear_flag(trt.BuilderFlag.TF32)  # true FP32 math
     config.builder_optimization_level = opt_level
     config.profiling_verbosity = trt.ProfilingVerbosity.DETAILED  # layer names for the engine inspector
-    if hardware_compat is not None:  # e.g. trt.HardwareCompatibilityLevel.AMPERE_PLUS: any GPU from Ampere on
-        config.hardware_compatibility_level = hardware_compat
+    if hardware_compat is not None:  # "AMPERE_PLUS": one plan for any GPU from Ampere on
+        config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, hardware_compat)
     if version_compatible:  # runs on later TensorRT versions too (the plan then carries a lean runtime)
         config.set_flag(trt.BuilderFlag.VERSION_COMPATIBLE)
     cache_bytes = timing_cache.read_bytes() if timing_cache is not None and timing_cache.exists() else b""
@@ -245,6 +245,7 @@ builds = {  # name: (ONNX file, precision, build settings)
     "tf32": (onnx_files["resnet18 fp32"], "tf32", {"tf32": True}),
     "fp16": (onnx_files["resnet18 fp16"], "fp16", {}),
     "fp16 level 1": (onnx_files["resnet18 fp16"], "fp16", {"opt_level": 1}),
+    "fp16 ampere+": (onnx_files["resnet18 fp16"], "fp16", {"hardware_compat": "AMPERE_PLUS"}),
 }
 plan = be.build_plan({k: v[0] for k, v in builds.items()}, profile, platform, {k: v[2] for k, v in builds.items()})
 display(plan)
@@ -267,6 +268,10 @@ print("same machine, file and settings:", be.engine_staleness(here, here) or "no
 # what the hardware-compatible plan costs.
 #
 # ## Step 6: build with the timing cache and two optimization levels (GPU)
+# Four engines from Step 5's plan, each through `load_or_build`; then the FP16 build again with the timing
+# cache the first builds filled, to see what the cache saves.
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %%
 engines, infos, runtime = {}, {}, None
@@ -277,7 +282,7 @@ if cu.gpu_section("08.build", needs=("tensorrt", "onnx")):
         engines[name], infos[name] = load_or_build(trt, runtime, src, profile, cache_dir, platform, precision,
                                                    timing_cache=timing, **settings)  # fmt: skip
         how = f"built in {infos[name]['build_s']:.1f} s" if infos[name]["built"] else "from cache"
-        print(f"{name}: {how} ({infos[name]['why']})")
+        print(f"{name}: {how} ({infos[name]['why']}), plan {engines[name].num_layers} layers")
     # the timing cache: the same build again, from scratch (a new key would rebuild anyway; force it here)
     t0 = time.perf_counter()
     build_engine(trt, onnx_files["resnet18 fp16"], profile, timing_cache=timing)
@@ -291,6 +296,8 @@ else:
 # ## Step 7: fusion, seen in the engine (GPU)
 # The inspector lists the engine's layers: convolution, batch norm, ReLU and the residual add become one
 # layer each time TensorRT can fuse them. Compare with the ONNX node count from Step 1.
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %%
 if cu.gpu_section("08.fusion", needs=("tensorrt",)) and "fp16" in engines:
@@ -307,6 +314,8 @@ else:
 # the reference turns both off (one API family, the legacy setters). The FP32 engine (TF32 cleared) is held
 # to the FP32 tolerance, the TF32 engine to TF32's, FP16 to FP16's. Then latency per batch: at 1, at the
 # profile's `opt` (the shape its kernels were tuned for) and at `max`, beside PyTorch eager.
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %%
 rows = []
@@ -315,7 +324,7 @@ if cu.gpu_section("08.run", needs=("tensorrt",)) and engines:
     torch.backends.cuda.matmul.allow_tf32 = False
     model_g = resnet.cuda().eval()
     stream = torch.cuda.Stream()  # not the default stream: TensorRT would synchronize the device on it
-    tol = {"fp32": "fp32", "tf32": "tf32", "fp16": "fp16", "fp16 level 1": "fp16"}
+    tol = {name: precision for name, (_, precision, _) in builds.items()}  # compare's tolerance names
     for b in (1, opt_b, max_b):
         x = torch.randn(b, 3, size, size, device="cuda")
         with torch.inference_mode():
@@ -346,6 +355,8 @@ else:
 # %% [markdown]
 # **Outside the profile.** A batch above `max` is refused by `set_input_shape`; the runner turns that into a
 # course error naming the fix (a profile that covers it), instead of a wrong result.
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %%
 if cu.gpu_section("08.profile-error", needs=("tensorrt",)) and "fp16" in engines:
@@ -366,6 +377,10 @@ if cu.gpu_section("08.profile-error", needs=("tensorrt",)) and "fp16" in engines
 # * `--high_precision_dtype fp16`: the layers left unquantized become FP16 (ModelOpt's default); `fp32`
 #   keeps them FP32.
 # The contract suite parses this very command with ModelOpt's own parser (abbreviations off).
+#
+# *Verification: the command is contract-tested by `tests/gpu_contract/test_l08_modelopt.py` (ModelOpt 0.47's
+# parser), the build and runner by `tests/gpu_contract/test_l08_tensorrt.py`; ModelOpt's calibration itself
+# has never been executed by the course (it needs the GPU extras).*
 
 # %%
 calib_n = cu.pick(full=512, smoke=64)
@@ -400,6 +415,8 @@ else:
 # ## Step 10: ResNet-50 at large batch (GPU)
 # The course's GPU targets (COURSE.md) are about ResNet-50: throughput at large batch and batch-1 latency.
 # An FP16 engine with a profile from 1 to a large batch; throughput in images per second from this run.
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %%
 if cu.gpu_section("08.resnet50", needs=("tensorrt",)):
@@ -441,6 +458,9 @@ print(f"polygraphy run {fp16_file} --trt --onnxrt --trt-min-shapes input:[{','.j
 # ## Torch-TensorRT: the one-line alternative (GPU)
 # `torch_tensorrt.compile` builds TensorRT engines for the parts of the graph it supports and falls back to
 # PyTorch for the rest. In torch-tensorrt 2.14 precision is typed by the model: call `.half()`.
+#
+# *Verification: unverified. `torch_tensorrt.compile` has no CPU path and its package cannot be imported
+# without TensorRT's libraries, so the contract suite cannot run it; it is listed as not testable there.*
 
 # %%
 if cu.gpu_section("08.torch-tensorrt", needs=("tensorrt", "torch_tensorrt")):

@@ -52,6 +52,9 @@ PLANTS = [
      "builder.build_serialized_network(network, config)", "builder.build_engine(network, config)"),
     ("parse_from_file(Path)", "parser.parse_from_file(str(onnx_path))", "parser.parse_from_file(onnx_path)"),
     ("wrong argument count", "engine.get_tensor_mode(n)", "engine.get_tensor_mode(n, 0)"),
+    ("enum property set from a str",
+     "config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, hardware_compat)",
+     "config.hardware_compatibility_level = hardware_compat"),
     ("output address of the input", "self.context.set_tensor_address(n, outs[n].data_ptr())",
      "self.context.set_tensor_address(n, x.data_ptr())"),
 ]  # fmt: skip
@@ -101,7 +104,7 @@ def scenario(ns, trt, model, onnx_path, tmp) -> None:
     engine, info = ns["load_or_build"](*args, tf32=False)
     assert info["built"] and info["why"] == "no cached engine"
     assert ns["load_or_build"](*args, tf32=False)[1]["why"] == "cache hit"
-    rebuilt = ns["load_or_build"](*args, tf32=False, opt_level=5)[1]
+    rebuilt = ns["load_or_build"](*args, tf32=False, opt_level=5, hardware_compat="AMPERE_PLUS")[1]
     assert rebuilt["built"] and rebuilt["key"] != info["key"], "another optimization level is another engine"
     layers = ns["engine_layers"](trt, engine)
     assert 0 < len(layers) < sum(be.count_nodes(onnx_path).values()), layers
