@@ -8,6 +8,7 @@ checks a file against it before it is used, so a corrupted or edited file fails 
 from __future__ import annotations
 
 import hashlib
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,8 +16,8 @@ import numpy as np
 import torch
 
 from .errors import ChecksumError
+from .paths import DATA_DIR, REPO_ROOT
 
-DATA_DIR = Path(__file__).resolve().parent.parent / "data"
 CHECKSUMS = DATA_DIR / "SHA256SUMS"
 SEED = 0
 
@@ -31,30 +32,56 @@ def sha256(path: str | Path) -> str:
 
 
 def recorded_checksums(checksums: Path = CHECKSUMS) -> dict[str, str]:
-    """The ``SHA256SUMS`` file as {relative path: hex digest}."""
+    """The ``SHA256SUMS`` file as {relative path: hex digest}.
+
+    Raises :class:`ChecksumError` naming the file when it is missing (restore it from git: regenerating it
+    would approve whatever is on disk) or naming the file and line when a line is not ``<sha256>  <path>``.
+    """
+    if not checksums.exists():
+        raise ChecksumError(
+            f"{checksums} is missing, so no shipped file can be checked. Restore it from git: "
+            f"`git checkout -- {_in_repo(checksums)}` (do not regenerate it: that would approve whatever is on disk)."
+        )
     out = {}
-    if checksums.exists():
-        for line in checksums.read_text().splitlines():
-            if line.strip():
-                digest, name = line.split(maxsplit=1)
-                out[name.lstrip("*").strip()] = digest
+    for number, line in enumerate(checksums.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        parts = line.split(maxsplit=1)
+        if len(parts) != 2 or not re.fullmatch(r"[0-9a-fA-F]{64}", parts[0]):
+            raise ChecksumError(
+                f"{checksums}, line {number}: {line[:80]!r} is not '<64 hex digits>  <path>'. The file was edited "
+                f"or damaged: restore it with `git checkout -- {_in_repo(checksums)}`."
+            )
+        out[parts[1].lstrip("*").strip()] = parts[0].lower()
     return out
+
+
+def _in_repo(path: Path) -> str:
+    """``path`` relative to the repository when it is inside it (for `git checkout -- ...` hints)."""
+    try:
+        return path.resolve().relative_to(REPO_ROOT).as_posix()
+    except ValueError:
+        return str(path)
 
 
 def verified_path(name: str, *, data_dir: Path = DATA_DIR) -> Path:
     """Path of shipped file ``name`` (relative to ``data/``) after checking its sha256; raise if it differs."""
     path = data_dir / name
     if not path.exists():
-        raise FileNotFoundError(f"shipped file {path} is missing: restore it with `git checkout -- data/{name}`")
-    expected = recorded_checksums(data_dir / "SHA256SUMS").get(name)
+        raise FileNotFoundError(f"shipped file {path} is missing: restore it with `git checkout -- {_in_repo(path)}`")
+    sums = data_dir / "SHA256SUMS"
+    expected = recorded_checksums(sums).get(name)
     if expected is None:
-        raise ChecksumError(f"{path} has no entry in {data_dir / 'SHA256SUMS'}: add one with `make checksums`")
+        raise ChecksumError(
+            f"{path} has no entry in {sums}. If SHA256SUMS was edited, restore it with "
+            f"`git checkout -- {_in_repo(sums)}`; a course developer adding a new shipped file records it with "
+            "`make checksums`."
+        )
     actual = sha256(path)
     if actual != expected:
         raise ChecksumError(
             f"checksum mismatch for {path}: sha256 {actual[:16]}... but SHA256SUMS records {expected[:16]}... "
-            f"The file is corrupted or was changed: restore it with `git checkout -- data/{name}` "
-            "(or retrain with `python -m scripts.train_digits` and `make checksums`)."
+            f"The file is corrupted or was changed: restore it with `git checkout -- {_in_repo(path)}`."
         )
     return path
 

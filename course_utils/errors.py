@@ -33,3 +33,11 @@ class ToleranceError(CourseError, AssertionError):
 
 class MissingBackendError(CourseError, ImportError):
     """An optional backend (TensorRT, ONNX Runtime, ...) is not installed."""
+
+
+class SettingError(CourseError, ValueError):
+    """An environment variable of the course (COURSE_SMOKE, COURSE_RESULTS_DIR, ...) holds an unusable value."""
+
+
+class WeightsFileError(CourseError, ValueError):
+    """A weights file cannot be loaded safely: it is not a plain tensor checkpoint, or it is damaged."""

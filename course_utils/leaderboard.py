@@ -10,39 +10,26 @@ by side for each lesson and technique. :func:`machines` lists who is on the boar
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
 import pandas as pd
 
-from .results import COLUMNS, REFERENCE_DIR, load_results, results_dir
+from .results import COLUMNS, NUMERIC_COLUMNS, REFERENCE_DIR, load_results, results_dir
 
-NUMERIC = ["batch_size", "median_ms", "p90_ms", "throughput", "speedup_vs_baseline", "error_vs_baseline"]
+NUMERIC = NUMERIC_COLUMNS
 KEYS = ["lesson", "technique", "model", "dtype", "batch_size"]
 
 
-def _check_numbers(df: pd.DataFrame, path: Path) -> pd.DataFrame | None:
-    """Coerce the numeric columns; a file whose numbers are not numbers is skipped (None) with a warning."""
+def _normalise(df: pd.DataFrame) -> pd.DataFrame:
+    """Numeric columns as numbers (rows with non-numbers were already skipped by ``read_rows``), every course
+    column present, lesson ids as two digits."""
     df = df.copy()
     for col in NUMERIC:
-        if col not in df.columns:
-            continue
-        raw = df[col]
-        num = pd.to_numeric(raw, errors="coerce")
-        bad = num.isna() & raw.notna() & (raw.astype(str).str.strip() != "")
-        if bad.any():
-            example = raw[bad].iloc[0]
-            warnings.warn(
-                f"skipped results file {path}: column '{col}' holds non-numbers (e.g. {example!r}); "
-                "fix or remove the file and load again",
-                stacklevel=3,
-            )
-            return None
-        df[col] = num
-    if df.empty:
-        warnings.warn(f"skipped results file {path}: it has a header but no rows", stacklevel=3)
-        return None
+        if col in df.columns:
+            df[col] = pd.to_numeric(df[col], errors="coerce")
     for col in COLUMNS:
         if col not in df.columns:
             df[col] = None
@@ -53,8 +40,9 @@ def _check_numbers(df: pd.DataFrame, path: Path) -> pd.DataFrame | None:
 def pool(paths: Iterable[str | Path], *, origin: str = "attendee") -> pd.DataFrame:
     """Read a list of result files (or folders of them) into one frame with ``origin`` and ``source`` columns.
 
-    Each file is read on its own: one that cannot be parsed, lacks the course's columns, holds non-numbers
-    in a numeric column or has no rows is skipped with a warning naming it; the rest load.
+    Each file is read on its own: a malformed row (wrong field count, a non-number in a numeric column) is
+    skipped with a warning naming the file and line, and the file's good rows load; a file that cannot be
+    parsed, lacks the course's columns or has no good rows is skipped with a warning naming it.
     """
     files: list[Path] = []
     for p in paths:
@@ -70,14 +58,11 @@ def pool(paths: Iterable[str | Path], *, origin: str = "attendee") -> pd.DataFra
             df = load_results([f])
         for w in caught:
             warnings.warn(str(w.message), stacklevel=2)
-        if df.empty and not caught:
-            warnings.warn(f"skipped results file {f}: it has no rows", stacklevel=2)
-            continue
         if df.empty:
+            if not any("skipped results file" in str(w.message) for w in caught):
+                warnings.warn(f"skipped results file {f}: it has no (good) rows", stacklevel=2)
             continue
-        df = _check_numbers(df, f)
-        if df is None:
-            continue
+        df = _normalise(df)
         df["origin"] = origin
         df["source"] = f.name
         frames.append(df)
@@ -118,10 +103,15 @@ def references(folder: Path = REFERENCE_DIR) -> pd.DataFrame:
 
 
 def _label(row: pd.Series) -> str:
+    """``<GPU or CPU> [<host>]``, plus the install id when the machine name carries one (``host_hw_id``), so
+    attendees on identical machine images get distinct labels and neither's rows replace the other's."""
     hw = row.get("gpu") if isinstance(row.get("gpu"), str) and row.get("gpu") else row.get("cpu") or "?"
-    host = str(row.get("machine") or "").split("_", 1)[0]
+    machine = str(row.get("machine") or "")
+    host = machine.split("_", 1)[0]
+    parts = machine.split("_")
+    who = f"{host} #{parts[-1]}" if len(parts) >= 3 and re.fullmatch(r"[0-9a-f]{6}", parts[-1]) else host
     mode = row.get("mode")
-    return f"{hw} [{host}]" + (f" ({mode})" if isinstance(mode, str) and mode == "smoke" else "")
+    return f"{hw} [{who}]" + (f" ({mode})" if isinstance(mode, str) and mode == "smoke" else "")
 
 
 def load(

@@ -3,18 +3,45 @@
 The digits models are trained by ``scripts/train_digits.py``; their weights live in ``data/`` and are
 checked against ``data/SHA256SUMS`` and loaded with ``torch.load(..., weights_only=True)``.
 ResNets use ImageNet weights only when they are already in the local torch cache; otherwise they get
-random weights (fine for speed work) and say so.
+random weights (fine for speed work) and say so. A weights file that is not a plain tensor checkpoint (a
+pickle with code in it, junk, a truncated download) raises :class:`WeightsFileError` naming the file and
+how to restore it; PyTorch's own message, which suggests turning the safety check off, is not passed on.
 """
 
 from __future__ import annotations
 
 import os
+import warnings
 from pathlib import Path
 
 import torch
 from torch import nn
 
 from .data import verified_path
+from .errors import WeightsFileError
+
+
+def load_weights(path: str | Path, *, fix: str) -> dict[str, torch.Tensor]:
+    """``torch.load(path, map_location="cpu", weights_only=True)`` as a state dict, or a clear course error.
+
+    ``weights_only=True`` refuses pickles that would run code; when it refuses (or the file is damaged) this
+    raises :class:`WeightsFileError` naming the file and ``fix`` (how to get a good copy back). It never
+    suggests loading with the safety check off: a file that fails it is replaced, not trusted.
+    """
+    path = Path(path)
+    try:
+        with warnings.catch_warnings():  # "Detected pickle protocol 4 ...": noise before the real refusal
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            state = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as exc:  # noqa: BLE001 - every failure means the same thing: this file cannot be used
+        raise WeightsFileError(
+            f"cannot load weights from {path}: PyTorch's safe loader refused it ({type(exc).__name__}), so it is "
+            f"damaged or not a plain tensor checkpoint (possibly a pickle that could run code). Do not load it "
+            f"another way; {fix}"
+        ) from None
+    if not isinstance(state, dict) or not all(isinstance(v, torch.Tensor) for v in state.values()):
+        raise WeightsFileError(f"{path} is not a state dict of tensors (got {type(state).__name__}); {fix}")
+    return state
 
 
 class DigitsCNN(nn.Module):
@@ -58,7 +85,7 @@ def load_digits_model(name: str = "cnn", *, device: str | torch.device = "cpu") 
     cls, fname = DIGITS_MODELS[name]
     path = verified_path(fname)
     model = cls()
-    model.load_state_dict(torch.load(path, map_location="cpu", weights_only=True))
+    model.load_state_dict(load_weights(path, fix=f"restore it with `git checkout -- data/{fname}`."))
     return model.eval().to(device)
 
 
@@ -92,7 +119,11 @@ def resnet(name: str = "resnet18", *, device: str | torch.device = "cpu") -> tup
     cached = torch_cache_dir() / Path(weights.url).name
     if cached.exists():
         model = getattr(tvm, name)(weights=None)
-        model.load_state_dict(torch.load(cached, map_location="cpu", weights_only=True))
+        fix = f"delete it (`rm '{cached}'`) to use random weights, or copy a good {cached.name} there."
+        try:
+            model.load_state_dict(load_weights(cached, fix=fix))
+        except RuntimeError as exc:  # tensors, but of another network: "Missing key(s)", "size mismatch"
+            raise WeightsFileError(f"{cached} does not hold {name}'s weights ({str(exc)[:200]}); {fix}") from None
         note = f"ImageNet weights from the local cache ({cached})"
     else:
         torch.manual_seed(0)

@@ -5,6 +5,10 @@
   so a run on a CUDA test machine cannot pass by skipping.
 * Every GPU-only section calls :func:`gpu_section`; the outcome (ran or skipped, and why) is appended
   to ``sections.jsonl`` in the results folder, so a run can report what it skipped.
+
+Switches are parsed strictly by :func:`switch`: ``1/0, true/false, yes/no, on/off`` (any case, spaces
+ignored) or unset; any other value (``2``, ``smoke``) raises :class:`SettingError` naming the variable, so the
+mode a run reports is always the mode it used.
 """
 
 from __future__ import annotations
@@ -13,28 +17,42 @@ import importlib.util
 import json
 import os
 import time
+import warnings
 from pathlib import Path
 from typing import TypeVar
 
-from .errors import GPURequiredError
+from .errors import GPURequiredError, SettingError
+from .paths import append_text, results_dir
 
 T = TypeVar("T")
 
 _TRUE = {"1", "true", "yes", "on"}
+_FALSE = {"0", "false", "no", "off", ""}
 
 
-def _flag(name: str) -> bool:
-    return os.environ.get(name, "").strip().lower() in _TRUE
+def switch(name: str) -> bool:
+    """The on/off environment variable ``name``: unset or empty is off; 1/true/yes/on and 0/false/no/off
+    (any case, surrounding spaces ignored). Anything else raises :class:`SettingError` naming ``name``."""
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise SettingError(
+        f"{name}={raw!r} is not an on/off value: use one of 1/0, true/false, yes/no, on/off "
+        f"(or leave {name} unset for off), then restart the kernel."
+    )
 
 
 def is_smoke() -> bool:
     """True when ``COURSE_SMOKE`` is set: small sizes and few repeats (tests, quick looks)."""
-    return _flag("COURSE_SMOKE")
+    return switch("COURSE_SMOKE")
 
 
 def is_strict_gpu() -> bool:
     """True when ``COURSE_STRICT_GPU`` is set: a GPU-only section that cannot run is an error."""
-    return _flag("COURSE_STRICT_GPU")
+    return switch("COURSE_STRICT_GPU")
 
 
 def pick(full: T, smoke: T) -> T:
@@ -44,10 +62,9 @@ def pick(full: T, smoke: T) -> T:
 
 def mode_summary() -> dict[str, object]:
     """The modes in force, for lesson 00 and for result rows."""
-    from .results import results_dir
-
+    smoke = is_smoke()
     return {
-        "size mode": "smoke (COURSE_SMOKE=1)" if is_smoke() else "full",
+        "size mode": f"smoke (COURSE_SMOKE={os.environ['COURSE_SMOKE'].strip()})" if smoke else "full",
         "strict GPU": is_strict_gpu(),
         "results folder": str(results_dir()),
     }
@@ -55,17 +72,12 @@ def mode_summary() -> dict[str, object]:
 
 def sections_file() -> Path:
     """Where the record of GPU-only sections is written (inside the results folder)."""
-    from .results import results_dir
-
     return results_dir() / "sections.jsonl"
 
 
 def _record(section: str, ran: bool, reason: str, kind: str) -> None:
-    path = sections_file()
-    path.parent.mkdir(parents=True, exist_ok=True)
     row = {"section": section, "ran": ran, "reason": reason, "kind": kind, "time": time.time()}
-    with path.open("a") as fh:
-        fh.write(json.dumps(row) + "\n")
+    append_text(sections_file(), json.dumps(row) + "\n")
 
 
 def missing_modules(modules: tuple[str, ...] | list[str]) -> list[str]:
@@ -116,7 +128,7 @@ def opt_in_section(section: str, env_var: str, why: str) -> bool:
 
     Tests never set it; the skip is recorded with kind ``opt-in`` so it is not mistaken for a failure.
     """
-    if _flag(env_var):
+    if switch(env_var):
         _record(section, True, "", "opt-in")
         return True
     _record(section, False, f"opt-in: set {env_var}=1 to run it", "opt-in")
@@ -125,8 +137,30 @@ def opt_in_section(section: str, env_var: str, why: str) -> bool:
 
 
 def read_sections(path: Path | None = None) -> list[dict]:
-    """Rows of the section record (each: section, ran, reason, kind, time); empty if none yet."""
+    """Rows of the section record (each: section, ran, reason, kind, time); empty if none yet.
+
+    A line that is not a JSON object (torn by a killed process, edited by hand) is skipped with a warning
+    naming the file and line; the other rows are returned.
+    """
     path = path or sections_file()
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows, bad = [], []
+    for number, line in enumerate(path.read_text(encoding="utf-8", errors="replace").splitlines(), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+        except ValueError:
+            row = None
+        if isinstance(row, dict) and "section" in row:
+            rows.append(row)
+        else:
+            bad.append(number)
+    if bad:
+        warnings.warn(
+            f"skipped {len(bad)} unreadable line(s) of {path} (line {', '.join(map(str, bad[:5]))}"
+            f"{', ...' if len(bad) > 5 else ''}): a run was probably killed while writing; the other rows are kept",
+            stacklevel=2,
+        )
+    return rows

@@ -2,13 +2,19 @@
 
 Each lesson appends one row per measured variant with :func:`record`. Rows go to
 ``<results folder>/<machine>.csv``; the folder is ``$COURSE_RESULTS_DIR`` or ``results/`` at the repository
-root (ignored by git). Workshop attendees' files can be pooled and compared with :func:`load_results`.
+root (ignored by git; see :mod:`course_utils.paths`). Workshop attendees' files can be pooled and compared
+with :func:`load_results`. Nothing measured is lost to a fault: rows are appended under a file lock (parallel
+test runs write one header per file), a malformed row is skipped with a warning instead of dropping its
+file, and the machine name carries a per-folder :func:`install_id` so identical machine images stay apart.
 """
 
 from __future__ import annotations
 
+import csv
+import io
 import os
 import re
+import secrets
 import time
 import warnings
 from collections.abc import Iterable
@@ -17,21 +23,45 @@ from typing import Any
 
 import pandas as pd
 
+from .modes import is_smoke
+from .paths import REFERENCE_DIR, append_text, results_dir
+from .paths import REPO_ROOT as REPO_ROOT  # re-exported: results.REPO_ROOT
+
+NUMERIC_COLUMNS = ["batch_size", "median_ms", "p90_ms", "throughput", "speedup_vs_baseline", "error_vs_baseline"]
 COLUMNS = [
     "lesson", "technique", "model", "device", "dtype", "batch_size", "median_ms", "p90_ms", "throughput",
     "speedup_vs_baseline", "error_vs_baseline", "notes", "machine", "gpu", "cpu", "torch", "mode", "time",
 ]  # fmt: skip
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
+INSTALL_ID_FILE = ".install_id"
 
 
-def results_dir() -> Path:
-    """The results folder: ``$COURSE_RESULTS_DIR`` if set, else ``results/`` in the repository."""
-    return Path(os.environ.get("COURSE_RESULTS_DIR") or REPO_ROOT / "results")
+def install_id(folder: Path | None = None) -> str:
+    """A random 6-hex-digit id of this results folder, created on first use and kept in ``.install_id``.
+
+    Attendees on identical machine images share host name and CPU; this id keeps their result files and
+    leaderboard labels apart. Concurrent first calls agree: the file appears atomically (hard link).
+    """
+    folder = folder or results_dir()
+    path = folder / INSTALL_ID_FILE
+    if not path.exists():
+        tmp = folder / f"{INSTALL_ID_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+        tmp.write_text(secrets.token_hex(3) + "\n")
+        try:
+            os.link(tmp, path)  # fails if another process linked first: its id wins
+        except FileExistsError:
+            pass
+        except OSError:  # a file system without hard links
+            if not path.exists():
+                os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+    return re.sub(r"[^A-Za-z0-9]", "", path.read_text())[:12] or "0"
 
 
 def machine_id() -> str:
-    """A file-name-safe name for this machine: GPU name if present, else CPU model, plus host name."""
+    """A file-name-safe name for this machine: host name, GPU name if present else CPU model, and the
+    :func:`install_id` (so identical machine images stay apart)."""
     import socket
 
     import torch
@@ -39,14 +69,14 @@ def machine_id() -> str:
     from .device import cpu_model, has_cuda
 
     hw = torch.cuda.get_device_name(0) if has_cuda() else cpu_model()
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", f"{socket.gethostname()}_{hw}").strip("-")[:120]
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{socket.gethostname()}_{hw}").strip("-")[:112]
+    return f"{name}_{install_id()}"
 
 
 def _machine_fields() -> dict[str, str]:
     import torch
 
     from .device import cpu_model, has_cuda
-    from .modes import is_smoke
 
     return {
         "machine": machine_id(),
@@ -98,17 +128,68 @@ def record(
     )  # fmt: skip
     row.update(given)
     row.update(_machine_fields())
-    path = results_dir() / f"{row['machine']}.csv"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    pd.DataFrame([row], columns=COLUMNS).to_csv(path, mode="a", header=not path.exists(), index=False)
+    line = pd.DataFrame([row], columns=COLUMNS).to_csv(index=False, header=False, lineterminator="\n")
+    header = ",".join(COLUMNS) + "\n"
+    # The header is written only if the file is empty, decided under the lock: one header per file.
+    append_text(results_dir() / f"{row['machine']}.csv", lambda empty: header + line if empty else line)
     return row
+
+
+def read_rows(path: str | Path) -> pd.DataFrame:
+    """One results CSV as a DataFrame, keeping every good row.
+
+    A row with the wrong number of fields (an extra comma, a line torn by a killed process) or a non-number
+    in a numeric column is skipped with one warning naming the file and its line numbers; repeated header
+    lines (left by older, unlocked concurrent writes) are dropped. Raises ``ValueError`` (or ``OSError``)
+    when the file is not a text CSV at all.
+    """
+    path = Path(path)
+    text = path.read_text(encoding="utf-8")
+    if "\x00" in text:
+        raise ValueError("it holds NUL bytes: not a text file")
+    reader = csv.reader(io.StringIO(text, newline=""))
+    header = next(reader, None)
+    if not header:
+        raise ValueError("it is empty (no header line)")
+    numeric = [i for i, c in enumerate(header) if c in NUMERIC_COLUMNS]
+    good, bad = [], []
+    for fields in reader:
+        if not any(f.strip() for f in fields) or fields == header:
+            continue
+        if len(fields) != len(header):
+            bad.append(f"line {reader.line_num}: {len(fields)} fields, header has {len(header)}")
+        elif any(fields[i].strip() and not _is_number(fields[i]) for i in numeric):
+            col = next(header[i] for i in numeric if fields[i].strip() and not _is_number(fields[i]))
+            bad.append(f"line {reader.line_num}: column '{col}' holds {fields[header.index(col)][:30]!r}")
+        else:
+            good.append(fields)
+    if bad:
+        more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
+        warnings.warn(
+            f"skipped {len(bad)} malformed row(s) of results file {path} ({'; '.join(bad[:5])}{more}); "
+            f"kept its {len(good)} good row(s)",
+            stacklevel=2,
+        )
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([header, *good])
+    buf.seek(0)
+    return pd.read_csv(buf, dtype={"lesson": str})
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
 
 
 def load_results(paths: Iterable[str | Path] | None = None) -> pd.DataFrame:
     """Read result CSVs (default: every ``*.csv`` in the results folder) into one DataFrame.
 
-    A file that cannot be read or lacks the course's columns is skipped with a warning naming it;
-    the other files are still loaded. Returns an empty frame with :data:`COLUMNS` when nothing loads.
+    Malformed rows are skipped by :func:`read_rows` (warned, the file's good rows kept); a file that cannot be
+    read at all or lacks the course's columns is skipped with a warning naming it; the other files are still
+    loaded. Returns an empty frame with :data:`COLUMNS` when nothing loads.
     """
     if paths is None:
         paths = sorted(results_dir().glob("*.csv"))
@@ -116,10 +197,14 @@ def load_results(paths: Iterable[str | Path] | None = None) -> pd.DataFrame:
     for p in paths:
         p = Path(p)
         try:
-            df = pd.read_csv(p, dtype={"lesson": str})
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                df = read_rows(p)
         except Exception as exc:  # noqa: BLE001 - any unreadable file is skipped, loudly
             warnings.warn(f"skipped results file {p}: cannot be read ({type(exc).__name__}: {exc})", stacklevel=2)
             continue
+        for w in caught:
+            warnings.warn(str(w.message), w.category, stacklevel=2)
         missing = {"lesson", "technique", "median_ms", "machine"} - set(df.columns)
         if missing:
             warnings.warn(f"skipped results file {p}: missing columns {sorted(missing)}", stacklevel=2)
@@ -131,29 +216,28 @@ def load_results(paths: Iterable[str | Path] | None = None) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True)
 
 
-REFERENCE_DIR = REPO_ROOT / "data" / "reference"
-
-
-def reference_results(lesson: str | None = None) -> pd.DataFrame:
+def reference_results(lesson: str | None = None, *, folder: Path | None = None) -> pd.DataFrame:
     """Results measured on real GPUs and shipped in ``data/reference/`` (optionally one lesson's rows)."""
-    import warnings as _w
-
-    with _w.catch_warnings():
-        _w.simplefilter("ignore")
-        df = load_results(sorted(REFERENCE_DIR.glob("*.csv")))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = load_results(sorted(Path(folder or REFERENCE_DIR).glob("*.csv")))
     if lesson is not None and not df.empty:
-        df = df[df["lesson"].astype(str) == str(lesson)]
+        df = df[df["lesson"].astype(str).str.zfill(2) == str(lesson).zfill(2)]
     return df
 
 
-def show_reference(lesson: str, technique_contains: str = "") -> pd.DataFrame | None:
-    """Print shipped GPU reference rows for ``lesson`` (labelled with GPU, torch and date), or say there are none.
+def show_reference(lesson: str, technique_contains: str = "", *, folder: Path | None = None) -> pd.DataFrame | None:
+    """Show shipped GPU reference rows for ``lesson`` (labelled with GPU, torch and date), or say there are none.
 
     Called in the ``else`` branch of a GPU-only section, so a learner without a GPU still sees real numbers.
+    The table is displayed here (rich table in a notebook, text in a plain script), because a value returned
+    inside an ``else:`` branch is never shown; the frame is also returned for code that wants it.
     """
-    df = reference_results(lesson)
+    from IPython.display import display
+
+    df = reference_results(lesson, folder=folder)
     if technique_contains and not df.empty:
-        df = df[df["technique"].str.contains(technique_contains, case=False, na=False)]
+        df = df[df["technique"].str.contains(technique_contains, case=False, na=False, regex=False)]
     if df.empty:
         print(
             f"No GPU reference results are shipped for lesson {lesson} yet: this GPU path has not been "
@@ -162,9 +246,12 @@ def show_reference(lesson: str, technique_contains: str = "") -> pd.DataFrame | 
         return None
     cols = [c for c in ["technique", "model", "dtype", "batch_size", "median_ms", "throughput", "speedup_vs_baseline",
                         "gpu", "torch", "time"] if c in df.columns]  # fmt: skip
-    gpus = ", ".join(sorted(df["gpu"].dropna().astype(str).unique()))
+    gpus = ", ".join(sorted(df["gpu"].dropna().astype(str).unique())) or "an unnamed GPU"
     print(f"Reference results measured on {gpus} (not this machine):")
-    return df[cols].reset_index(drop=True)
+    table = df[cols].reset_index(drop=True)
+    with pd.option_context("display.max_columns", None, "display.width", 200):  # a script shows every column
+        display(table)
+    return table
 
 
 def latest(df: pd.DataFrame) -> pd.DataFrame:

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from course_utils import data, models
-from course_utils.errors import ChecksumError
+from course_utils.errors import ChecksumError, CourseError, WeightsFileError
 
 
 def test_digits_split_is_fixed_and_shaped():
@@ -76,3 +76,106 @@ def test_minilm_loads_offline():
     model = models.minilm()
     emb = model.encode(["a sentence", "another one"], convert_to_tensor=True)
     assert emb.shape == (2, 384)
+
+
+class _Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (open, (str(self.marker), "w"))  # would create the marker file if unpickled unsafely
+
+
+def _bad_weight_files(folder):
+    import pickle
+
+    marker = folder / "code-ran"
+    files = {
+        "pickle": pickle.dumps(_Evil(marker)),
+        "torch-saved pickle": None,
+        "junk": b"\x00junk" * 20,
+        "empty": b"",
+        "truncated": (data.DATA_DIR / "digits_mlp.pt").read_bytes()[:5000],
+    }
+    return marker, files
+
+
+def _assert_names_fix_without_unsafe_hint(exc, path):
+    import traceback
+
+    text = "".join(traceback.format_exception(exc))
+    assert str(path) in str(exc)
+    assert "weights_only=False" not in text and "trusted source" not in text, text
+    assert isinstance(exc, CourseError)
+
+
+def test_torch_cache_file_replaced_by_pickle_or_junk_gives_course_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    cache = models.torch_cache_dir()
+    cache.mkdir(parents=True)
+    import torchvision.models as tvm
+
+    target = cache / tvm.ResNet18_Weights.DEFAULT.url.rsplit("/", 1)[1]
+    marker, files = _bad_weight_files(tmp_path)
+    for kind, raw in files.items():
+        if raw is None:
+            torch.save(_Evil(marker), target)
+        else:
+            target.write_bytes(raw)
+        with pytest.raises(WeightsFileError, match="rm ") as info:
+            models.resnet("resnet18")
+        _assert_names_fix_without_unsafe_hint(info.value, target)
+        assert not marker.exists(), f"{kind}: the pickle ran code"
+    torch.save({"fc.weight": torch.zeros(3, 3)}, target)  # tensors, but not resnet18's
+    with pytest.raises(WeightsFileError, match="does not hold resnet18's weights"):
+        models.resnet("resnet18")
+
+
+def test_load_weights_names_the_fix(tmp_path):
+    marker, files = _bad_weight_files(tmp_path)
+    for kind, raw in files.items():
+        f = tmp_path / f"{kind}.pt"
+        torch.save(_Evil(marker), f) if raw is None else f.write_bytes(raw)
+        with pytest.raises(WeightsFileError, match="restore it with git") as info:
+            models.load_weights(f, fix="restore it with git.")
+        _assert_names_fix_without_unsafe_hint(info.value, f)
+    torch.save([torch.ones(1)], tmp_path / "list.pt")
+    with pytest.raises(WeightsFileError, match="not a state dict"):
+        models.load_weights(tmp_path / "list.pt", fix="x")
+    assert not marker.exists()
+
+
+def test_bad_checksums_line_names_file_and_line(tmp_path):
+    good = (data.CHECKSUMS.read_text().splitlines())[0]
+    (tmp_path / "SHA256SUMS").write_text(f"{good}\nnot-a-digest digits_cnn.pt\n")
+    shutil.copy(data.DATA_DIR / "digits_cnn.pt", tmp_path)
+    with pytest.raises(ChecksumError, match=r"SHA256SUMS, line 2: 'not-a-digest digits_cnn.pt'.*git checkout"):
+        data.verified_path("digits_cnn.pt", data_dir=tmp_path)
+    (tmp_path / "SHA256SUMS").write_text(f"{good}\n{'a' * 64}\n")  # digest without a name
+    with pytest.raises(ChecksumError, match="line 2"):
+        data.recorded_checksums(tmp_path / "SHA256SUMS")
+
+
+def test_missing_checksums_file_says_restore_from_git_not_regenerate(tmp_path):
+    shutil.copy(data.DATA_DIR / "digits_cnn.pt", tmp_path)
+    with pytest.raises(ChecksumError, match="git checkout") as info:
+        data.verified_path("digits_cnn.pt", data_dir=tmp_path)
+    assert "make checksums" not in str(info.value) and "SHA256SUMS is missing" in str(info.value)
+
+
+def test_checksums_script_refuses_to_approve_changed_or_unchecked_files(tmp_path):
+    from scripts import checksums
+
+    with pytest.raises(ChecksumError, match="missing"):
+        checksums.write_checksums(tmp_path)
+    (tmp_path / "a.txt").write_text("one")
+    checksums.write_checksums(tmp_path, from_scratch=True)
+    recorded = data.recorded_checksums(tmp_path / "SHA256SUMS")
+    (tmp_path / "a.txt").write_text("changed")
+    (tmp_path / "b.txt").write_text("new")
+    with pytest.raises(ChecksumError, match="a.txt"):
+        checksums.write_checksums(tmp_path)
+    assert data.recorded_checksums(tmp_path / "SHA256SUMS") == recorded  # nothing written
+    checksums.write_checksums(tmp_path, accept={"a.txt"})
+    assert set(data.recorded_checksums(tmp_path / "SHA256SUMS")) == {"a.txt", "b.txt"}
+    assert data.verified_path("a.txt", data_dir=tmp_path)

@@ -99,3 +99,24 @@ def test_empty_inputs():
     assert lb.pool([]).empty
     assert lb.leaderboard(pd.DataFrame()).empty
     assert lb.machines(lb.pool([])).empty
+
+
+def test_one_bad_row_does_not_drop_the_good_rows_of_its_file(tmp_path):
+    rows = _rows("gina_T4", "NVIDIA T4", "Xeon", {"baseline": 2.0, "compiled": 1.0, "onnxruntime": 0.8})
+    rows["median_ms"] = rows["median_ms"].astype(object)
+    rows.loc[1, "median_ms"] = "n/a"
+    f = tmp_path / "gina.csv"
+    rows.to_csv(f, index=False)
+    with open(f, "a") as fh:
+        fh.write("14,extra,comma,,\n")
+    with pytest.warns(UserWarning, match=r"skipped 2 malformed row\(s\) of results file .*gina.csv"):
+        df = lb.pool([f])
+    assert sorted(df["technique"]) == ["baseline", "onnxruntime"] and df["median_ms"].dtype.kind == "f"
+
+
+def test_labels_keep_identical_images_apart():
+    a = pd.Series({"gpu": "", "cpu": "Xeon", "machine": "lab-01_Xeon_0a1b2c", "mode": "full"})
+    b = pd.Series({"gpu": "", "cpu": "Xeon", "machine": "lab-01_Xeon_9f8e7d", "mode": "full"})
+    old = pd.Series({"gpu": "", "cpu": "Xeon", "machine": "lab-01_Xeon", "mode": "smoke"})
+    assert lb._label(a) != lb._label(b) and lb._label(a) == "Xeon [lab-01 #0a1b2c]"
+    assert lb._label(old) == "Xeon [lab-01] (smoke)"

@@ -1,8 +1,11 @@
+import json
+import warnings
+
 import pytest
 import torch
 
 from course_utils import modes
-from course_utils.errors import GPURequiredError
+from course_utils.errors import CourseError, GPURequiredError, SettingError
 
 
 def test_pick_follows_smoke(monkeypatch):
@@ -50,3 +53,75 @@ def test_mode_summary():
     summary = modes.mode_summary()
     assert {"size mode", "strict GPU", "results folder"} <= set(summary)
     assert modes.sections_file().name == "sections.jsonl"
+
+
+@pytest.mark.parametrize(
+    ("raw", "on"),
+    [("1", True), (" 1 ", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False),
+     (" no", False), ("OFF", False), ("", False)],
+)  # fmt: skip
+def test_switch_accepts_on_off_words(monkeypatch, raw, on):
+    monkeypatch.setenv("COURSE_SMOKE", raw)
+    assert modes.switch("COURSE_SMOKE") is on and modes.is_smoke() is on
+
+
+@pytest.mark.parametrize("raw", ["2", "smoke", "1 0", "tru", "-1"])
+@pytest.mark.parametrize("var", ["COURSE_SMOKE", "COURSE_STRICT_GPU", "COURSE_TEST_OPT"])
+def test_switch_rejects_anything_else_naming_variable_and_values(monkeypatch, raw, var):
+    monkeypatch.setenv(var, raw)
+    with pytest.raises(SettingError, match=var) as info:
+        if var == "COURSE_SMOKE":
+            modes.pick(full=1, smoke=2)
+        elif var == "COURSE_STRICT_GPU":
+            modes.is_strict_gpu()
+        else:
+            modes.opt_in_section("99.opt", var, "Starts something.")
+    assert "1/0, true/false, yes/no, on/off" in str(info.value) and repr(raw) in str(info.value)
+    assert isinstance(info.value, CourseError)
+
+
+def test_unset_switch_is_off(monkeypatch):
+    monkeypatch.delenv("COURSE_TEST_UNSET", raising=False)
+    assert modes.switch("COURSE_TEST_UNSET") is False
+
+
+def test_reported_mode_matches_the_mode_used(monkeypatch):
+    from course_utils import results
+
+    monkeypatch.setenv("COURSE_SMOKE", " 1 ")
+    assert modes.pick(full="full", smoke="smoke") == "smoke"
+    assert modes.mode_summary()["size mode"].startswith("smoke")
+    assert results.record("99", "t", median_ms=1.0)["mode"] == "smoke"
+    monkeypatch.setenv("COURSE_SMOKE", "off")
+    assert modes.mode_summary()["size mode"] == "full" and results.record("99", "t", median_ms=1.0)["mode"] == "full"
+
+
+def test_read_sections_skips_torn_and_garbled_lines():
+    path = modes.sections_file()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    good = json.dumps({"section": "99.good", "ran": False, "reason": "r", "kind": "gpu", "time": 1.0})
+    path.write_text(f'{good}\n{{"section": "99.torn", "ran": fal\n\x00\x00garbage\n[1, 2]\n\n{good}\n')
+    with pytest.warns(UserWarning, match=r"skipped 3 unreadable line\(s\) of .*sections\.jsonl \(line 2, 3, 4\)"):
+        rows = modes.read_sections()
+    assert [r["section"] for r in rows] == ["99.good", "99.good"]
+
+
+def test_section_record_survives_concurrent_writers():
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("fork")
+    procs = [ctx.Process(target=_write_sections, args=(i,)) for i in range(4)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+    assert all(p.exitcode == 0 for p in procs)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no torn line
+        rows = modes.read_sections()
+    assert len(rows) == 4 * 50
+
+
+def _write_sections(i: int) -> None:
+    for k in range(50):
+        modes._record(f"99.p{i}.{k}", False, "x" * 5000, "gpu")

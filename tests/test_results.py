@@ -59,3 +59,128 @@ def test_reference_results_and_show_reference(capsys):
 def test_machine_id_is_file_safe():
     mid = results.machine_id()
     assert mid and all(c.isalnum() or c in "._-" for c in mid)
+
+
+def _first_rows_at_once(barrier, lesson: str) -> None:
+    barrier.wait()
+    results.record(lesson, "concurrent", median_ms=1.0)
+
+
+def test_concurrent_first_writes_give_one_header_per_file(tmp_path, monkeypatch):
+    """4 processes writing their first row at the same instant (as under `make test -n 2`), 10 times."""
+    import multiprocessing
+
+    results.machine_id()  # import torch & co. before forking, so the children start level
+    ctx = multiprocessing.get_context("fork")
+    for trial in range(10):
+        folder = tmp_path / f"trial{trial}"
+        monkeypatch.setenv("COURSE_RESULTS_DIR", str(folder))
+        barrier = ctx.Barrier(4)
+        procs = [ctx.Process(target=_first_rows_at_once, args=(barrier, f"9{i}")) for i in range(4)]
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(60)
+        assert all(p.exitcode == 0 for p in procs)
+        files = list(folder.glob("*.csv"))
+        assert len(files) == 1, f"trial {trial}: the four processes disagreed on the machine: {files}"
+        lines = files[0].read_text().splitlines()
+        assert sum(line.startswith("lesson,") for line in lines) == 1, f"trial {trial}: {lines}"
+        assert len(lines) == 5 and len(results.load_results()) == 4
+
+
+def test_malformed_line_is_warned_and_skipped_not_the_whole_file(tmp_path):
+    for i in range(50):
+        results.record("99", f"t{i}", median_ms=float(i + 1), notes='a, "quoted" note')
+    path = next(results.results_dir().glob("*.csv"))
+    text = path.read_text()
+    lines = text.splitlines(keepends=True)
+    broken = lines[:7] + [lines[7].rstrip("\n") + ",extra\n"] + lines[8:]  # one row with an extra comma
+    broken.append("99,torn row")  # a row cut short by a killed process
+    path.write_text("".join(broken))
+    with pytest.warns(UserWarning, match=rf"skipped 2 malformed row\(s\) of results file .*{path.name}.*line 8"):
+        df = results.load_results()
+    assert len(df) == 49 and 7.0 not in set(df["median_ms"]) and df["median_ms"].max() == 50.0
+    assert df["notes"].iloc[0] == 'a, "quoted" note'
+
+
+def test_non_number_row_skipped_and_repeated_header_dropped(tmp_path):
+    header = ",".join(results.COLUMNS)
+    row = dict.fromkeys(results.COLUMNS, "")
+    row.update(lesson="01", technique="t", median_ms="2.5", machine="m")
+    good = ",".join(row[c] for c in results.COLUMNS)
+    bad = good.replace("2.5", "fast!")
+    f = tmp_path / "old.csv"
+    f.write_text("\n".join([header, good, header, good, bad]) + "\n")
+    with pytest.warns(UserWarning, match="line 5: column 'median_ms' holds 'fast!'"):
+        df = results.read_rows(f)
+    assert len(df) == 2 and df["median_ms"].tolist() == [2.5, 2.5]
+
+
+def test_identical_machine_images_keep_distinct_machines_and_labels(tmp_path, monkeypatch):
+    """Two attendees: same host name and CPU (a cloned image), each with their own results folder."""
+    from course_utils import leaderboard as lb
+
+    pooled = tmp_path / "pooled"
+    pooled.mkdir()
+    for who, ms in (("alice", 2.0), ("bob", 3.0)):
+        monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path / who))
+        row = results.record("14", "baseline", model="m", dtype="fp32", batch_size=1, median_ms=ms)
+        src = next((tmp_path / who).glob("*.csv"))
+        assert src.name == f"{row['machine']}.csv"
+        (pooled / f"{who}-{src.name}").write_bytes(src.read_bytes())
+    machines = {p.name.split("-", 1)[1] for p in pooled.glob("*.csv")}
+    assert len(machines) == 2, "the two installs got the same machine name (and file name)"
+    assert results.install_id(tmp_path / "alice") == results.install_id(tmp_path / "alice")
+    df = lb.load(pooled, include_reference=False)
+    table = lb.leaderboard(df, lesson="14")
+    assert len(table.columns) == 2 and sorted(table.iloc[0].tolist()) == [2.0, 3.0]
+
+
+def _sample_reference(folder):
+    import pandas as pd
+
+    row = dict.fromkeys(results.COLUMNS)
+    row.update(lesson="01", technique="H2D copy pinned", model="digits-cnn", dtype="fp32", batch_size=64,
+               median_ms=0.123, gpu="NVIDIA H200", torch="2.14.1", time="2026-11-30T10:00", machine="lab")  # fmt: skip
+    folder.mkdir()
+    pd.DataFrame([row], columns=results.COLUMNS).to_csv(folder / "H200.csv", index=False)
+    return folder
+
+
+def test_show_reference_prints_its_table_in_a_plain_script(tmp_path):
+    import subprocess
+    import sys
+
+    ref = _sample_reference(tmp_path / "ref")
+    code = (
+        f"from pathlib import Path\nfrom course_utils import results\nresults.REFERENCE_DIR = Path({str(ref)!r})\n"
+        "if False:\n    pass\nelse:\n    results.show_reference('01', 'H2D')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "Reference results measured on NVIDIA H200" in out
+    assert "H2D copy pinned" in out and "0.123" in out, out
+
+
+def test_show_reference_displays_its_table_in_a_notebook(tmp_path):
+    import nbformat
+    from nbclient import NotebookClient
+
+    ref = _sample_reference(tmp_path / "ref")
+    src = (
+        f"from pathlib import Path\nfrom course_utils import results\nresults.REFERENCE_DIR = Path({str(ref)!r})\n"
+        "if False:\n    pass\nelse:\n    results.show_reference('01')"
+    )
+    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src)])
+    NotebookClient(nb, timeout=120, kernel_name="python3", resources={"metadata": {"path": str(tmp_path)}}).execute()
+    outputs = nb.cells[0].outputs
+    html = [o["data"]["text/html"] for o in outputs if o.get("output_type") == "display_data"]
+    assert len(html) == 1 and "H2D copy pinned" in html[0] and "<table" in html[0], outputs
+
+
+def test_show_reference_without_rows_says_unverified(tmp_path, capsys):
+    ref = _sample_reference(tmp_path / "ref")
+    assert results.show_reference("07", folder=ref) is None
+    assert "unverified" in capsys.readouterr().out
+    shown = results.show_reference("1", folder=ref)
+    assert list(shown["technique"]) == ["H2D copy pinned"]
