@@ -100,6 +100,8 @@ display(nodes)
 # the **timing cache** (tactic timings kept across builds: a rebuild skips re-timing), and the
 # **compatibility** options. The **optimization profile** gives the smallest, typical (`opt`, tuned for) and
 # largest input shape; `build_serialized_network` returns the engine as bytes (a "plan").
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 
 # %% tags=["contract"]
@@ -145,6 +147,8 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
 # profile, the ONNX file's sha256 **and the build settings** (workspace, TF32, optimization level,
 # compatibility options): the same file built with TF32 off is another engine. A cached plan is used only
 # when the metadata stored beside it match; otherwise it is rebuilt, with the reason printed.
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 
 # %% tags=["contract"]
@@ -178,6 +182,8 @@ def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precisi
 # TensorRT each torch tensor's device pointer (`data_ptr()`: no copies), and `execute_async_v3` enqueues the
 # work on a **non-default stream**. Two `wait_stream` calls order it with PyTorch's stream: TensorRT starts
 # after the input is written, and later torch work waits for the output.
+#
+# *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %% tags=["contract"]
 TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT8": torch.int8,
@@ -286,8 +292,8 @@ if cu.gpu_section("08.build", needs=("tensorrt", "onnx")):
     # the timing cache: the same build again, from scratch (a new key would rebuild anyway; force it here)
     t0 = time.perf_counter()
     build_engine(trt, onnx_files["resnet18 fp16"], profile, timing_cache=timing)
-    print(f"fp16 rebuilt with a warm timing cache: {time.perf_counter() - t0:.1f} s "
-          f"(first build: {infos['fp16']['build_s']:.1f} s; 0 s means it came from the engine cache)")  # fmt: skip
+    first = f"{infos['fp16']['build_s']:.1f} s" if infos["fp16"]["built"] else "loaded from the engine cache"
+    print(f"fp16 rebuilt with a warm timing cache: {time.perf_counter() - t0:.1f} s (first build: {first})")
     display(pd.DataFrame(infos).T)
 else:
     cu.results.show_reference("08", "build")

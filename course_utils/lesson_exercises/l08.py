@@ -170,12 +170,12 @@ def run_engine(trt, engine, context, feeds, stream):
     dtypes = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT32": torch.int32,
               "INT64": torch.int64, "INT8": torch.int8, "BOOL": torch.bool}  # fmt: skip
     names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-    outputs = {}
+    outputs, inputs = {}, {}
     for name in names:
         if engine.get_tensor_mode(name) == trt.TensorIOMode.INPUT:
-            x = feeds[name].contiguous()
-            context.set_input_shape(name, tuple(x.shape))
-            context.set_tensor_address(name, x.data_ptr())
+            inputs[name] = feeds[name].contiguous()  # kept referenced until the stream has run
+            context.set_input_shape(name, tuple(inputs[name].shape))
+            context.set_tensor_address(name, inputs[name].data_ptr())
     for name in names:
         if engine.get_tensor_mode(name) == trt.TensorIOMode.OUTPUT:
             dtype = dtypes[engine.get_tensor_dtype(name).name]
