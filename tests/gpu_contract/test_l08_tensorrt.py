@@ -219,3 +219,48 @@ def test_signature_parser_handles_overloads_and_brackets():
     sigs = trt_api.parse_signatures(doc)
     assert sigs[0] == {"params": [["name", "str", False], ["shape", "tuple", False]], "returns": "bool"}
     assert sigs[1]["params"] == [["a", "dict[str, int]", False], ["b", "Y", True]]
+
+
+BACKEND_PLANTS = [
+    ("config.max_workspace_size = n",
+     "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))",
+     "config.max_workspace_size = int(workspace_bytes)"),
+    ("trt.BuilderFlag.FP16", "config.set_flag(trt.BuilderFlag.TF32)", "config.set_flag(trt.BuilderFlag.FP16)"),
+    ("context.execute_async_v2(...)",
+     "if not self.context.execute_async_v3(self.stream.cuda_stream):",
+     "if not self.context.execute_async_v2([x.data_ptr()], self.stream.cuda_stream):"),
+    ("engine.get_binding_shape(0)",
+     "shape = tuple(self.context.get_tensor_shape(out))", "shape = tuple(self.engine.get_binding_shape(0))"),
+]  # fmt: skip
+
+
+def backends_engine_step(b, trt, model, onnx_path) -> None:
+    """optimize()'s engine step on module ``b`` (course_utils.backends or a planted copy)."""
+    profile = b.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
+        b.build_engine(onnx_path, profile=profile)
+    )
+    runner = b.TrtRunner(engine, stream=CpuStream())
+    x = torch.rand(12, 1, 8, 8)
+    with torch.inference_mode():
+        cmp = compare_outputs(runner(x), model(x), "fp32")
+    assert cmp.within, str(cmp)
+
+
+@pytest.mark.parametrize("label, shipped, planted", BACKEND_PLANTS, ids=[p[0] for p in BACKEND_PLANTS])
+def test_planted_api_breaks_fail_in_backends(label, shipped, planted, fake, digits, monkeypatch):
+    """The same mistakes planted into course_utils/backends.py (lesson 14's engine step) fail too."""
+    import types
+
+    model, onnx_path = digits
+    monkeypatch.setitem(sys.modules, "tensorrt", fake)
+    backends_engine_step(be, fake, model, onnx_path)  # the shipped code passes
+    source = __import__("inspect").getsource(be)
+    assert source.count(shipped) == 1, f"backends.py changed: '{shipped}' should occur once"
+    planted_mod = types.ModuleType("course_utils._planted_backends")
+    planted_mod.__package__ = "course_utils"
+    monkeypatch.setitem(sys.modules, planted_mod.__name__, planted_mod)  # dataclasses look their module up
+    exec(compile(source.replace(shipped, planted), "backends.py (planted)", "exec"), planted_mod.__dict__)  # noqa: S102
+    with pytest.raises((AttributeError, TypeError, AssertionError, be.CourseError)) as err:
+        backends_engine_step(planted_mod, fake, model, onnx_path)
+    print(f"planted in backends {label}: {type(err.value).__name__}: {str(err.value).splitlines()[0][:160]}")
