@@ -1,47 +1,27 @@
 """Pruning and distillation for the digits CNN (lesson 12).
 
-* Unstructured magnitude pruning (:func:`magnitude_prune`) zeroes the smallest weights with
-  ``torch.nn.utils.prune``. The tensors keep their shape, so dense kernels do exactly the same work.
-* Structured pruning (:func:`channel_prune_cnn`) removes whole convolution channels and rebuilds smaller
-  layers: fewer FLOPs, a real speed-up, and a short fine-tune (:func:`train`) recovers accuracy.
-* Distillation (:func:`distill`) trains a small student on the teacher's softened outputs plus the labels.
+The lesson writes the techniques out in its cells (``prune.*``, the channel rebuild of one layer, the
+distillation loss); this module keeps what it reuses afterwards:
+
+* :func:`sparsity_report`: zeros per Conv/Linear layer;
+* :func:`channel_prune_cnn`: the channel rebuild the lesson wrote for one layer, applied to every layer of
+  the digits CNN (fewer FLOPs, a real speed-up; fine-tune it afterwards);
+* :func:`train`: the short training loop for fine-tunes and students (labels, or a teacher and a loss).
 """
 
 from __future__ import annotations
 
-import copy
+from collections.abc import Callable
 
 import pandas as pd
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.nn.utils import prune
 
 from .errors import CourseError
 from .models import DigitsCNN
 
 PRUNABLE = (nn.Conv2d, nn.Linear)
-
-
-def magnitude_prune(model: nn.Module, amount: float, *, make_permanent: bool = True) -> nn.Module:
-    """A copy of ``model`` with the fraction ``amount`` of its Conv/Linear weights (smallest |w|, global) zeroed.
-
-    Uses ``prune.global_unstructured`` with L1 magnitude across all Conv2d/Linear weights. With
-    ``make_permanent`` the masks are folded into the weights (``prune.remove``), leaving ordinary dense
-    tensors that happen to contain zeros.
-    """
-    if not 0.0 <= amount < 1.0:
-        raise CourseError(f"amount must be in [0, 1) (the fraction of weights to zero), got {amount}")
-    m = copy.deepcopy(model)
-    params = [(mod, "weight") for mod in m.modules() if isinstance(mod, PRUNABLE)]
-    if not params:
-        raise CourseError("the model has no Conv2d or Linear layers to prune")
-    if amount > 0:
-        prune.global_unstructured(params, pruning_method=prune.L1Unstructured, amount=amount)
-        if make_permanent:
-            for mod, name in params:
-                prune.remove(mod, name)
-    return m
 
 
 def sparsity_report(model: nn.Module) -> pd.DataFrame:
@@ -106,24 +86,6 @@ def count_params(model: nn.Module) -> int:
     return sum(p.numel() for p in model.parameters())
 
 
-def distillation_loss(
-    student_logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, *, temperature: float = 4.0,
-    alpha: float = 0.7,
-) -> torch.Tensor:  # fmt: skip
-    """Hinton-style loss: ``alpha * T^2 * KL(soft teacher || soft student) + (1 - alpha) * CE(labels)``.
-
-    Softening both distributions with temperature ``T`` exposes the teacher's "dark knowledge" (how similar
-    the wrong classes look); the ``T^2`` factor keeps the soft term's gradients on the scale of the hard one.
-    """
-    if temperature <= 0:
-        raise CourseError(f"temperature must be positive, got {temperature}")
-    soft = F.kl_div(
-        F.log_softmax(student_logits / temperature, -1), F.softmax(teacher_logits / temperature, -1),
-        reduction="batchmean",
-    ) * temperature**2  # fmt: skip
-    return alpha * soft + (1 - alpha) * F.cross_entropy(student_logits, labels)
-
-
 def train(
     model: nn.Module,
     x: torch.Tensor,
@@ -133,17 +95,19 @@ def train(
     lr: float = 2e-3,
     batch_size: int = 64,
     teacher: nn.Module | None = None,
-    temperature: float = 4.0,
-    alpha: float = 0.7,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     seed: int = 0,
 ) -> nn.Module:
-    """Train ``model`` in place (Adam) on labels, or distil from ``teacher`` when one is given; return it in eval mode.
+    """Train ``model`` in place (Adam) and return it in eval mode: on labels, or from ``teacher`` with ``loss_fn``.
 
-    Used for the short fine-tune after structured pruning and for the student runs. Seeded, so the
+    Labels only: cross-entropy. With a ``teacher``, each batch's loss is ``loss_fn(student_logits,
+    teacher_logits, labels)`` (lesson 12 writes its distillation loss and passes it here). Seeded, so the
     labels-only and distilled students see the same batches in the same order.
     """
     if epochs < 0:
         raise CourseError(f"epochs must be >= 0, got {epochs}")
+    if teacher is not None and loss_fn is None:
+        raise CourseError("distilling needs loss_fn(student_logits, teacher_logits, labels): pass the lesson's loss")
     g = torch.Generator().manual_seed(seed)
     opt = torch.optim.Adam(model.parameters(), lr=lr)
     if teacher is not None:
@@ -159,13 +123,8 @@ def train(
             else:
                 with torch.no_grad():
                     t_logits = teacher(x[idx])
-                loss = distillation_loss(logits, t_logits, y[idx], temperature=temperature, alpha=alpha)
+                loss = loss_fn(logits, t_logits, y[idx])
             opt.zero_grad()
             loss.backward()
             opt.step()
     return model.eval()
-
-
-def distill(student: nn.Module, teacher: nn.Module, x: torch.Tensor, y: torch.Tensor, **kw) -> nn.Module:
-    """Train ``student`` from ``teacher``'s soft targets plus labels (see :func:`distillation_loss`)."""
-    return train(student, x, y, teacher=teacher, **kw)

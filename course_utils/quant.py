@@ -1,24 +1,20 @@
-"""Quantization helpers for lesson 05: sizes, sentence-embedding accuracy, per-layer sensitivity, PT2E, QAT, torchao.
+"""Quantization plumbing for lesson 05: sizes, sentence-embedding accuracy, per-layer sensitivity.
 
-Four ways to run a model in INT8 on a CPU, each with its own accuracy check:
+The techniques themselves (``quantize_dynamic``, torchao ``quantize_``, the PT2E steps, QAT) are written out
+in the lesson's cells. What stays here is what the lesson measures with and what is no lesson's subject:
 
-* PyTorch dynamic INT8 (``torch.ao.quantization.quantize_dynamic``, deprecated but present): Linear weights
-  stored as INT8, activations quantized on the fly. :func:`dynamic_int8` wraps it and returns the warning
-  text so the lesson can show it. :func:`layer_sensitivity` quantizes one Linear layer at a time to find the
-  layers responsible for an accuracy drop; :func:`selective_int8` keeps the worst of them in FP32.
-* torchao (``quantize_`` with ``Int8WeightOnlyConfig`` / ``Int8DynamicActivationInt8WeightConfig``):
-  :func:`torchao_int8`; fast only under ``torch.compile`` (:func:`compile_inner`).
-* Static PTQ with the PT2E flow and the x86 Inductor quantizer (:func:`ptq_pt2e`), calibrated on a
-  number of batches you choose.
-* Quantization-aware training (:func:`qat_pt2e`): fake-quantized fine-tuning, then the same conversion.
+* sizes: :func:`state_dict_bytes`, :func:`linear_weight_bytes` (FP32, ``quantize_dynamic`` and torchao alike);
+* sentence embeddings (MiniLM): :func:`fixed_length_features`, :func:`embed`, :func:`mean_cosine`,
+  :func:`neighbour_agreement`;
+* the optional per-layer sensitivity search: :func:`layer_sensitivity`, :func:`greedy_keep_fp32`;
+* :func:`fold_batchnorm` before QAT, and :func:`accuracy_flag`.
 """
 
 from __future__ import annotations
 
 import copy
 import io
-import warnings
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import pandas as pd
@@ -77,21 +73,7 @@ def count_quantized(model: nn.Module) -> int:
     return sum(is_dynamic_quantized_linear(m) for m in model.modules())
 
 
-# ----------------------------------------------------------------------------- PyTorch dynamic INT8
-
-
-def dynamic_int8(model: nn.Module, layers: Iterable[str] | None = None) -> tuple[nn.Module, list[str]]:
-    """``quantize_dynamic`` on a copy of ``model`` (all Linear layers, or only the named ``layers``).
-
-    Returns the quantized copy and the text of the warnings it raised (its deprecation notice), so the
-    lesson can show the learner what PyTorch says about this API.
-    """
-    spec = {nn.Linear} if layers is None else set(layers)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        q = torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), spec, dtype=torch.qint8)
-    msgs = sorted({str(w.message).strip().splitlines()[0] for w in caught})
-    return q, msgs
+# ------------------------------------------------------------------ per-layer sensitivity (optional)
 
 
 def _get_parent(model: nn.Module, name: str) -> tuple[nn.Module, str]:
@@ -157,18 +139,6 @@ def layer_kind(name: str) -> str:
     parts = name.split(".")
     idx = [i for i, p in enumerate(parts) if p.isdigit()]
     return ".".join(parts[idx[-1] + 1 :]) if idx and idx[-1] < len(parts) - 1 else name
-
-
-def selective_int8(model: nn.Module, quantized: nn.Module, keep_fp32: Iterable[str]) -> nn.Module:
-    """A copy of ``model`` with every Linear in INT8 (taken from ``quantized``) except ``keep_fp32``."""
-    keep = set(keep_fp32)
-    out = copy.deepcopy(model)
-    q_mods = dict(quantized.named_modules())
-    unknown = keep - set(linear_names(model))
-    if unknown:
-        raise CourseError(f"keep_fp32 names layers that are not Linear layers of the model: {sorted(unknown)[:3]}")
-    swap_modules(out, {n: copy.deepcopy(q_mods[n]) for n in linear_names(model) if n not in keep})
-    return out
 
 
 def greedy_keep_fp32(
@@ -264,64 +234,7 @@ def neighbour_agreement(emb: torch.Tensor, ref: torch.Tensor, k: int = 3) -> dic
     return {"top1": top1, "topk_overlap": overlap}
 
 
-# --------------------------------------------------------------------------------------------- torchao
-
-
-def torchao_int8(model: nn.Module, kind: str = "dynamic") -> nn.Module:
-    """A copy of ``model`` with its Linear layers quantized by torchao: ``"dynamic"`` (INT8 activations and
-    weights, ``Int8DynamicActivationInt8WeightConfig``) or ``"weight_only"`` (``Int8WeightOnlyConfig``)."""
-    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, Int8WeightOnlyConfig, quantize_
-
-    configs = {"dynamic": Int8DynamicActivationInt8WeightConfig, "weight_only": Int8WeightOnlyConfig}
-    if kind not in configs:
-        raise CourseError(f"unknown torchao kind '{kind}': use one of {sorted(configs)}")
-    m = copy.deepcopy(model)
-    quantize_(m, configs[kind]())
-    return m
-
-
-def compile_inner(st_model, **compile_kwargs) -> None:
-    """Compile a SentenceTransformer's inner transformer in place (``st_model[0].auto_model.forward``).
-
-    ``SentenceTransformer.encode`` and ``st_model(features)`` call the inner module directly, so
-    ``torch.compile(st_model)`` would return a wrapper that ``encode`` never uses: nothing gets compiled.
-    """
-    inner = st_model[0].auto_model
-    inner.forward = torch.compile(inner.forward, **compile_kwargs)
-
-
-# ------------------------------------------------------------------------------------- PT2E static PTQ
-
-
-def _x86_quantizer(is_qat: bool = False):
-    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
-        X86InductorQuantizer,
-        get_default_x86_inductor_quantization_config,
-    )
-
-    return X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=is_qat))
-
-
-def ptq_pt2e(model: nn.Module, calib: torch.Tensor, *, batch_size: int = 64, example: torch.Tensor | None = None):
-    """Static INT8 PTQ of ``model`` with PT2E and the x86 Inductor quantizer, calibrated on ``calib``.
-
-    ``torch.export`` captures the graph, ``prepare_pt2e`` inserts observers, the calibration images run
-    through it (their count is the knob the lesson turns), ``convert_pt2e`` writes quantize/dequantize
-    pairs with the observed scales. Run the result eagerly for accuracy; ``torch.compile`` it for speed
-    (Inductor then fuses the pairs into INT8 kernels).
-    """
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
-
-    if len(calib) == 0:
-        raise CourseError("calibration set is empty: pass at least one input image")
-    ex = torch.cat([calib[:1]] * 2) if example is None else example  # batch 2: batch 1 would specialize
-    dyn = ({0: torch.export.Dim("batch", min=1, max=4096)},)
-    gm = torch.export.export(copy.deepcopy(model).eval(), (ex,), dynamic_shapes=dyn).module()
-    prepared = prepare_pt2e(gm, _x86_quantizer())
-    with torch.no_grad():
-        for i in range(0, len(calib), batch_size):
-            prepared(calib[i : i + batch_size])
-    return convert_pt2e(prepared)
+# ------------------------------------------------------------------------------ PT2E and accuracy
 
 
 def fold_batchnorm(model: nn.Module) -> nn.Module:
@@ -339,40 +252,6 @@ def fold_batchnorm(model: nn.Module) -> nn.Module:
                 seq[i] = fuse_conv_bn_eval(seq[i], seq[i + 1])
                 seq[i + 1] = nn.Identity()
     return m
-
-
-def qat_pt2e(
-    model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, epochs: int = 2, lr: float = 1e-4, batch_size: int = 64,
-    seed: int = 0,
-):  # fmt: skip
-    """Quantization-aware training with PT2E: fake-quantize, fine-tune ``epochs`` on ``(x, y)``, convert to INT8.
-
-    The forward pass sees INT8 rounding while the weights learn to live with it, so accuracy after
-    conversion is usually at least as good as PTQ's. BatchNorm is folded into the convs first
-    (:func:`fold_batchnorm`).
-    """
-    from torchao.quantization.pt2e import move_exported_model_to_eval, move_exported_model_to_train
-    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_qat_pt2e
-
-    dyn = ({0: torch.export.Dim("batch", min=1, max=4096)},)
-    m = fold_batchnorm(model).train()
-    gm = torch.export.export(m, (x[:2],), dynamic_shapes=dyn).module()
-    prepared = prepare_qat_pt2e(gm, _x86_quantizer(is_qat=True))
-    move_exported_model_to_train(prepared)
-    opt = torch.optim.Adam(prepared.parameters(), lr=lr)
-    g = torch.Generator().manual_seed(seed)
-    for _ in range(epochs):
-        perm = torch.randperm(len(x), generator=g)
-        for i in range(0, len(x) - 1, batch_size):
-            idx = perm[i : i + batch_size]
-            if len(idx) < 2:
-                continue
-            loss = F.cross_entropy(prepared(x[idx]), y[idx])
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-    move_exported_model_to_eval(prepared)
-    return convert_pt2e(prepared)
 
 
 def accuracy_flag(acc: float, baseline: float, threshold_points: float) -> str:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import copy
+import warnings
+
 import pytest
 import torch
 from torch import nn
@@ -27,25 +30,30 @@ def tiny():
     return Tiny().eval()
 
 
-def test_dynamic_int8_shrinks_linear_weights_and_warns(tiny):
-    q, msgs = Q.dynamic_int8(tiny)
+def dynamic(model):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(model), {nn.Linear}, dtype=torch.qint8)
+
+
+def test_sizes_of_dynamic_int8_and_torchao(tiny):
+    q = dynamic(tiny)
     assert Q.count_quantized(q) == 3 and Q.count_quantized(tiny) == 0
-    assert any("deprecated" in m for m in msgs)
     ratio = Q.linear_weight_bytes(tiny) / Q.linear_weight_bytes(q)
     assert 3.5 < ratio <= 4.0
     assert Q.state_dict_bytes(q) < Q.state_dict_bytes(tiny)
-    x = torch.rand(8, 64)
-    with torch.no_grad():
-        assert torch.nn.functional.cosine_similarity(q(x).flatten(), tiny(x).flatten(), dim=0) > 0.99
-    q1, _ = Q.dynamic_int8(tiny, layers=["b"])
-    assert Q.count_quantized(q1) == 1
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    ao = copy.deepcopy(tiny)
+    quantize_(ao, Int8DynamicActivationInt8WeightConfig())
+    assert 3.0 < Q.linear_weight_bytes(tiny) / Q.linear_weight_bytes(ao) < 4.0  # per-row scales cost a little
 
 
-def test_sensitivity_selective_and_greedy(tiny):
+def test_sensitivity_and_greedy(tiny):
     x = torch.rand(16, 64)
     with torch.no_grad():
         ref = tiny(x)
-    q, _ = Q.dynamic_int8(tiny)
+    q = dynamic(tiny)
 
     def score(m):
         with torch.no_grad():
@@ -55,12 +63,10 @@ def test_sensitivity_selective_and_greedy(tiny):
     assert list(sens.table.layer) == ["a", "b", "c"] and (sens.table.cosine > 0.9).all()
     assert Q.count_quantized(tiny) == 0  # swapped back
     assert len(sens.worst(2)) == 2
-    sel = Q.selective_int8(tiny, q, keep_fp32=["c"])
-    assert Q.count_quantized(sel) == 2 and isinstance(sel.c, nn.Linear)
     keep, path = Q.greedy_keep_fp32(tiny, q, sens, score, target=1.01, max_keep=3)
     assert len(keep) == 3 and len(path) == 4 and path.cosine.iloc[-1] == pytest.approx(1.0, abs=1e-6)
     with pytest.raises(CourseError):
-        Q.selective_int8(tiny, q, keep_fp32=["nope"])
+        Q.layer_sensitivity(tiny, q, score, layers=["nope"])
 
 
 def test_tensor_bytes_quantized_and_plain():
@@ -116,34 +122,6 @@ def test_fixed_length_features_and_embed_batched():
         Q.fixed_length_features(st, [])
 
 
-def test_compile_inner_replaces_inner_forward():
-    class Inner(nn.Module):
-        def forward(self, x):
-            return x + 1
-
-    class Wrap(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.auto_model = Inner()
-
-    st = nn.Sequential(Wrap())
-    before = st[0].auto_model.forward
-    Q.compile_inner(st)
-    assert st[0].auto_model.forward is not before  # compiled lazily: nothing runs here
-
-
-def test_torchao_configs(tiny):
-    x = torch.rand(8, 64)
-    for kind in ("dynamic", "weight_only"):
-        m = Q.torchao_int8(tiny, kind)
-        with torch.no_grad():
-            cos = torch.nn.functional.cosine_similarity(m(x).flatten(), tiny(x).flatten(), dim=0)
-        assert cos > 0.99
-        assert Q.linear_weight_bytes(tiny) / Q.linear_weight_bytes(m) > 3.0
-    with pytest.raises(CourseError):
-        Q.torchao_int8(tiny, "int2")
-
-
 def small_cnn():
     torch.manual_seed(0)
     return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
@@ -157,19 +135,6 @@ def test_fold_batchnorm_same_outputs():
         f = Q.fold_batchnorm(m)
         assert isinstance(f[1], nn.Identity)
         assert torch.allclose(f(x), m(x), atol=1e-5)
-
-
-def test_ptq_and_qat_pt2e():
-    m, x = small_cnn(), torch.rand(32, 1, 8, 8)
-    y = torch.randint(0, 10, (32,))
-    q = Q.ptq_pt2e(m, x[:1])  # one calibration image must work (batch-1 export would specialize)
-    with torch.no_grad():
-        ref = m(x)
-        assert torch.nn.functional.cosine_similarity(q(x).flatten(), ref.flatten(), dim=0) > 0.98
-    qat = Q.qat_pt2e(m, x, y, epochs=1, batch_size=16)
-    assert qat(x[:5]).shape == (5, 10)
-    with pytest.raises(CourseError):
-        Q.ptq_pt2e(m, x[:0])
 
 
 def test_accuracy_flag():
