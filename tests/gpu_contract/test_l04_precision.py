@@ -1,0 +1,78 @@
+"""Lesson 04's GPU section, run on CPU: the cells the learner reads (tagged "contract"), executed as written.
+
+`precision_grid` is the whole body of the GPU section (`04.gpu-precisions`): on CUDA it adds TF32 rows and
+records peak memory; here it runs on CPU with tf32=True forced, so the TF32 bookkeeping (one row per
+distinct variant, the baseline is plain FP32 with TF32 off, both switches restored) is exercised with the
+real torch.backends API.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from tests.gpu_contract.lesson_code import lesson_namespace
+
+COVERS = {
+    "04.gpu-precisions": "precision_grid + set_tf32 run on CPU with TF32 rows forced: one row per distinct "
+    "variant and batch, each checked against true FP32 before timing; the TF32 switches (matmul and cuDNN, "
+    "legacy setters only) leave torch.get_float32_matmul_precision() readable",
+}
+
+
+@pytest.fixture(scope="module")
+def ns():
+    return lesson_namespace("04")
+
+
+@pytest.fixture(autouse=True)
+def restore_tf32():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    yield
+    torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def _tiny() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
+                         nn.Flatten(), nn.Linear(4, 5)).eval()  # fmt: skip
+
+
+def test_set_tf32_toggles_both_switches_in_one_family(ns):
+    ns["set_tf32"](True)
+    assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    assert torch.get_float32_matmul_precision() == "high"  # raises if the two API families were mixed
+    ns["set_tf32"](False)
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32
+    assert torch.get_float32_matmul_precision() == "highest"
+    assert torch.backends.cudnn.conv.fp32_precision != "tf32"  # the new-style view agrees: no TF32 convolutions
+
+
+def test_precision_grid_rows(ns):
+    df = ns["precision_grid"](_tiny(), "cpu", (1, 3), image_size=8, tf32=True, warmup=0, min_repeats=2, min_time_s=0)
+    names = ["fp32", "fp32 channels_last", "tf32", "tf32 channels_last", "bf16 autocast", "bf16 cast",
+             "bf16 autocast channels_last", "fp16 autocast", "fp16 cast", "fp16 autocast channels_last"]  # fmt: skip
+    for b in (1, 3):
+        rows = df[df.batch == b]
+        assert rows.variant.tolist() == names, "one row per distinct variant, baseline first"
+        assert rows.set_index("variant").loc["fp32", "speedup"] == pytest.approx(1.0)
+    assert set(df[df.variant.str.startswith("tf32")].precision) == {"tf32"}
+    assert set(df[df.variant.str.startswith("bf16")].precision) == {"bf16"}
+    assert (df.max_rel_err[df.precision == "fp32"] < 1e-5).all()
+    assert (df.max_rel_err[df.precision == "bf16"] > 0).all(), "a BF16 row that equals FP32 exactly did not run BF16"
+    assert not torch.backends.cuda.matmul.allow_tf32 and not torch.backends.cudnn.allow_tf32, "TF32 left on"
+    assert df.peak_MiB.isna().all() and (df.median_ms > 0).all()
+
+
+def test_make_variants_apply_what_they_say(ns):
+    model, x = _tiny(), torch.rand(2, 3, 8, 8)
+    variants = ns["make_variants"](model, (torch.bfloat16,))
+    from course_utils.precision import layer_dtypes
+
+    with torch.inference_mode():
+        for name, run in variants.items():
+            assert run(x).dtype == torch.float32, name
+        inside = layer_dtypes(model, lambda: variants["bf16 autocast"](x))
+    assert inside[0][2] == torch.bfloat16
+    assert next(model.parameters()).dtype == torch.float32, "autocast variant must not cast the shared model"
