@@ -41,3 +41,7 @@ class SettingError(CourseError, ValueError):
 
 class WeightsFileError(CourseError, ValueError):
     """A weights file cannot be loaded safely: it is not a plain tensor checkpoint, or it is damaged."""
+
+
+class BadArgumentError(CourseError, ValueError):
+    """An argument cannot be used (an unknown model name, an empty table): the message names what works."""

@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .errors import BadArgumentError
 from .results import COLUMNS, NUMERIC_COLUMNS, REFERENCE_DIR, load_results, results_dir
 
 NUMERIC = NUMERIC_COLUMNS
@@ -154,7 +155,7 @@ def leaderboard(df: pd.DataFrame, *, lesson: str | None = None, value: str = "me
     ``value`` is ``median_ms`` (lower is better), ``throughput`` or ``speedup_vs_baseline`` (higher is better).
     """
     if value not in NUMERIC:
-        raise ValueError(f"value must be one of {NUMERIC}, got '{value}'")
+        raise BadArgumentError(f"value must be one of {NUMERIC}, got '{value}'")
     if df.empty:
         return pd.DataFrame()
     if lesson is not None:

@@ -18,7 +18,7 @@ import torch
 from torch import nn
 
 from .data import verified_path
-from .errors import WeightsFileError
+from .errors import BadArgumentError, WeightsFileError
 
 
 def load_weights(path: str | Path, *, fix: str) -> dict[str, torch.Tensor]:
@@ -81,7 +81,7 @@ DIGITS_MODELS = {"cnn": (DigitsCNN, "digits_cnn.pt"), "mlp": (DigitsMLP, "digits
 def load_digits_model(name: str = "cnn", *, device: str | torch.device = "cpu") -> nn.Module:
     """The trained digits ``"cnn"`` or ``"mlp"`` in eval mode, weights verified by sha256 first."""
     if name not in DIGITS_MODELS:
-        raise ValueError(f"unknown digits model '{name}': use one of {sorted(DIGITS_MODELS)}")
+        raise BadArgumentError(f"unknown digits model '{name}': use one of {sorted(DIGITS_MODELS)}")
     cls, fname = DIGITS_MODELS[name]
     path = verified_path(fname)
     model = cls()
@@ -114,7 +114,7 @@ def resnet(name: str = "resnet18", *, device: str | torch.device = "cpu") -> tup
 
     weights_enum = {"resnet18": tvm.ResNet18_Weights, "resnet50": tvm.ResNet50_Weights}.get(name)
     if weights_enum is None:
-        raise ValueError(f"unknown model '{name}': use resnet18 or resnet50")
+        raise BadArgumentError(f"unknown model '{name}': use resnet18 or resnet50")
     weights = weights_enum.DEFAULT
     cached = torch_cache_dir() / Path(weights.url).name
     if cached.exists():

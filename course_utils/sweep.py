@@ -18,6 +18,7 @@ import pandas as pd
 import torch
 from tqdm.auto import tqdm
 
+from .errors import BadArgumentError
 from .timing import measure
 
 last_partial: pd.DataFrame | None = None
@@ -141,7 +142,10 @@ def batch_sweep(
 def knee(df: pd.DataFrame, *, x: str = "batch_size", y: str = "throughput", fraction: float = 0.9) -> Any:
     """The smallest ``x`` whose ``y`` reaches ``fraction`` of the best ``y``: where throughput saturates."""
     if df.empty:
-        raise ValueError("knee() needs at least one row")
+        raise BadArgumentError(
+            "knee() needs at least one measured row, and this sweep has none (did the first batch size run out "
+            "of memory? see df.attrs['oom_at']): start the sweep at a smaller batch size"
+        )
     best = df[y].max()
     return df.loc[df[y] >= fraction * best, x].min()
 

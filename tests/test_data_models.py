@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from course_utils import data, models
-from course_utils.errors import ChecksumError, CourseError, WeightsFileError
+from course_utils.errors import BadArgumentError, ChecksumError, CourseError, WeightsFileError
 
 
 def test_digits_split_is_fixed_and_shaped():
@@ -24,7 +24,7 @@ def test_shipped_digits_models_reach_95_percent(name):
 
 
 def test_unknown_model_name():
-    with pytest.raises(ValueError, match="cnn"):
+    with pytest.raises(BadArgumentError, match="cnn"):
         models.load_digits_model("vit")
 
 

@@ -9,6 +9,7 @@ import pandas as pd
 import pytest
 
 from course_utils import leaderboard as lb
+from course_utils.errors import BadArgumentError
 from course_utils.results import COLUMNS
 
 
@@ -91,7 +92,7 @@ def test_newest_row_wins_and_references_are_labelled(tmp_path):
     table = lb.leaderboard(df, value="median_ms")
     mine = [c for c in table.columns if "Xeon" in c and not c.startswith("reference")][0]
     assert table[mine].iloc[0] == 3.0
-    with pytest.raises(ValueError, match="value must be"):
+    with pytest.raises(BadArgumentError, match="value must be"):
         lb.leaderboard(df, value="colour")
 
 

@@ -67,12 +67,12 @@ def _first_rows_at_once(barrier, lesson: str) -> None:
 
 
 def test_concurrent_first_writes_give_one_header_per_file(tmp_path, monkeypatch):
-    """4 processes writing their first row at the same instant (as under `make test -n 2`), 10 times."""
+    """4 processes writing their first row at the same instant (as under `make test -n 2`), 6 times."""
     import multiprocessing
 
     results.machine_id()  # import torch & co. before forking, so the children start level
     ctx = multiprocessing.get_context("fork")
-    for trial in range(10):
+    for trial in range(6):
         folder = tmp_path / f"trial{trial}"
         monkeypatch.setenv("COURSE_RESULTS_DIR", str(folder))
         barrier = ctx.Barrier(4)

@@ -93,3 +93,11 @@ def test_cap_below_the_first_batch_gives_the_expected_columns():
     assert sweep.best_under_budget(df, 10.0) is None
     empty = sweep.sweep(lambda v: (_ for _ in ()).throw(MemoryError()), [1], name="n", progress=False)
     assert list(empty.columns) == ["n"]
+
+
+def test_knee_of_an_empty_sweep_names_the_fix():
+    from course_utils.errors import BadArgumentError
+
+    empty = pd.DataFrame(columns=sweep.SWEEP_COLUMNS)
+    with pytest.raises(BadArgumentError, match="smaller batch size"):
+        sweep.knee(empty)
