@@ -1,22 +1,18 @@
-"""Memory measurements for lesson 11, on the CPU and on CUDA.
+"""CPU memory measurement for lesson 11 (the CUDA memory calls are written in the lesson itself).
 
-CPU (Linux): the process's resident set (RSS) and its high-water mark (``VmHWM``, which can be reset by
-writing ``5`` to ``/proc/self/clear_refs``), so :func:`cpu_peak_mb` gives the peak extra memory of one call.
-glibc's ``malloc`` keeps freed small blocks for reuse, as PyTorch's CUDA caching allocator does;
-:func:`malloc_trim` hands them back like ``torch.cuda.empty_cache()``. :func:`tracemalloc_peak_mb` shows
-what Python's tracemalloc sees (Python and NumPy allocations, not torch tensors).
-
-CUDA: :func:`gpu_memory_mb` (allocated vs reserved), :func:`gpu_peak_mb` (peak of one call with
-``reset_peak_memory_stats`` / ``max_memory_allocated``). Both devices: :class:`StaticRunner`, preallocated
-input/output buffers filled with ``copy_`` (the pattern CUDA graphs need), and :func:`peak_vs_batch`.
+A CPU has no ``torch.cuda.memory_allocated``: the nearest measure is the process's resident set (RSS) and its
+high-water mark (``VmHWM``, reset by writing ``5`` to ``/proc/self/clear_refs``), so :func:`cpu_peak_mb` gives
+the peak extra memory of one call. glibc's ``malloc`` keeps freed blocks for reuse, as the CUDA caching
+allocator does, which hides peaks: inside :func:`rss_follows_tensors` every large block is mapped and unmapped
+on its own, so RSS follows live tensors. :func:`peak_vs_batch` measures one forward pass per batch size.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import gc
-import tracemalloc
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -79,18 +75,30 @@ def malloc_trim() -> bool:
         return False
 
 
-def mmap_large_blocks(threshold_bytes: int = 128 * 1024) -> bool:
-    """Make glibc serve every block above ``threshold_bytes`` with its own mapping, returned to the OS on free.
+_M_MMAP_THRESHOLD = -3
+_GLIBC_MAX_THRESHOLD = 32 * 2**20  # the ceiling of glibc's own adaptive threshold on 64-bit Linux
 
-    By default glibc raises this threshold as the program frees large blocks, then keeps later ones on its
-    heap for reuse, so RSS stops following live tensors. A fixed threshold makes RSS-based peaks
-    (:func:`cpu_peak_mb`) track tensor memory closely. Process-wide; False where glibc is not the allocator.
+
+@contextlib.contextmanager
+def rss_follows_tensors(threshold_bytes: int = 128 * 1024) -> Iterator[bool]:
+    """Within the block, glibc maps every block above ``threshold_bytes`` separately and unmaps it on free.
+
+    By default glibc raises this threshold as a program frees large blocks, then keeps later ones on its heap
+    for reuse, so RSS stops following live tensors and peaks hide. Mapping every block costs page faults on each
+    allocation, so keep timings outside the block. glibc offers no call that re-enables its adaptive threshold:
+    on exit the threshold is set to 32 MiB, the ceiling that adaptation reaches. Yields False where glibc is
+    not the allocator (nothing changes then).
     """
     try:
         libc = ctypes.CDLL("libc.so.6")
-        return bool(libc.mallopt(-3, int(threshold_bytes)))  # -3 is M_MMAP_THRESHOLD
+        ok = bool(libc.mallopt(_M_MMAP_THRESHOLD, int(threshold_bytes)))
     except (OSError, AttributeError):
-        return False
+        libc, ok = None, False
+    try:
+        yield ok
+    finally:
+        if ok and libc is not None:
+            libc.mallopt(_M_MMAP_THRESHOLD, _GLIBC_MAX_THRESHOLD)
 
 
 def cpu_peak_mb(fn: Callable[[], Any]) -> tuple[float, Any]:
@@ -103,31 +111,11 @@ def cpu_peak_mb(fn: Callable[[], Any]) -> tuple[float, Any]:
     malloc_trim()
     if not reset_peak_rss():
         raise RuntimeError(
-            "cannot reset the RSS peak here (needs Linux /proc/self/clear_refs): use tracemalloc_peak_mb"
+            "cannot reset the RSS peak here (needs Linux /proc/self/clear_refs): compare rss_mb() before and after"
         )
     before = rss_mb()
     out = fn()
     return max(0.0, peak_rss_mb() - before), out
-
-
-def tracemalloc_peak_mb(fn: Callable[[], Any]) -> tuple[float, Any]:
-    """(Peak MiB that Python's tracemalloc saw during ``fn()``, its result).
-
-    tracemalloc tracks Python objects and NumPy arrays; torch tensors use their own C++ allocator and are
-    invisible to it, which lesson 11 shows by measuring both.
-    """
-    was = tracemalloc.is_tracing()
-    if not was:
-        tracemalloc.start()
-    tracemalloc.reset_peak()
-    base, _ = tracemalloc.get_traced_memory()
-    try:
-        out = fn()
-        _, peak = tracemalloc.get_traced_memory()
-    finally:
-        if not was:
-            tracemalloc.stop()
-    return max(0, peak - base) / 2**20, out
 
 
 def grad_context(mode: str):
@@ -141,55 +129,17 @@ def grad_context(mode: str):
     raise ValueError(f"mode must be 'grad', 'no_grad' or 'inference_mode', got {mode!r}")
 
 
-# ----------------------------------------------------------------------------------------------------
-# CUDA
-
-
-def gpu_memory_mb(device: str | torch.device = "cuda") -> dict[str, float]:
-    """Caching-allocator state in MiB: allocated (live tensors), reserved (held from the driver), peaks."""
-    if not torch.cuda.is_available():
-        from .errors import DeviceUnavailableError
-
-        raise DeviceUnavailableError("gpu_memory_mb needs a CUDA GPU: on CPU use rss_mb() / cpu_peak_mb()")
-    return {
-        "allocated": torch.cuda.memory_allocated(device) / 2**20,
-        "reserved": torch.cuda.memory_reserved(device) / 2**20,
-        "peak_allocated": torch.cuda.max_memory_allocated(device) / 2**20,
-        "peak_reserved": torch.cuda.max_memory_reserved(device) / 2**20,
-    }
-
-
-def gpu_peak_mb(fn: Callable[[], Any], device: str | torch.device = "cuda") -> tuple[float, Any]:
-    """(Peak extra MiB allocated on ``device`` while ``fn()`` ran, its result): ``reset_peak_memory_stats`` +
-    ``max_memory_allocated`` minus what was allocated before."""
-    if not torch.cuda.is_available():
-        from .errors import DeviceUnavailableError
-
-        raise DeviceUnavailableError("gpu_peak_mb needs a CUDA GPU: on CPU use cpu_peak_mb()")
-    torch.cuda.synchronize(device)
-    torch.cuda.reset_peak_memory_stats(device)
-    before = torch.cuda.memory_allocated(device)
-    out = fn()
-    torch.cuda.synchronize(device)
-    return (torch.cuda.max_memory_allocated(device) - before) / 2**20, out
-
-
-def peak_mb(fn: Callable[[], Any], device: str | torch.device = "cpu") -> tuple[float, Any]:
-    """Peak extra memory of ``fn()`` on ``device``: :func:`gpu_peak_mb` on CUDA, else :func:`cpu_peak_mb`."""
-    return gpu_peak_mb(fn, device) if torch.device(device).type == "cuda" else cpu_peak_mb(fn)
-
-
 def peak_vs_batch(
     model: torch.nn.Module,
     make_input: Callable[[int], torch.Tensor],
     batch_sizes: Iterable[int],
     *,
-    device: str | torch.device = "cpu",
     mode: str = "inference_mode",
 ) -> pd.DataFrame:
-    """Peak extra memory (MiB) of one forward pass per batch size, under ``mode`` (see :func:`grad_context`).
+    """Peak extra resident memory (MiB) of one CPU forward pass per batch size, under ``mode``.
 
     The input is created before the measurement, so the peak is activations (and workspace), not the input.
+    Call it inside :func:`rss_follows_tensors`.
     """
     rows = []
     for b in batch_sizes:
@@ -200,33 +150,6 @@ def peak_vs_batch(
                 out = model(x)
             del out
 
-        peak, _ = peak_mb(run, device)
+        peak, _ = cpu_peak_mb(run)
         rows.append({"batch_size": b, "peak_mb": peak, "input_mb": x.nelement() * x.element_size() / 2**20})
     return pd.DataFrame(rows)
-
-
-class StaticRunner:
-    """Run ``model`` on preallocated input and output buffers: each call ``copy_``s the new batch in.
-
-    Shapes and addresses never change between calls, which is what CUDA graph replay needs (a captured
-    graph reads from and writes to fixed addresses) and avoids allocating inputs and outputs per call.
-    The returned tensor IS the output buffer: the next call overwrites it, so ``clone()`` what you keep.
-    """
-
-    def __init__(self, model: Callable[[torch.Tensor], torch.Tensor], example: torch.Tensor) -> None:
-        self.model = model
-        self.input = torch.empty_like(example)
-        with torch.inference_mode():
-            out = model(example)
-        self.output = torch.empty_like(out)
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        if x.shape != self.input.shape:
-            raise ValueError(
-                f"StaticRunner was built for input shape {tuple(self.input.shape)}, got {tuple(x.shape)}: "
-                "pad the batch to that shape or build one StaticRunner per shape"
-            )
-        self.input.copy_(x, non_blocking=True)
-        with torch.inference_mode():
-            self.output.copy_(self.model(self.input))
-        return self.output

@@ -1,15 +1,13 @@
-"""Data pipelines for lessons 09 and 10: decode, resize and normalize real JPEGs, and keep the model fed.
+"""Data-pipeline plumbing shared by lessons 09 and 10 (the techniques themselves are written in the lessons).
 
-* :class:`JpegDataset` reads the shipped photos (``data/images``), decodes, resizes and normalizes them; it
-  repeats them to ``n`` samples so a loader has enough work to measure.
-* :func:`make_loader`, :func:`loader_batches` and :func:`num_workers_sweep` run a ``DataLoader`` and always
-  shut its worker processes down (no persistent workers are left behind, even when a loop breaks early).
-* :class:`Prefetcher` prepares the next item in a background thread while the caller computes (lesson 10's
-  CPU analogue of overlapping copies with compute); :func:`run_pipeline` times it with and without overlap
-  and :func:`overlap_bound` gives the best case.
-* GPU helpers (used inside ``cu.gpu_section``): :func:`copy_to_device_ms` (pageable, pin-every-call,
-  pre-pinned copies), :class:`CudaPrefetcher` (copies the next batch on a side stream), and
-  :func:`gpu_decode_preprocess` (``decode_jpeg(device="cuda")`` and transforms on GPU tensors).
+* :func:`decode_jpeg` (TorchCodec, or torchvision.io where it is missing) and :func:`preprocess` (resize,
+  scale, normalize on tensors of any device); :class:`JpegDataset`, lesson 09's data set kept importable for
+  lesson 10 and for platforms that start DataLoader workers with ``spawn`` (they cannot import a class
+  defined in a notebook); :func:`tiny_cnn`, a model so small that the loader limits.
+* :func:`loader_batches` shuts a DataLoader's workers down even when a loop stops early.
+* :class:`Prefetcher` prepares the next item in a background thread (lesson 10's CPU analogue of overlapping
+  copies with compute), :func:`overlap_bound` gives a two-stage pipeline's best case and :class:`Timeline`
+  draws who ran when.
 """
 
 from __future__ import annotations
@@ -78,13 +76,18 @@ def preprocess(img: torch.Tensor, size: int = 224) -> torch.Tensor:
 
 
 class JpegDataset(Dataset):
-    """The shipped JPEGs repeated to ``n`` samples; item = (normalized image tensor, label = photo index).
+    """The shipped JPEGs repeated to ``n`` samples; item = (image, label = photo index).
+
+    The image is float32 (3, size, size), ImageNet-normalized, or with ``normalize=False`` the resized uint8
+    image (4x fewer bytes to move; normalize where the model runs).
 
     Every ``__getitem__`` reads the file, decodes it and preprocesses it, like a real image data set
     (the files stay in the OS page cache, so this measures CPU work, not the disk).
     """
 
-    def __init__(self, n: int, size: int = 224, paths: Sequence[str | Path] | None = None) -> None:
+    def __init__(
+        self, n: int, size: int = 224, paths: Sequence[str | Path] | None = None, *, normalize: bool = True
+    ) -> None:
         if n < 1:
             raise ValueError(f"JpegDataset needs n >= 1 samples, got {n}")
         if paths is None:
@@ -94,7 +97,7 @@ class JpegDataset(Dataset):
         self.paths = [str(p) for p in paths]
         if not self.paths:
             raise ValueError("JpegDataset got no image paths: pass paths=cu.data.jpeg_paths()")
-        self.n, self.size = n, size
+        self.n, self.size, self.normalize = n, size, normalize
 
     def __len__(self) -> int:
         return self.n
@@ -108,6 +111,10 @@ class JpegDataset(Dataset):
         if not 0 <= i < self.n:
             raise IndexError(f"index {i} out of range for JpegDataset of {self.n} samples")
         img = decode_jpeg(self.raw(i))
+        if not self.normalize:
+            import torchvision.transforms.v2.functional as F
+
+            return F.resize(img, [self.size, self.size], antialias=True), i % len(self.paths)
         return preprocess(img, self.size), i % len(self.paths)
 
 
@@ -118,26 +125,6 @@ def tiny_cnn(num_classes: int = 6) -> nn.Module:
         nn.Conv2d(3, 16, 7, stride=4, padding=3), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(),
         nn.Linear(16, num_classes),
     ).eval()  # fmt: skip
-
-
-def make_loader(
-    dataset: Dataset,
-    *,
-    batch_size: int = 16,
-    num_workers: int = 0,
-    pin_memory: bool = False,
-    prefetch_factor: int = 2,
-) -> DataLoader:
-    """A ``DataLoader`` without persistent workers (its worker processes end with each pass)."""
-    if num_workers < 0:
-        raise ValueError(f"num_workers must be >= 0, got {num_workers}")
-    kwargs: dict[str, Any] = {}
-    if num_workers > 0:
-        kwargs["prefetch_factor"] = prefetch_factor
-    return DataLoader(
-        dataset, batch_size=batch_size, shuffle=False, num_workers=num_workers, pin_memory=pin_memory,
-        persistent_workers=False, **kwargs,
-    )  # fmt: skip
 
 
 @contextlib.contextmanager
@@ -154,49 +141,6 @@ def loader_batches(loader: DataLoader) -> Iterator[Iterator[Any]]:
         if shutdown is not None:
             shutdown()
         del it
-
-
-def loader_throughput(
-    dataset: Dataset, *, num_workers: int = 0, batch_size: int = 16, pin_memory: bool = False
-) -> dict[str, float]:
-    """One pass over ``dataset``: images/s (worker start-up included), seconds, time to the first batch."""
-    loader = make_loader(dataset, batch_size=batch_size, num_workers=num_workers, pin_memory=pin_memory)
-    n = 0
-    t0 = time.perf_counter()
-    first = None
-    with loader_batches(loader) as batches:
-        for x, _ in batches:
-            if first is None:
-                first = time.perf_counter() - t0
-            n += x.shape[0]
-    total = time.perf_counter() - t0
-    return {"images": n, "seconds": total, "first_batch_s": first or 0.0, "images_per_s": n / total}
-
-
-def num_workers_sweep(
-    dataset: Dataset, workers: Iterable[int] = (0, 1, 2), *, batch_size: int = 16, pin_memory: bool = False
-) -> pd.DataFrame:
-    """Loader throughput for each ``num_workers`` value: one row per value (see :func:`loader_throughput`)."""
-    rows = []
-    for w in workers:
-        rows.append({"num_workers": w, **loader_throughput(dataset, num_workers=w, batch_size=batch_size,
-                                                           pin_memory=pin_memory)})  # fmt: skip
-    return pd.DataFrame(rows)
-
-
-def end_to_end(loader: DataLoader, model: Callable[[torch.Tensor], Any], device: str | torch.device = "cpu") -> dict:
-    """Images/s of loading + moving + running ``model`` over one pass of ``loader`` (synchronized)."""
-    dev = torch.device(device)
-    n = 0
-    t0 = time.perf_counter()
-    with torch.inference_mode(), loader_batches(loader) as batches:
-        for x, _ in batches:
-            model(x.to(dev, non_blocking=True))
-            n += x.shape[0]
-    if dev.type == "cuda":
-        torch.cuda.synchronize(dev)
-    total = time.perf_counter() - t0
-    return {"images": n, "seconds": total, "images_per_s": n / total}
 
 
 # ----------------------------------------------------------------------------------------------------
@@ -285,26 +229,6 @@ class Prefetcher:
         self.close()
 
 
-def run_pipeline(
-    items: Sequence[Any],
-    prepare: Callable[[Any], Any],
-    compute: Callable[[Any], Any],
-    *,
-    overlap: bool,
-    depth: int = 2,
-) -> float:
-    """Seconds to ``compute(prepare(item))`` for every item, sequentially or with a :class:`Prefetcher`."""
-    t0 = time.perf_counter()
-    if overlap:
-        with Prefetcher(items, prepare, depth=depth) as prepared:
-            for x in prepared:
-                compute(x)
-    else:
-        for item in items:
-            compute(prepare(item))
-    return time.perf_counter() - t0
-
-
 def overlap_bound(prep_s: float, compute_s: float, n: int) -> float:
     """Best-case time of a two-stage pipeline over ``n`` items (per item: ``prep_s``, ``compute_s``).
 
@@ -318,114 +242,7 @@ def overlap_bound(prep_s: float, compute_s: float, n: int) -> float:
 
 
 # ----------------------------------------------------------------------------------------------------
-# GPU helpers (call them inside cu.gpu_section; they need CUDA).
-
-
-def _need_cuda(what: str) -> None:
-    if not torch.cuda.is_available():
-        from .errors import DeviceUnavailableError
-
-        raise DeviceUnavailableError(f"{what} needs a CUDA GPU: run it inside `if cu.gpu_section(...)`")
-
-
-def copy_to_device_ms(x: torch.Tensor, mode: str, *, repeats: int = 20, device: str = "cuda") -> float:
-    """Median ms of one host-to-device copy of ``x``: ``pageable`` (plain ``.to``), ``pin_each_call``
-    (``x.pin_memory()`` then ``non_blocking`` copy, every call) or ``pinned`` (pinned once, untimed).
-
-    Pinning allocates page-locked memory and copies into it: doing that per call can cost more than the
-    copy it speeds up. Pin once (or let the DataLoader's pin thread do it) and reuse.
-    """
-    _need_cuda("copy_to_device_ms")
-    if mode not in {"pageable", "pin_each_call", "pinned"}:
-        raise ValueError(f"mode must be 'pageable', 'pin_each_call' or 'pinned', got {mode!r}")
-    src = x.pin_memory() if mode == "pinned" else x
-
-    def once() -> torch.Tensor:
-        if mode == "pageable":
-            return src.to(device)
-        if mode == "pin_each_call":
-            return src.pin_memory().to(device, non_blocking=True)
-        return src.to(device, non_blocking=True)
-
-    from .timing import measure
-
-    return measure(once, device=device, min_repeats=repeats, warn_spread=False).median_ms
-
-
-class CudaPrefetcher:
-    """Copy the next batch to the GPU on a side stream while the current batch computes.
-
-    Wraps an iterable of CPU tensors or (tensor, label) tuples (ideally pinned, e.g. a ``DataLoader`` with
-    ``pin_memory=True``). The consumer's stream waits for the copy (``wait_stream``), and ``record_stream``
-    tells the caching allocator the tensor is used on the consumer stream. Use as a context manager.
-    """
-
-    def __init__(self, source: Iterable[Any], device: str | torch.device = "cuda") -> None:
-        _need_cuda("CudaPrefetcher")
-        self.source, self.device = source, torch.device(device)
-        self.stream = torch.cuda.Stream(device=self.device)
-        self._it: Iterator[Any] | None = None
-        self._next: Any = None
-
-    def _to_device(self, batch: Any) -> Any:
-        if isinstance(batch, torch.Tensor):
-            return batch.to(self.device, non_blocking=True)
-        if isinstance(batch, (list, tuple)):
-            return type(batch)(self._to_device(b) for b in batch)
-        return batch
-
-    def _preload(self) -> None:
-        assert self._it is not None
-        try:
-            batch = next(self._it)
-        except StopIteration:
-            self._next = None
-            return
-        with torch.cuda.stream(self.stream):
-            self._next = self._to_device(batch)
-
-    def _record(self, batch: Any, stream: torch.cuda.Stream) -> None:
-        if isinstance(batch, torch.Tensor):
-            batch.record_stream(stream)
-        elif isinstance(batch, (list, tuple)):
-            for b in batch:
-                self._record(b, stream)
-
-    def __iter__(self) -> Iterator[Any]:
-        self._it = iter(self.source)
-        self._preload()
-        while self._next is not None:
-            current = torch.cuda.current_stream(self.device)
-            current.wait_stream(self.stream)
-            batch = self._next
-            self._record(batch, current)
-            self._preload()
-            yield batch
-
-    def __enter__(self) -> CudaPrefetcher:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.stream.synchronize()
-        shutdown = getattr(self._it, "_shutdown_workers", None)
-        if shutdown is not None:
-            shutdown()
-        self._it = None
-
-
-def gpu_decode_preprocess(raw: Sequence[torch.Tensor], size: int = 224, device: str = "cuda") -> torch.Tensor:
-    """Decode JPEGs on the GPU (nvJPEG via :func:`decode_jpeg`) and preprocess there: (N, 3, size, size).
-
-    ``raw`` holds encoded files as CPU uint8 tensors (``JpegDataset.raw(i)``). Only the compressed bytes
-    cross PCIe; decoding, resizing and normalizing run on the GPU.
-    """
-    _need_cuda("gpu_decode_preprocess")
-    imgs = decode_jpeg(list(raw), device=device)
-    return torch.stack([preprocess(img, size) for img in imgs])
-
-
-# ----------------------------------------------------------------------------------------------------
-# Timelines: who ran what, when (CPU threads here; CUDA events in stream_pipeline).
+# Timelines: who ran what, when.
 
 
 class Timeline:
@@ -484,58 +301,3 @@ class Timeline:
         ax.set_title(title)
         fig.tight_layout()
         return fig
-
-
-def stream_pipeline(
-    model: Callable[[torch.Tensor], torch.Tensor], chunks: Sequence[torch.Tensor], *, overlap: bool,
-    timeline: Timeline | None = None,
-) -> tuple[float, list[torch.Tensor]]:  # fmt: skip
-    """Copy each pinned CPU chunk to the GPU and run ``model`` on it; return (ms, outputs).
-
-    ``overlap=False``: copy and compute on one stream, one after the other. ``overlap=True``: copies on a
-    copy stream into two preallocated device buffers (double buffering), compute on a compute stream; CUDA
-    events order them: compute ``i`` waits for copy ``i``, and copy ``i+2`` waits until compute ``i`` is
-    done with its buffer. Intervals (from CUDA events, in ms) go to ``timeline`` when given.
-    """
-    _need_cuda("stream_pipeline")
-    if not chunks or not all(c.is_pinned() for c in chunks):
-        raise ValueError("stream_pipeline needs a non-empty list of pinned CPU tensors: use t.pin_memory() once")
-    dev = torch.device("cuda")
-    ev = lambda: torch.cuda.Event(enable_timing=True)  # noqa: E731
-    copy_s = torch.cuda.Stream() if overlap else torch.cuda.current_stream()
-    comp_s = torch.cuda.Stream() if overlap else torch.cuda.current_stream()
-    bufs = [torch.empty_like(chunks[0], device=dev) for _ in range(2)]
-    marks: list[tuple[str, torch.cuda.Event, torch.cuda.Event]] = []
-    done: list[torch.cuda.Event] = []
-    outs = []
-    torch.cuda.synchronize()
-    start = ev()
-    start.record(torch.cuda.current_stream())
-    copy_s.wait_stream(torch.cuda.current_stream())
-    comp_s.wait_stream(torch.cuda.current_stream())
-    with torch.inference_mode():
-        for i, chunk in enumerate(chunks):
-            buf = bufs[i % 2]
-            with torch.cuda.stream(copy_s):
-                if i >= 2:
-                    copy_s.wait_event(done[i - 2])  # buffer still in use by compute i-2
-                c0, c1 = ev(), ev()
-                c0.record(copy_s)
-                buf.copy_(chunk, non_blocking=True)
-                c1.record(copy_s)
-            with torch.cuda.stream(comp_s):
-                comp_s.wait_event(c1)  # compute i starts after copy i
-                k0, k1 = ev(), ev()
-                k0.record(comp_s)
-                outs.append(model(buf))
-                k1.record(comp_s)
-            done.append(k1)
-            marks += [("copy H2D", c0, c1), ("compute", k0, k1)]
-    end = ev()
-    torch.cuda.current_stream().wait_stream(comp_s)
-    end.record(torch.cuda.current_stream())
-    end.synchronize()
-    if timeline is not None:
-        for lane, a, b in marks:
-            timeline.add(lane, lane, start.elapsed_time(a), start.elapsed_time(b))
-    return start.elapsed_time(end), outs

@@ -1,0 +1,106 @@
+"""Lesson 09's GPU code, run on the CPU: the functions of its ``contract`` cells, as the learner reads them.
+
+``images_per_s`` (the end-to-end loop the pin-memory and uint8 sections time) runs with a ``pin_memory`` loader
+and the recording device module; ``normalize_on_device`` and ``gpu_decode`` run with ``device="cpu"`` (TorchCodec
+decodes a list on the CPU too) against the data set's own preprocessing; ``DevicePrefetcher`` runs against
+:class:`course_utils.streamcheck.RecordingDevice`, which flags unordered stream accesses and missing
+``record_stream``.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import torchvision.transforms.v2.functional as F
+from torch.utils.data import DataLoader, Dataset, TensorDataset
+from torchcodec.decoders import decode_jpeg
+
+from course_utils import data, pipeline
+from course_utils.streamcheck import RecordingDevice, describe
+from tests.gpu_contract.lesson_code import lesson_namespace, tagged_cells
+
+COVERS = {
+    "09.pin-memory": "images_per_s (the timed loop: non_blocking copies, final synchronize) with a pin_memory "
+    "loader; host_memory_stats and the pinned cache need CUDA",
+    "09.uint8-transfer": "normalize_on_device against the float32 data set, images_per_s with prepare=",
+    "09.prefetch": "DevicePrefetcher: batches in order, side-stream copies ordered by wait_stream, record_stream",
+    "09.gpu-decode": "gpu_decode with device='cpu' (same TorchCodec list call) against the CPU loader",
+}
+NOT_TESTABLE: dict[str, str] = {}
+
+PRESET = dict(torch=torch, time=time, Path=Path, F=F, decode_jpeg=decode_jpeg, DataLoader=DataLoader, Dataset=Dataset)
+PRESET["MEAN"], PRESET["STD"] = list(pipeline.IMAGENET_MEAN), list(pipeline.IMAGENET_STD)
+
+
+@pytest.fixture(scope="module")
+def ns():
+    return lesson_namespace("09", **PRESET)
+
+
+def test_images_per_s_synchronizes_and_counts(ns):
+    loader = DataLoader(TensorDataset(torch.randn(10, 3, 8, 8), torch.zeros(10)), batch_size=4, pin_memory=False)
+    seen = []
+    dev = RecordingDevice()
+    with dev.run("cpu"):
+        ips = ns["images_per_s"](loader, lambda x: seen.append(x.shape[0]), "cpu")
+    assert ips > 0 and seen == [4, 4, 2]
+    syncs = []
+    dev.synchronize = lambda device=None: syncs.append(device)  # the loop must wait for the device before timing
+    with dev.run("cpu"):
+        ns["images_per_s"](loader, lambda x: None, "cpu", prepare=lambda x: x * 2)
+    assert syncs, "images_per_s must synchronize the device before it reads the clock"
+
+
+def test_normalize_on_device_matches_the_dataset(ns):
+    u8 = pipeline.JpegDataset(2, size=16, normalize=False)
+    f32 = pipeline.JpegDataset(2, size=16)
+    x = torch.stack([u8[i][0] for i in range(2)])
+    out = ns["normalize_on_device"](x)
+    assert out.dtype == torch.float32 and out.device == x.device
+    assert torch.allclose(out, torch.stack([f32[i][0] for i in range(2)]), atol=1e-5)
+
+
+def test_gpu_decode_on_cpu_matches_the_loader(ns):
+    paths = data.jpeg_paths()[:3]
+    raws = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
+    out = ns["gpu_decode"](raws, 24, "cpu")
+    ref = torch.stack([pipeline.JpegDataset(1, size=24, paths=[p])[0][0] for p in paths])
+    assert out.shape == (3, 3, 24, 24) and torch.allclose(out, ref, atol=1e-5)
+
+
+def prefetch_run(cls):
+    batches = [(torch.randn(2, 3, 8, 8), torch.arange(2) + i) for i in range(4)]  # made before: host memory
+    conv = torch.nn.Conv2d(3, 4, 3).eval()
+    dev = RecordingDevice()
+    got = []
+    with torch.inference_mode(), dev.run("cpu"):
+        for xb, yb in cls(batches, "cpu"):
+            got.append((conv(xb), yb.clone()))
+    with torch.inference_mode():
+        for (out, y), (xb, yb) in zip(got, batches, strict=True):
+            assert torch.equal(out, conv(xb)) and torch.equal(y, yb)
+    return dev
+
+
+def test_prefetcher_orders_copies_and_records_streams(ns):
+    dev = prefetch_run(ns["DevicePrefetcher"])
+    races = dev.races()
+    assert not races, describe(races[0])
+    assert not dev.missing_record_stream()
+    assert dev.streams_used("to").isdisjoint(dev.streams_used("conv2d")), "copies must run on the side stream"
+
+
+@pytest.mark.parametrize(
+    ("line", "check"),
+    [("main.wait_stream(self.stream)", "races"), ("t.record_stream(main)", "missing_record_stream")],
+)
+def test_prefetcher_plants_fail(line, check):
+    cells = tagged_cells("09")
+    assert sum(c.count(line) for c in cells) == 1
+    planted = dict(PRESET)
+    for src in cells:
+        exec(src.replace(line, "pass"), planted)  # noqa: S102 - the lesson's code with one line removed
+    assert getattr(prefetch_run(planted["DevicePrefetcher"]), check)(), f"removing {line} must be caught"
