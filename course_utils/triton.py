@@ -5,6 +5,11 @@ version folder (``1/model.onnx``). The config sets the batching that Triton does
 ``max_batch_size``, ``dynamic_batching { preferred_batch_size, max_queue_delay_microseconds }`` and
 ``instance_group`` (how many copies of the model, on CPU or GPU).
 
+Batching guidance (Triton's dynamic batcher guide): set ``max_batch_size`` and ``max_queue_delay_microseconds``
+(how long a request may wait for batch-mates) and measure with ``perf_analyzer``; leave
+``preferred_batch_size`` unset for most models (the batcher already forms the largest batch it can); it helps
+only a model much faster at a few specific sizes, such as a TensorRT engine built for them.
+
 The config is validated with Triton's own protobuf classes (``tritonclient.grpc.model_config_pb2``
 parsed by ``google.protobuf.text_format``), which catches misspelled fields and wrong types, plus the
 checks the parser does not do (a preferred batch size above ``max_batch_size``, dynamic batching without
@@ -61,7 +66,7 @@ def make_config(
     outputs: Sequence[TensorSpec],
     *,
     max_batch_size: int = 32,
-    preferred_batch_sizes: Sequence[int] = (8, 16, 32),
+    preferred_batch_sizes: Sequence[int] = (),
     max_queue_delay_us: int = 500,
     instance_count: int = 1,
     kind: str = "KIND_CPU",
@@ -70,7 +75,8 @@ def make_config(
     """The text of a ``config.pbtxt`` with dynamic batching (not validated: see :func:`validate_config`).
 
     ``dims`` of inputs and outputs exclude the batch dimension (Triton adds it when ``max_batch_size > 0``).
-    ``max_queue_delay_us`` is how long Triton may hold a request to form a preferred batch.
+    ``max_queue_delay_us`` is how long Triton may hold a request to form a larger batch; preferred sizes are
+    written only when given (most models should not set them).
     """
 
     def tensor(t: TensorSpec) -> str:
@@ -78,6 +84,7 @@ def make_config(
         return f'  {{\n    name: "{t.name}"\n    data_type: {t.data_type}\n    dims: [ {dims} ]\n  }}'
 
     sizes = ", ".join(str(s) for s in preferred_batch_sizes)
+    preferred = f"  preferred_batch_size: [ {sizes} ]\n" if preferred_batch_sizes else ""
     ins = ",\n".join(tensor(t) for t in inputs)
     outs = ",\n".join(tensor(t) for t in outputs)
     return (
@@ -86,7 +93,7 @@ def make_config(
         f"max_batch_size: {max_batch_size}\n"
         f"input [\n{ins}\n]\n"
         f"output [\n{outs}\n]\n"
-        f"dynamic_batching {{\n  preferred_batch_size: [ {sizes} ]\n"
+        f"dynamic_batching {{\n{preferred}"
         f"  max_queue_delay_microseconds: {max_queue_delay_us}\n}}\n"
         f"instance_group [\n  {{\n    count: {instance_count}\n    kind: {kind}\n  }}\n]\n"
     )
@@ -161,14 +168,15 @@ def write_model_repository(
     *,
     name: str = "digits_cnn",
     max_batch_size: int = 32,
-    preferred_batch_sizes: Sequence[int] = (8, 16, 32),
+    preferred_batch_sizes: Sequence[int] = (),
     max_queue_delay_us: int = 500,
     instance_count: int = 1,
     kind: str = "KIND_CPU",
 ) -> Path:
     """Write ``<root>/<name>/config.pbtxt`` and ``<root>/<name>/1/model.onnx``; return the model folder.
 
-    ``example`` is one batch of inputs for the export. The config is validated before anything is written.
+    ``example`` is one batch of inputs for the export.
+    The config is validated before anything is written.
     """
     if kind not in KINDS:
         raise TritonConfigError(f"kind must be one of {KINDS}, got {kind!r}")
@@ -196,6 +204,23 @@ def docker_run_line(repository: str | Path, *, gpus: bool = True, tag: str = DEF
         f"docker run --rm {gpu}--shm-size=1g {ports} -v {Path(repository).resolve()}:/models "
         f"nvcr.io/nvidia/tritonserver:{tag}-py3 tritonserver --model-repository=/models"
     )
+
+
+def perf_analyzer_line(name: str, *, concurrency: tuple[int, int] | None = None, rate: tuple[int, int] | None = None,
+                       url: str = "127.0.0.1:8001") -> str:  # fmt: skip
+    """The ``perf_analyzer`` command (Triton's SDK container) that sweeps concurrency or a request rate for ``name``.
+
+    It reports throughput and p50/p90/p95/p99 latency with the server-side queue and compute times; with
+    ``--request-rate-range`` and ``--request-distribution=poisson`` the load is open-loop.
+    """
+    if (concurrency is None) == (rate is None):
+        raise TritonConfigError("give exactly one of concurrency=(lo, hi) or rate=(lo, hi)")
+    base = f"perf_analyzer -m {name} -u {url} -i grpc --percentile=99 --measurement-interval 5000"
+    if concurrency is not None:
+        lo, hi = concurrency
+        return f"{base} --concurrency-range {lo}:{hi}:{lo if lo > 1 else 2}"
+    lo, hi = rate
+    return f"{base} --request-rate-range {lo}:{hi}:{max(1, (hi - lo) // 4)} --request-distribution=poisson"
 
 
 def client_code(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,

@@ -1,189 +1,325 @@
-"""Tests of course_utils.serving: validation, the LitServe server's answers, batching isolation, clean shutdown."""
+"""Lesson 13's server, probed as a careless learner, a workshop and a hostile local client would (issue 12).
+
+A tiny LitAPI (doubles a number, batched) keeps server starts to seconds; each probe must get a clear 4xx/5xx
+*response*, lose nothing (the next good request on the same connection is answered) and leave no process or
+port behind.
+"""
 
 from __future__ import annotations
 
-import base64
+import asyncio
 import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
 
-import numpy as np
+import httpx
 import pytest
-import torch
 
-from course_utils import serving as sv
-from course_utils.compare import check_outputs
-from course_utils.models import load_digits_model
+from course_utils import load
+from course_utils import server_guard as g
+from course_utils import server_process as sp
 
-SHAPE = sv.expected_shape("cnn")
-
-
-# ---- pure functions (no server) ------------------------------------------------------------------------
-
-
-def test_validate_payload_accepts_both_formats():
-    x = np.random.rand(*SHAPE).astype(np.float32)
-    for fmt in ("b64", "json"):
-        arr = sv.validate_payload(json.loads(sv.make_payload(x, fmt=fmt)), SHAPE)
-        assert arr.shape == SHAPE and arr.dtype == np.float32
-        np.testing.assert_allclose(arr, x, rtol=1e-6)
-    assert sv.validate_payload({"inputs": x[None].tolist()}, SHAPE).shape == SHAPE  # leading batch of 1
+API = textwrap.dedent(
+    """
+    import litserve as ls
+    from pydantic import BaseModel, Field
 
 
-@pytest.mark.parametrize(
-    "payload, words",
-    [
-        ([1, 2], "JSON object"),
-        ({"inputs": [[1.0, 2.0]]}, "expected [1, 8, 8]"),
-        ({"inputs": [[["a"] * 8] * 8]}, "numbers only"),
-        ({"inputs": [[[True] * 8] * 8]}, "numbers only"),
-        ({"inputs": [[[1.0] * 8] * 7 + [[1.0] * 3]]}, "ragged"),
-        ({"b64": "!!notbase64"}, "not valid base64"),
-        ({"b64": base64.b64encode(b"1234").decode()}, "expected 256"),
-        ({"b64": base64.b64encode(bytes(256)).decode(), "dtype": "float16"}, "dtype must be 'float32'"),
-        ({"inputs": [[[1.0] * 8] * 8], "b64": "AAAA"}, "exactly one"),
-        ({"image": [1]}, "unknown key"),
-        ({"inputs": [[[float("nan")] * 8] * 8]}, "NaN"),
-    ],
+    class Req(BaseModel):
+        x: float = Field(ge=-1e6, le=1e6)
+
+
+    class Double(ls.LitAPI):
+        def setup(self, device):
+            self.k = 2.0
+
+        def decode_request(self, request: Req):
+            return request.x
+
+        def batch(self, xs):
+            return list(xs)
+
+        def predict(self, x):
+            return [self.k * v for v in x] if isinstance(x, list) else self.k * x
+
+        def unbatch(self, y):
+            return list(y)
+
+        def encode_response(self, y):
+            return {"y": y}
+    """
 )
-def test_validate_payload_rejects_with_message(payload, words):
-    with pytest.raises(ValueError, match=None) as info:
-        sv.validate_payload(payload, SHAPE)
-    assert words in str(info.value)
-
-
-def test_make_payload_rejects_unknown_format():
-    with pytest.raises(ValueError, match="fmt"):
-        sv.make_payload(np.zeros(SHAPE), fmt="xml")
-
-
-def test_expected_shape_lists_models():
-    with pytest.raises(ValueError, match="resnet18"):
-        sv.expected_shape("vgg")
-
-
-def test_loopback_only():
-    sv.check_loopback("http://127.0.0.1:8000/predict")
-    sv.check_loopback("http://localhost:1/x")
-    sv.check_loopback("http://[::1]:1/x")
-    for url in ("http://10.0.0.1:8000/predict", "http://example.com/predict", "http://169.254.169.254/"):
-        with pytest.raises(sv.LoopbackOnlyError):
-            sv.run_load(url, [b"{}"], n_requests=1, concurrency=1)
-
-
-def test_load_result_percentiles_and_pays_at():
-    r = sv.LoadResult(4, 100, 0, 2.0, list(np.arange(1, 101, dtype=float)))
-    assert r.throughput == 50.0 and r.p50_ms == pytest.approx(50.5) and r.p99_ms == pytest.approx(99.01)
-    import pandas as pd
-
-    df = pd.DataFrame({"server": ["a", "a", "b", "b"], "concurrency": [1, 8, 1, 8], "throughput": [5, 30, 10, 20]})
-    assert sv.batching_pays_at(df, batched="a", unbatched="b") == 8
-    assert sv.batching_pays_at(df, batched="a", unbatched="b", margin=2.0) is None
-
-
-def test_payload_limit_middleware():
-    from fastapi import FastAPI
-    from fastapi.testclient import TestClient
-
-    app = FastAPI()
-
-    @app.post("/p")
-    async def p(body: dict) -> dict:
-        return {"n": len(body)}
-
-    app.add_middleware(sv.PayloadLimitMiddleware, max_bytes=100, hint="send less")
-    client = TestClient(app)
-    assert client.post("/p", json={"a": 1}).status_code == 200
-    r = client.post("/p", content=b"x" * 500, headers={"content-type": "application/json"})
-    assert r.status_code == 413 and "limit of 100 bytes" in r.json()["detail"] and "send less" in r.json()["detail"]
-
-
-# ---- a real server (one start shared by the tests below) ------------------------------------------------
-
-
-class _Started:
-    """One server for the module (a start costs seconds); the last test stops it through the error path."""
-
-    def __init__(self) -> None:
-        self.cm = sv.serve("cnn", max_batch_size=8, batch_timeout=0.2, start_timeout=120)
-        self.srv = self.cm.__enter__()
-        self.open = True
-
-    def close(self, exc: BaseException | None = None) -> bool | None:
-        self.open = False
-        return self.cm.__exit__(type(exc) if exc else None, exc, exc.__traceback__ if exc else None)
 
 
 @pytest.fixture(scope="module")
-def started():
-    s = _Started()
+def api_file(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("srv") / "double_api.py"
+    path.write_text(API)
+    return path
+
+
+@pytest.fixture(scope="module")
+def server(api_file):
+    with sp.serve(f"{api_file}:Double", max_batch_size=8, batch_timeout=0.02, header_timeout=2.0,
+                  max_connections=64, limit_concurrency=96) as srv:  # fmt: skip
+        yield srv
+    assert sp.group_pids(srv.pgid) == [] and not sp.port_open(srv.port)
+
+
+# ---- pure functions ---------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "body, status, words",
+    [
+        (b"", 400, "empty"),
+        (b"  \n", 400, "empty"),
+        (b'{"x": 1', 400, "not valid JSON"),
+        (b'{"x": ' + b"9" * 400 + b"}", 422, "400 digits"),
+        (b"[" * 950 + b"]" * 950, 400, "nested too deeply"),
+        (b"[" * 5000 + b"]" * 5000, 400, "nested too deeply"),
+        (b'{"x": 1e999}', 422, "out of range"),
+        (b'{"x": NaN}', 422, "not a JSON number"),
+        (b'{"x": "\x80"}', 400, "UTF-8"),
+    ],
+)
+def test_check_json_rejects(body, status, words):
+    with pytest.raises(g._Reject) as info:
+        g.check_json(body)
+    assert info.value.status == status and words in info.value.message
+
+
+def test_check_json_accepts_ordinary_json():
+    assert g.check_json(b'{"a": [1, 2.5, {"b": "c"}], "n": -123456789012345678}')["n"] == -123456789012345678
+
+
+def test_loopback_only():
+    load.check_loopback("http://127.0.0.1:8000/predict")
+    load.check_loopback("http://localhost:1/x")
+    load.check_loopback("http://[::1]:1/x")
+    for url in ("http://10.0.0.1:8000/predict", "http://example.com/p", "http://169.254.169.254/"):
+        with pytest.raises(load.LoopbackOnlyError):
+            load.closed_loop(url, [b"{}"], n_requests=1, concurrency=1)
+        with pytest.raises(load.LoopbackOnlyError):
+            load.open_loop(url, [b"{}"], rate=1.0, n_requests=1)
+
+
+def test_load_result_percentiles():
+    r = load.LoadResult("closed", 4, float("nan"), 100, 0, 2.0, [float(i) for i in range(1, 101)])
+    assert r.throughput == 50.0 and r.p50_ms == pytest.approx(50.5) and r.p99_ms == pytest.approx(99.01)
+
+
+def test_serve_rejects_a_bad_target(tmp_path):
+    with pytest.raises(sp.ServingError, match="file.py:name"):
+        with sp.serve(tmp_path / "missing.py"):
+            pass
+
+
+# ---- a real server ----------------------------------------------------------------------------------------
+
+
+def test_answers_and_batches(server):
+    answers = load.post_many(server.predict_url, [{"x": i} for i in range(20)], concurrency=20)
+    assert [a["y"] for _, a in answers] == [2.0 * i for i in range(20)]
+    assert len(server.calls()) < 20  # batches were formed
+
+
+def test_probes_get_4xx_and_the_connection_stays_usable(server):
+    probes = {
+        b"": (400, "empty"),
+        b'{"x": ' + b"9" * 400 + b"}": (422, "400 digits"),
+        b"[" * 950 + b"]" * 950: (400, "nested too deeply"),
+        json.dumps({"x": "a" * 30_000}).encode(): (422, "x: "),
+        json.dumps({"dtype": "z" * 200_000}).encode(): (413, "exceeds the limit"),
+        b'{"y": 1}': (422, "x: Field required"),
+        b"{not json": (400, "not valid JSON"),
+    }
+    with httpx.Client(trust_env=False, timeout=30) as client:  # one keep-alive connection for everything
+        for body, (status, words) in probes.items():
+            r = client.post(server.predict_url, content=body, headers=load.HEADERS)
+            assert r.status_code == status, (body[:30], r.status_code, r.text[:200])
+            detail = r.json()["detail"]
+            assert words in detail and len(detail) < 1000, detail[:300]  # huge values are not echoed back
+            if status != 413:  # 413 closes the connection (the rest of the body is not read)
+                good = client.post(server.predict_url, json={"x": 3})
+                assert good.status_code == 200 and good.json() == {"y": 6.0}
+
+
+def test_mixed_load_500_requests_half_bad(server):
+    bad = [b"", b'{"x": ' + b"9" * 400 + b"}", b"[" * 950 + b"]" * 950, b'{"x": "nan"}', b"{oops", b'{"x": 1e7}']
+    bodies, expect = [], []
+    for i in range(500):
+        if i % 2:
+            bodies.append(bad[i % len(bad)])
+            expect.append(None)
+        else:
+            bodies.append(json.dumps({"x": i}).encode())
+            expect.append(2.0 * i)
+    answers = load.post_many(server.predict_url, bodies, concurrency=50)
+    for (code, ans), want in zip(answers, expect, strict=True):
+        if want is None:
+            assert 400 <= code < 500, (code, ans)
+        else:
+            assert code == 200 and ans == {"y": want}, (code, ans)
+
+
+def test_load_generators(server):
+    r = load.closed_loop(server.predict_url, [{"x": 1}], n_requests=30, concurrency=4, max_seconds=30)
+    assert r.n_ok == 30 and r.n_failed == 0 and r.p50_ms <= r.p99_ms
+    r = load.closed_loop(server.predict_url, [{"x": 1}], n_requests=10**6, concurrency=2, max_seconds=0.5)
+    assert r.n_ok < 10**6 and r.wall_s < 30
+    o = load.open_loop(server.predict_url, [{"x": 1}], rate=200.0, n_requests=60, max_seconds=10)
+    assert o.n_ok + o.n_failed + o.n_not_sent == 60 and o.n_ok > 0 and o.mode == "open"
+    o = load.open_loop(server.predict_url, [{"x": 1}], rate=50.0, n_requests=10**6, max_seconds=0.5)
+    assert o.n_ok < 100  # arrivals due after max_seconds are never sent
+
+
+def test_slow_client_times_out_and_idle_connections_are_capped(server):
+    slow = socket.create_connection(("127.0.0.1", server.port))
+    slow.sendall(b"POST /predict HTTP/1.1\r\nHost: x\r\n")  # headers never finished
+    slow.settimeout(10)
+    t0 = time.monotonic()
+    data = slow.recv(4096)
+    assert data.startswith(b"HTTP/1.1 408") and time.monotonic() - t0 < 8
+    slow.close()
+    idle = [socket.create_connection(("127.0.0.1", server.port)) for _ in range(80)]  # above max_connections=64
     try:
-        yield s
+        time.sleep(0.3)
+        refused = 0
+        for s in idle[64:]:
+            s.settimeout(5)
+            refused += s.recv(4096).startswith(b"HTTP/1.1 503")
+        assert refused >= 10
     finally:
-        if s.open:
+        for s in idle:
             s.close()
+    assert load.post(server.predict_url, {"x": 2}) == (200, {"y": 4.0})  # still serving
+
+
+def test_overload_gives_503_not_resets(api_file):
+    """More connections than uvicorn's limit_concurrency: each extra request gets a 503 answer, none a reset."""
+    with sp.serve(f"{api_file}:Double", max_batch_size=1, limit_concurrency=4) as srv:
+        answers = load.post_many(srv.predict_url, [{"x": 1}] * 60, concurrency=30)
+        after = load.post(srv.predict_url, {"x": 5})
+    codes = {c for c, _ in answers}
+    assert codes <= {200, 503} and 503 in codes, codes
+    assert after == (200, {"y": 10.0})  # the overload passed, the server answers again
 
 
 @pytest.fixture
-def server(started):
-    return started.srv
+def impostor():
+    """Another program listening on a loopback port, answering the course's routes with a foreign id."""
+    import threading
+
+    import uvicorn
+    from fastapi import FastAPI
+
+    app = FastAPI()
+    app.get("/course/instance")(lambda: {"id": "someone-else"})
+    app.get("/health")(lambda: "ok")
+    app.post("/predict")(lambda: {"y": "not yours"})
+    sock = socket.socket()
+    sock.bind(("127.0.0.1", 0))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="error"))
+    th = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    th.start()
+    while not server.started:
+        time.sleep(0.05)
+    yield sock.getsockname()[1]
+    server.should_exit = True
+    th.join(5)
 
 
-def test_answers_match_direct_model_output(server):
-    model = load_digits_model("cnn")
-    x = torch.rand(6, *SHAPE)
-    bodies = [sv.make_payload(x[i], fmt="b64" if i % 2 else "json") for i in range(len(x))]
-    answers = sv.post_many(server.predict_url, bodies)
-    assert all(code == 200 for code, _ in answers), answers
-    got = torch.tensor([a["logits"] for _, a in answers])
-    with torch.inference_mode():
-        ref = model(x)
-    check_outputs(got, ref, "fp32", label="served vs direct")
-    assert [a["label"] for _, a in answers] == ref.argmax(1).tolist()
-
-
-def test_invalid_requests_get_4xx_with_message(server):
-    cases = [
-        (b"{not json", 400, "not valid JSON"),
-        (json.dumps({"inputs": [[1, 2]]}).encode(), 422, "expected [1, 8, 8]"),
-        (json.dumps({"inputs": [[["x"] * 8] * 8]}).encode(), 422, "numbers only"),
-        (json.dumps({"b64": "%%%"}).encode(), 422, "base64"),
-        (json.dumps({"b64": base64.b64encode(bytes(256)).decode(), "dtype": "int8"}).encode(), 422, "float32"),
-        (b"[" + b"0," * 200_000 + b"0]", 413, "exceeds the limit"),
-    ]
-    for body, status, words in cases:
-        code, answer = sv.post(server.predict_url, body)
-        assert code == status, (body[:40], code, answer)
-        assert words in answer["detail"], answer
-        assert "send" in answer["detail"]  # the message says what to send instead
-
-
-def test_bad_request_in_a_batch_leaves_the_others_answered(server):
-    good = [sv.make_payload(np.random.rand(*SHAPE)) for _ in range(7)]
-    bad = json.dumps({"inputs": [1, 2, 3]}).encode()
-    n0 = len(server.batch_stats())
-    answers = sv.post_many(server.predict_url, good[:3] + [bad] + good[3:])
-    codes = [c for c, _ in answers]
-    assert codes == [200, 200, 200, 422, 200, 200, 200, 200], codes
-    stats = server.batch_stats(since=n0)
-    assert stats["batch_size"].sum() == 7 and stats["batch_size"].max() > 1  # the good ones were batched
-
-
-def test_load_generator_counts_and_bounds(server):
-    body = sv.make_payload(np.random.rand(*SHAPE))
-    r = sv.run_load(server.predict_url, [body], n_requests=24, concurrency=4, max_seconds=30)
-    assert r.n_ok == 24 and r.n_failed == 0 and r.throughput > 0 and r.p50_ms <= r.p99_ms
-    r = sv.run_load(server.predict_url, [body], n_requests=10**6, concurrency=2, max_seconds=0.5)
-    assert r.n_ok < 10**6 and r.wall_s < 30  # stopped by the time bound
-
-
-def test_server_stopped_even_when_the_body_raises(started):
-    """What ``with serve(...)`` does when its body raises: the exception propagates and the group is stopped."""
-    srv = started.srv
-    assert sv.group_pids(srv.pgid) and sv.port_open(srv.port)
+def test_readiness_checks_the_instance_not_the_port(impostor, tmp_path):
+    """A port answered by another program is never taken for our server: its id does not match."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
-        raise RuntimeError("boom")
-    except RuntimeError as exc:
-        with pytest.raises(RuntimeError, match="boom"):
-            if not started.close(exc):  # __exit__ returns falsy: the exception is not swallowed
-                raise
-    assert sv.group_pids(srv.pgid) == []
-    assert not sv.port_open(srv.port)
+        (tmp_path / "port").write_text(str(impostor))
+        srv = sp.Server("127.0.0.1", 0, proc.pid, tmp_path, {}, proc)
+        with pytest.raises(sp.ServingError, match="answered by another program"):
+            sp._wait_ready(srv, "our-id", 2.0)
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_bind_failure_is_reported(api_file, impostor):
+    """A port already taken: serve() reports the bind failure (never 'ready' on the other program's answers)."""
+    with pytest.raises(sp.ServingError, match="could not bind"):
+        with sp.serve(f"{api_file}:Double", port=impostor, start_timeout=120):
+            pass
+
+
+def test_server_dies_with_its_parent(api_file, tmp_path):
+    """SIGKILL of the process that started the server: the server group and its run folder go too."""
+    script = tmp_path / "parent.py"
+    script.write_text(textwrap.dedent(f"""
+        import sys, time
+        from course_utils import server_process as sp
+        with sp.serve("{api_file}:Double") as srv:
+            print(srv.pgid, srv.port, srv.run_dir, flush=True)
+            time.sleep(600)
+    """))  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(sp.REPO_ROOT))
+    parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pgid, port, run_dir = parent.stdout.readline().split()
+        pgid, port = int(pgid), int(port)
+        assert sp.group_pids(pgid) and sp.port_open(port)
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(10)
+        end = time.monotonic() + 20
+        while (sp.group_pids(pgid) or sp.port_open(port)) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert sp.group_pids(pgid) == [] and not sp.port_open(port) and not Path(run_dir).exists()
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+
+
+def test_server_stopped_at_interpreter_exit(api_file, tmp_path):
+    """A server left running (the with-block never closed) is stopped by atexit when Python exits."""
+    script = tmp_path / "leaky.py"
+    script.write_text(textwrap.dedent(f"""
+        from course_utils import server_process as sp
+        cm = sp.serve("{api_file}:Double")
+        srv = cm.__enter__()
+        print(srv.pgid, srv.port, flush=True)
+    """))  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(sp.REPO_ROOT))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
+    pgid, port = map(int, out.stdout.split())
+    assert sp.group_pids(pgid) == [] and not sp.port_open(port)
+
+
+def test_stopped_even_when_the_body_raises(api_file):
+    with pytest.raises(RuntimeError, match="boom"):
+        with sp.serve(f"{api_file}:Double") as srv:
+            assert sp.group_pids(srv.pgid)
+            raise RuntimeError("boom")
+    assert sp.group_pids(srv.pgid) == [] and not sp.port_open(srv.port)
+
+
+def test_listens_on_loopback_only(server):
+    import psutil
+
+    listening = [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == server.port
+                 and c.status == psutil.CONN_LISTEN]  # fmt: skip
+    assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
+    asyncio.run(asyncio.sleep(0))
+
+
+def test_writefile_fallback_writes_the_cell_body(tmp_path):
+    lesson = tmp_path / "lesson.py"
+    cells = '# %%\nx = 1\n\n# %%\n# %%writefile {WORK}/a.py\nimport os\nprint("hi")\n\n\n# %% [markdown]\n# text\n'
+    lesson.write_text(cells)
+    out = sp.writefile_fallback(tmp_path / "a.py", lesson)
+    assert out.read_text() == 'import os\nprint("hi")\n'
+    with pytest.raises(sp.ServingError, match="b.py"):
+        sp.writefile_fallback(tmp_path / "b.py", lesson)

@@ -84,3 +84,20 @@ def test_docker_line_and_client_code(tmp_path):
     code = tr.client_code("digits", INP, OUT, batch=4)
     compile(code, "<client>", "exec")  # valid Python, not executed
     assert 'InferInput("input", list(x.shape), "FP32")' in code and "np.random.rand(4, 1, 8, 8)" in code
+
+
+def test_default_config_has_no_preferred_sizes():
+    """Triton's batcher guide: most models should not set preferred_batch_size; the delay is the knob."""
+    text = tr.make_config("m", INP, OUT, max_queue_delay_us=2500)
+    cfg = tr.validate_config(text)
+    assert "preferred_batch_size" not in text and not cfg.dynamic_batching.preferred_batch_size
+    assert cfg.dynamic_batching.max_queue_delay_microseconds == 2500
+
+
+def test_perf_analyzer_line():
+    line = tr.perf_analyzer_line("digits", concurrency=(1, 64))
+    assert line.startswith("perf_analyzer -m digits -u 127.0.0.1:8001") and "--concurrency-range 1:64:2" in line
+    line = tr.perf_analyzer_line("digits", rate=(100, 500))
+    assert "--request-rate-range 100:500:100" in line and "--request-distribution=poisson" in line
+    with pytest.raises(tr.TritonConfigError, match="exactly one"):
+        tr.perf_analyzer_line("digits")
