@@ -1,9 +1,11 @@
 """Time a callable correctly on any device.
 
 GPU work is asynchronous: a Python timer around a launch measures the launch, not the work.
-:func:`measure` warms up, then times each call with CUDA events on a GPU (synchronizing) or
-``time.perf_counter`` on the CPU, repeats until the sample is large enough for a stable median, and
-reports median and spread. :func:`naive_time` is the wrong way, kept for lesson 01 to show the error.
+:func:`measure` is the timer lesson 01 writes out in its own cells (``time_calls``): it warms up, synchronizes,
+then times each call with CUDA events on a GPU (waiting for the end event) or ``time.perf_counter`` plus a
+synchronize elsewhere, repeats until the sample is large enough for a stable median, and reports median and
+percentiles. What it adds to the lesson's dozen lines: repeating until ``min_time_s`` has passed, and the
+:class:`Measurement` summary. :func:`naive_time` is the wrong way, kept to show the error.
 """
 
 from __future__ import annotations

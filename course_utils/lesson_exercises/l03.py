@@ -1,4 +1,4 @@
-"""Lesson 03 exercises: the knee of a batch curve, a batcher's capacity, Poisson arrivals."""
+"""Lesson 03 exercises: tune a dynamic batcher's max_wait_ms for a p99 target; the knee of a batch curve."""
 
 from __future__ import annotations
 
@@ -7,6 +7,75 @@ from collections.abc import Callable
 import numpy as np
 
 from ..exercises import exercise
+
+CANDIDATES = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0]
+
+
+def _service(fixed_ms: float, per_item_ms: float) -> Callable[[int], float]:
+    def service_ms(b: int) -> float:
+        return fixed_ms + per_item_ms * b
+
+    return service_ms
+
+
+def _p99(arrivals: np.ndarray, service: Callable[[int], float], b: int, wait: float) -> float:
+    from ..batching import simulate
+
+    return simulate(arrivals, service, max_batch_size=b, max_wait_ms=wait).p99_ms
+
+
+def _check_max_wait(fn: Callable[..., float | None]) -> None:
+    from ..batching import poisson_arrivals
+
+    cases = [  # service time (fixed, per item), rate (req/s), max batch, which candidate's p99 sets the target
+        ((4.0, 0.4), 150.0, 16, 3),
+        ((10.0, 0.2), 60.0, 32, 4),
+        ((2.0, 1.0), 300.0, 8, 2),
+    ]
+    for (fixed, per_item), rate, b, k in cases:
+        service = _service(fixed, per_item)
+        arrivals = poisson_arrivals(rate, 3000, seed=7)
+        p99 = {w: _p99(arrivals, service, b, w) for w in CANDIDATES}
+        target = p99[CANDIDATES[k]] * 1.0001
+        want = max(w for w in CANDIDATES if p99[w] <= target)
+        got = fn(arrivals, service, b, target, list(CANDIDATES))
+        where = f"service {fixed} + {per_item}*b ms, {rate:g} req/s, max batch {b}, p99 target {target:.2f} ms"
+        assert got is not None, f"{where}: some candidates meet the target, you returned None"
+        assert got in CANDIDATES, f"{where}: return one of the candidates (a max_wait_ms), got {got!r}"
+        assert p99[got] <= target, (
+            f"{where}: max_wait_ms={got} gives p99 {p99[got]:.2f} ms, over the target: simulate each candidate"
+        )
+        assert got == want, (
+            f"{where}: {got} meets the target, but a larger wait, {want}, does too (p99 {p99[want]:.2f} ms): "
+            "return the largest candidate that meets it (fuller batches)"
+        )
+    service = _service(50.0, 1.0)
+    arrivals = poisson_arrivals(10.0, 500, seed=3)
+    got = fn(arrivals, service, 8, 10.0, list(CANDIDATES))
+    assert got is None, f"a 10 ms p99 target cannot be met when one batch takes 51 ms: return None, not {got!r}"
+
+
+@exercise(
+    "03.max-wait",
+    "Simulate each candidate max_wait_ms (cu.batching.simulate) and return the largest whose p99 meets the target, "
+    "or None.",
+    _check_max_wait,
+)
+def choose_max_wait(
+    arrivals_ms: np.ndarray,
+    service_ms: Callable[[int], float],
+    max_batch_size: int,
+    p99_target_ms: float,
+    candidates: list[float],
+) -> float | None:
+    from ..batching import simulate
+
+    ok = [
+        w
+        for w in candidates
+        if simulate(arrivals_ms, service_ms, max_batch_size=max_batch_size, max_wait_ms=w).p99_ms <= p99_target_ms
+    ]
+    return max(ok) if ok else None
 
 
 def _check_knee(fn: Callable[..., int]) -> None:
@@ -26,40 +95,3 @@ def _check_knee(fn: Callable[..., int]) -> None:
 def knee_batch(batch_sizes: list[int], throughputs: list[float], fraction: float = 0.9) -> int:
     best = max(throughputs)
     return min(b for b, t in zip(batch_sizes, throughputs, strict=True) if t >= fraction * best)
-
-
-def _check_capacity(fn: Callable[..., float]) -> None:
-    service = {1: 10.0, 2: 11.0, 4: 13.0, 8: 17.0}
-    assert abs(fn(service, 1) - 100.0) < 1e-6, "one request per 10 ms is 100 requests/s"
-    assert abs(fn(service, 8) - 8 * 1000 / 17.0) < 1e-6, "8 requests every 17 ms: 8 * 1000 / 17 requests/s"
-
-
-@exercise(
-    "03.capacity",
-    "Given {batch_size: service_ms}, return the most requests/s one instance serves with full batches of b.",
-    _check_capacity,
-)
-def max_rate(service_ms: dict[int, float], max_batch_size: int) -> float:
-    return max_batch_size * 1000.0 / service_ms[max_batch_size]
-
-
-def _check_poisson(fn: Callable[..., np.ndarray]) -> None:
-    arr = np.asarray(fn(50.0, 20_000, 0), dtype=float)
-    assert arr.shape == (20_000,), f"expected 20000 arrival times, got shape {arr.shape}"
-    gaps = np.diff(arr)
-    assert np.all(gaps >= 0), "arrival times must be increasing (a cumulative sum of gaps)"
-    assert abs(gaps.mean() - 20.0) < 1.0, "at 50 requests/s the mean gap is 1000 / 50 = 20 ms (times are in ms)"
-    cv = gaps.std() / gaps.mean()
-    assert 0.9 < cv < 1.1, (
-        f"the gaps' spread/mean is {cv:.2f}; Poisson arrivals have exponential gaps (ratio 1), not a regular grid"
-    )
-
-
-@exercise(
-    "03.poisson",
-    "Return n arrival times in ms for a Poisson process at rate_per_s (exponential gaps, cumulative sum).",
-    _check_poisson,
-)
-def arrivals(rate_per_s: float, n: int, seed: int = 0) -> np.ndarray:
-    gaps = np.random.default_rng(seed).exponential(1000.0 / rate_per_s, size=n)
-    return np.cumsum(gaps)
