@@ -2,7 +2,9 @@
 
 Nothing here downloads. Every file shipped in ``data/`` is listed in ``data/SHA256SUMS``; :func:`verified_path`
 checks a file against it before it is used, so a corrupted or edited file fails with a clear
-:class:`ChecksumError` naming the file.
+:class:`ChecksumError` naming the file. Every hint says to restore from git; none says to regenerate the sums,
+which would approve whatever is on disk (a missing SHA256SUMS is :class:`MissingFileError`, a bad line names
+its line).
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from .errors import ChecksumError
+from .errors import ChecksumError, MissingFileError
 from .paths import DATA_DIR, REPO_ROOT
 
 CHECKSUMS = DATA_DIR / "SHA256SUMS"
@@ -38,7 +40,7 @@ def recorded_checksums(checksums: Path = CHECKSUMS) -> dict[str, str]:
     would approve whatever is on disk) or naming the file and line when a line is not ``<sha256>  <path>``.
     """
     if not checksums.exists():
-        raise ChecksumError(
+        raise MissingFileError(
             f"{checksums} is missing, so no shipped file can be checked. Restore it from git: "
             f"`git checkout -- {_in_repo(checksums)}` (do not regenerate it: that would approve whatever is on disk)."
         )
@@ -68,7 +70,7 @@ def verified_path(name: str, *, data_dir: Path = DATA_DIR) -> Path:
     """Path of shipped file ``name`` (relative to ``data/``) after checking its sha256; raise if it differs."""
     path = data_dir / name
     if not path.exists():
-        raise FileNotFoundError(f"shipped file {path} is missing: restore it with `git checkout -- {_in_repo(path)}`")
+        raise MissingFileError(f"shipped file {path} is missing: restore it with `git checkout -- {_in_repo(path)}`")
     sums = data_dir / "SHA256SUMS"
     expected = recorded_checksums(sums).get(name)
     if expected is None:
@@ -117,5 +119,5 @@ def jpeg_paths() -> list[Path]:
     """The real JPEG photos shipped in ``data/images`` (checksums verified), sorted by name."""
     paths = sorted((DATA_DIR / "images").glob("*.jpg"))
     if not paths:
-        raise FileNotFoundError(f"no JPEGs in {DATA_DIR / 'images'}: restore them with `git checkout -- data/images`")
+        raise MissingFileError(f"no JPEGs in {DATA_DIR / 'images'}: restore them with `git checkout -- data/images`")
     return [verified_path(f"images/{p.name}") for p in paths]

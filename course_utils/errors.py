@@ -45,3 +45,7 @@ class WeightsFileError(CourseError, ValueError):
 
 class BadArgumentError(CourseError, ValueError):
     """An argument cannot be used (an unknown model name, an empty table): the message names what works."""
+
+
+class MissingFileError(CourseError, FileNotFoundError):
+    """A file the course ships (weights, photos, checksums) is not on disk: the message says how to restore it."""

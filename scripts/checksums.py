@@ -16,7 +16,7 @@ import sys
 from pathlib import Path
 
 from course_utils.data import CHECKSUMS, DATA_DIR, recorded_checksums, sha256
-from course_utils.errors import ChecksumError
+from course_utils.errors import ChecksumError, CourseError, MissingFileError
 
 SHIPPED_SUFFIXES = {".pt", ".jpg", ".txt", ".json", ".csv"}
 
@@ -34,12 +34,12 @@ def write_checksums(
 ) -> None:
     """Write ``data_dir/SHA256SUMS``: new files added, changed ones only when accepted.
 
-    Raises :class:`ChecksumError` (nothing written) when SHA256SUMS is missing without ``from_scratch``, or
-    when a recorded file changed and was not accepted: the message names the files and the fix.
+    Nothing is written when SHA256SUMS is missing without ``from_scratch`` (:class:`MissingFileError`) or when
+    a recorded file changed and was not accepted (:class:`ChecksumError`); each message names the fix.
     """
     sums = data_dir / "SHA256SUMS"
     if not sums.exists() and not from_scratch:
-        raise ChecksumError(
+        raise MissingFileError(
             f"{sums} is missing: restore it with `git checkout -- data/SHA256SUMS`. Regenerating it would approve "
             "whatever is on disk; pass --from-scratch only for a new data folder."
         )
@@ -71,8 +71,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         write_checksums(CHECKSUMS.parent, accept=set(args.accept), accept_all=args.accept_all,
                         from_scratch=args.from_scratch)  # fmt: skip
-    except ChecksumError as exc:
-        print(f"ChecksumError: {exc}", file=sys.stderr)
+    except CourseError as exc:
+        print(f"{type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
     return 0
 

@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from course_utils import data, models
-from course_utils.errors import BadArgumentError, ChecksumError, CourseError, WeightsFileError
+from course_utils.errors import BadArgumentError, ChecksumError, CourseError, MissingFileError, WeightsFileError
 
 
 def test_digits_split_is_fixed_and_shaped():
@@ -158,7 +158,7 @@ def test_bad_checksums_line_names_file_and_line(tmp_path):
 
 def test_missing_checksums_file_says_restore_from_git_not_regenerate(tmp_path):
     shutil.copy(data.DATA_DIR / "digits_cnn.pt", tmp_path)
-    with pytest.raises(ChecksumError, match="git checkout") as info:
+    with pytest.raises(MissingFileError, match="git checkout") as info:
         data.verified_path("digits_cnn.pt", data_dir=tmp_path)
     assert "make checksums" not in str(info.value) and "SHA256SUMS is missing" in str(info.value)
 
@@ -166,7 +166,7 @@ def test_missing_checksums_file_says_restore_from_git_not_regenerate(tmp_path):
 def test_checksums_script_refuses_to_approve_changed_or_unchecked_files(tmp_path):
     from scripts import checksums
 
-    with pytest.raises(ChecksumError, match="missing"):
+    with pytest.raises(MissingFileError, match="missing"):
         checksums.write_checksums(tmp_path)
     (tmp_path / "a.txt").write_text("one")
     checksums.write_checksums(tmp_path, from_scratch=True)
@@ -179,3 +179,16 @@ def test_checksums_script_refuses_to_approve_changed_or_unchecked_files(tmp_path
     checksums.write_checksums(tmp_path, accept={"a.txt"})
     assert set(data.recorded_checksums(tmp_path / "SHA256SUMS")) == {"a.txt", "b.txt"}
     assert data.verified_path("a.txt", data_dir=tmp_path)
+
+
+def test_checksums_command_exits_1_naming_the_fix(tmp_path, monkeypatch, capsys):
+    from scripts import checksums
+
+    (tmp_path / "a.txt").write_text("one")
+    monkeypatch.setattr(checksums, "CHECKSUMS", tmp_path / "SHA256SUMS")
+    assert checksums.main([]) == 1 and "git checkout -- data/SHA256SUMS" in capsys.readouterr().err
+    assert checksums.main(["--from-scratch"]) == 0
+    (tmp_path / "a.txt").write_text("two")
+    assert checksums.main([]) == 1 and "--accept NAME" in capsys.readouterr().err
+    assert checksums.main(["--accept", "a.txt"]) == 0
+    assert data.recorded_checksums(tmp_path / "SHA256SUMS")["a.txt"] == data.sha256(tmp_path / "a.txt")
