@@ -323,3 +323,19 @@ def test_writefile_fallback_writes_the_cell_body(tmp_path):
     assert out.read_text() == 'import os\nprint("hi")\n'
     with pytest.raises(sp.ServingError, match="b.py"):
         sp.writefile_fallback(tmp_path / "b.py", lesson)
+
+
+def test_post_many_reuses_connections_under_a_low_descriptor_limit(server, tmp_path):
+    """600 bodies with a 128-descriptor limit: only possible when one client reuses a bounded pool."""
+    script = tmp_path / "many.py"
+    script.write_text(textwrap.dedent(f"""
+        import resource
+        resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+        from course_utils import load
+        answers = load.post_many("{server.predict_url}", [{{"x": i}} for i in range(600)], concurrency=32)
+        assert [a["y"] for _, a in answers] == [2.0 * i for i in range(600)], answers[:3]
+        print("ok")
+    """))  # fmt: skip
+    env = dict(os.environ, PYTHONPATH=str(sp.REPO_ROOT))
+    out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
+    assert out.stdout.strip() == "ok", out.stderr[-2000:]
