@@ -158,11 +158,12 @@ def read_rows(path: str | Path) -> pd.DataFrame:
             continue
         if len(fields) != len(header):
             bad.append(f"line {reader.line_num}: {len(fields)} fields, header has {len(header)}")
-        elif any(fields[i].strip() and not _is_number(fields[i]) for i in numeric):
-            col = next(header[i] for i in numeric if fields[i].strip() and not _is_number(fields[i]))
-            bad.append(f"line {reader.line_num}: column '{col}' holds {fields[header.index(col)][:30]!r}")
-        else:
+            continue
+        wrong = next((i for i in numeric if fields[i].strip() and not _is_number(fields[i])), None)
+        if wrong is None:
             good.append(fields)
+        else:
+            bad.append(f"line {reader.line_num}: column '{header[wrong]}' holds {fields[wrong][:30]!r}")
     if bad:
         more = f" and {len(bad) - 5} more" if len(bad) > 5 else ""
         warnings.warn(
