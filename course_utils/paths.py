@@ -77,14 +77,17 @@ def append_text(path: Path, text: str | Callable[[bool], str]) -> None:
 
     ``text`` may be a function of ``empty`` (True when the file has no bytes yet, decided under the lock):
     a CSV writer passes one that adds the header only then, so concurrent first writes give one header.
+    A last line left without its newline (a writer killed mid-line) is ended first, so the torn line does
+    not swallow the new one.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path, "a", encoding="utf-8", newline="") as fh:
+    with open(path, "a+", encoding="utf-8", newline="") as fh:
         if fcntl is not None:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
-            empty = os.fstat(fh.fileno()).st_size == 0
-            fh.write(text(empty) if callable(text) else text)
+            size = os.fstat(fh.fileno()).st_size
+            torn = size > 0 and os.pread(fh.fileno(), 1, size - 1) != b"\n"
+            fh.write(("\n" if torn else "") + (text(size == 0) if callable(text) else text))
             fh.flush()
         finally:
             if fcntl is not None:

@@ -129,3 +129,10 @@ def test_one_repo_root_for_the_package():
     from course_utils import data
 
     assert data.DATA_DIR == paths.DATA_DIR == paths.REPO_ROOT / "data"
+
+
+def test_append_text_ends_a_torn_last_line_first(tmp_path):
+    f = tmp_path / "x.csv"
+    f.write_text("h\n1\n2-torn")
+    paths.append_text(f, lambda empty: ("h\n" if empty else "") + "3\n")
+    assert f.read_text().splitlines() == ["h", "1", "2-torn", "3"]

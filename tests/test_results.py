@@ -184,3 +184,14 @@ def test_show_reference_without_rows_says_unverified(tmp_path, capsys):
     assert "unverified" in capsys.readouterr().out
     shown = results.show_reference("1", folder=ref)
     assert list(shown["technique"]) == ["H2D copy pinned"]
+
+
+def test_a_row_torn_by_a_killed_process_does_not_swallow_the_next_row():
+    results.record("99", "before", median_ms=1.0)
+    path = next(results.results_dir().glob("*.csv"))
+    with open(path, "a") as fh:
+        fh.write("99,killed-mid-li")  # no newline: the writer died here
+    results.record("99", "after", median_ms=2.0)
+    with pytest.warns(UserWarning, match="skipped 1 malformed row"):
+        df = results.load_results()
+    assert list(df["technique"]) == ["before", "after"]
