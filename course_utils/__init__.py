@@ -1,10 +1,10 @@
 """Shared helpers of the GPU inference course, one module per room.
 
-device (what this machine has) · timing (measure a callable correctly) · sweep (batch sizes, OOM) ·
-plots · results (rows per machine) · compare (outputs vs baseline, tolerances) · models and data
-(offline zoo, checksums) · modes (smoke, strict GPU, section record) · exercises · lesson (setup cell) ·
-one module per lesson topic (profiling, batching, precision, quant, compilation, backends, pipeline, memory,
-pruning, serving, triton, optimize, leaderboard).
+The lab bench: measure (device, timing, sweep, memory) · show (plots, results, leaderboard) · check
+(compare, exercises) · supply (models, data, paths, modes and the section record, lesson: the setup cell) ·
+run (server_process, server_guard, load: lesson 13's server and load generator). The techniques themselves
+are written out in the lessons; the remaining topic modules hold only what a later lesson reuses after its
+own lesson wrote it out (e.g. optimize() for lesson 14).
 
 Modules load on first use (``cu.plots`` imports matplotlib only when a lesson plots), so processes that need
 little, such as lesson 13's server workers, start fast.
@@ -17,8 +17,9 @@ from typing import Any
 
 _MODULES = {
     "backends", "batching", "compare", "compilation", "data", "device", "errors", "exercises", "leaderboard",
-    "lesson", "memory", "models", "modes", "optimize", "pipeline", "plots", "precision", "profiling",
-    "pruning", "quant", "results", "serving", "sweep", "timing", "triton",
+    "lesson", "load", "memory", "models", "modes", "optimize", "paths", "pipeline", "plots", "precision",
+    "profiling", "pruning", "quant", "results", "server_guard", "server_process", "streamcheck", "sweep", "timing",
+    "triton",
 }  # fmt: skip
 # Shortcuts for the most used functions: cu.measure, cu.record, ...
 _SHORTCUTS = {

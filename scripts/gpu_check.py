@@ -117,16 +117,13 @@ def main(argv: list[str] | None = None) -> int:
             print("   " + tail.replace("\n", "\n   "))
         runs.append((path.name[:2], path.stem, status, wall, tail))
 
-    sections = []
-    sec_file = results_dir / "sections.jsonl"
-    if sec_file.exists():
-        sections = [json.loads(line) for line in sec_file.read_text().splitlines() if line.strip()]
+    from course_utils import modes, results
+
+    sections = modes.read_sections(results_dir / "sections.jsonl")  # a torn line is warned about, not fatal
     rows = []
     csvs = sorted(results_dir.glob("*.csv"))
     if csvs:
-        import pandas as pd
-
-        rows_df = pd.concat([pd.read_csv(p, dtype={"lesson": str}) for p in csvs], ignore_index=True)
+        rows_df = results.load_results(csvs)  # malformed rows skipped with a warning, good rows kept
         rows = rows_df.to_dict("records")
 
     print("\n| lesson | status | s | section | ran | key figures (GPU rows) |\n|---|---|---|---|---|---|")

@@ -46,15 +46,9 @@ class NotebookRun:
 
 
 def _read_sections(path: Path) -> list[dict]:
-    if not path.exists():
-        return []
-    rows = []
-    for line in path.read_text().splitlines():
-        try:
-            rows.append(json.loads(line))
-        except ValueError:
-            continue
-    return rows
+    from course_utils.modes import read_sections  # warns about and skips a torn line
+
+    return read_sections(path)
 
 
 def execute_notebook(src: Path, dest: Path, *, timeout: int, kernel: str | None, results: Path) -> NotebookRun:
@@ -201,14 +195,15 @@ def main(argv: list[str] | None = None) -> int:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    results = Path(os.environ.get("COURSE_RESULTS_DIR") or out / "results").resolve()
+    from course_utils import modes, paths
+
+    set_dir = os.environ.get("COURSE_RESULTS_DIR", "").strip()
+    results = paths.resolve_results_dir(set_dir) if set_dir else (out / "results").resolve()
     results.mkdir(parents=True, exist_ok=True)
     os.environ["COURSE_RESULTS_DIR"] = str(results)  # the kernels inherit the environment
     # Kernels keep Jupyter's inline backend, so the executed notebooks hold their plots (agg would drop them).
     os.environ.pop("MPLBACKEND", None)
-    mode = (
-        "smoke (COURSE_SMOKE=1)" if os.environ.get("COURSE_SMOKE", "").lower() in {"1", "true", "yes", "on"} else "full"
-    )
+    mode = "smoke (COURSE_SMOKE=1)" if modes.is_smoke() else "full"  # the kernels parse it the same way
 
     notebooks = sorted(args.notebooks.glob("*.ipynb"))
     if args.only:
