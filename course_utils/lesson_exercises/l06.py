@@ -1,4 +1,4 @@
-"""Lesson 06 exercises: when compiling pays back, and feeding a fixed-shape graph."""
+"""Lesson 06 exercises: one graph for many batch sizes, when compiling pays back, padding to a captured shape."""
 
 from __future__ import annotations
 
@@ -6,8 +6,50 @@ import math
 from collections.abc import Callable
 
 import torch
+from torch import nn
 
+from ..compare import compare_outputs
+from ..compilation import count_compiles
 from ..exercises import exercise
+
+SIZES = (2, 3, 5, 8, 13)
+
+
+def _check_mark_dynamic(fn: Callable[[Callable[..., torch.Tensor], list[torch.Tensor]], list[torch.Tensor]]) -> None:
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(6, 16), nn.ReLU(), nn.Linear(16, 3)).eval()
+    batches = [torch.randn(s, 6) for s in SIZES]
+    with torch.no_grad():
+        refs = [model(b) for b in batches]
+    graphs, outs = count_compiles(lambda compiled, xs: fn(compiled, [x.clone() for x in xs]), model, batches,
+                                  dynamic=False)  # fmt: skip
+    assert outs is not None and len(outs) == len(batches), f"return one output per batch ({len(batches)})"
+    for out, ref, s in zip(outs, refs, SIZES, strict=True):
+        assert isinstance(out, torch.Tensor) and out.shape == ref.shape, (
+            f"batch of {s}: expected an output of shape {tuple(ref.shape)}, got "
+            f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}"
+        )
+        cmp = compare_outputs(out, ref, "fp32")
+        assert cmp.within, f"batch of {s}: output differs from eager: {cmp}"
+    assert graphs >= 1, "the compiled model never ran: call compiled(x), not the eager model"
+    assert graphs == 1, (
+        f"{graphs} graphs were compiled for {len(SIZES)} batch sizes: mark the batch dimension dynamic before "
+        "the first call (torch._dynamo.mark_dynamic(x, 0)) so one size-generic graph serves them all"
+    )
+
+
+@exercise(
+    "06.mark-dynamic",
+    "serve(compiled, batches): return compiled(x) for every batch while only ONE graph is compiled: "
+    "mark dimension 0 of each input dynamic (torch._dynamo.mark_dynamic(x, 0)) before calling.",
+    _check_mark_dynamic,
+)
+def serve(compiled: Callable[..., torch.Tensor], batches: list[torch.Tensor]) -> list[torch.Tensor]:
+    outs = []
+    for x in batches:
+        torch._dynamo.mark_dynamic(x, 0)
+        outs.append(compiled(x))
+    return outs
 
 
 def _check_break_even(fn: Callable[[float, float, float], float]) -> None:
