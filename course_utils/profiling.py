@@ -9,7 +9,9 @@ notebook can fix what the data points at. :func:`annotate` opens a range that bo
 (``record_function``) and Nsight Systems (NVTX, on a GPU) see. :func:`nsys_command` prints the Nsight
 Systems command line for GPU users.
 
-Trace files are written to the results folder and never into the repository.
+Lesson 02 writes the profiler block, the ranges and the stage table out in its own cells first; this module keeps
+the same calls for reuse in later lessons. Trace files are written to the results folder, never into the
+repository.
 """
 
 from __future__ import annotations

@@ -262,6 +262,12 @@ sync()  # ... one synchronization
 pipelined = (time.perf_counter() - t0) * 1000 / calls
 print(f"{device}: per call, synchronized each time: {per_call:.4f} ms; pipelined ({calls} calls, one sync): "
       f"{pipelined:.4f} ms per call ({per_call / pipelined:.2f}x).")  # fmt: skip
+if abs(per_call / pipelined - 1) <= 0.2:
+    print("Within 20% of each other: nothing was queued ahead, so latency and throughput per call agree here.")
+elif per_call > pipelined:
+    print("Pipelined calls were cheaper: work was queued while earlier work ran (or the machine was quieter then).")
+else:
+    print("Pipelined calls were dearer: on a CPU that is noise from other programs, not a property of the timer.")
 
 # %% [markdown]
 # ### On a GPU: the missing synchronization
