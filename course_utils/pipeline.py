@@ -150,12 +150,7 @@ def loader_batches(loader: DataLoader) -> Iterator[Iterator[Any]]:
 class Prefetcher:
     """Iterate ``prepare(item)`` for each item of ``source``, computed ``depth`` items ahead in a thread.
 
-    Use it as a context manager so the thread always stops::
-
-        with Prefetcher(raw_batches, prepare=decode) as batches:
-            for x in batches:
-                model(x)
-
+    Use it as a context manager so the thread always stops: ``with Prefetcher(raws, decode) as batches: ...``.
     An exception in ``prepare`` is re-raised in the consuming loop. Work overlaps only where the two sides
     release the GIL (torch and torchvision ops do) and spare cores exist.
     """

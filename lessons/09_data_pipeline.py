@@ -41,7 +41,7 @@ from torchcodec.decoders import decode_jpeg
 from course_utils import pipeline as pl
 
 SIZE = cu.pick(full=224, smoke=64)  # model input resolution
-N_IMAGES = cu.pick(full=96, smoke=16)  # the shipped photos, repeated
+N_IMAGES = cu.pick(full=64, smoke=16)  # the shipped photos, repeated
 BATCH = cu.pick(full=16, smoke=4)
 CORES = os.cpu_count() or 1
 WORKERS = cu.pick(full=tuple(sorted({0, 1, 2, CORES, CORES + 2})), smoke=(0, 2))
@@ -186,7 +186,7 @@ model_ips = {}
 with torch.inference_mode():
     for name, m in models.items():
         meas = cu.measure(lambda m=m: m(x_mem), device="cpu", batch_size=BATCH, label=name, warmup=1,
-                          min_repeats=cu.pick(full=5, smoke=2), min_time_s=cu.pick(full=0.5, smoke=0.05))  # fmt: skip
+                          min_repeats=cu.pick(full=3, smoke=2), min_time_s=cu.pick(full=0.5, smoke=0.05))  # fmt: skip
         model_ips[name] = meas.throughput
         print(meas)
         cu.record("09", f"model alone ({name})", model=name, device="cpu", dtype="fp32", measurement=meas)

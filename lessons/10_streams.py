@@ -367,8 +367,8 @@ else:
 # **The source tutorial's copy: `non_blocking=True` from ordinary memory.** It copies pageable tensors with
 # `non_blocking=True` and expects them to overlap. From pageable memory the driver first stages the data
 # through a pinned buffer of its own, and the call returns only when that is done. Measured below: how long
-# the call keeps the CPU (host ms) and how long the copy takes on the device. Verification level: **not
-# contract-testable** (it measures the driver; see `NOT_TESTABLE` in `tests/gpu_contract/test_l10_streams.py`).
+# the call keeps the CPU (host ms) and how long the copy takes on the device. Verification level: **unverified**
+# (not contract-testable: it measures the driver; see `NOT_TESTABLE` in `tests/gpu_contract/test_l10_streams.py`).
 
 # %%
 if cu.gpu_section("10.pageable-copy"):
@@ -409,7 +409,8 @@ else:
 # **Compute next to compute.** Streams also let independent kernels run side by side, but only when each one
 # leaves most of the GPU idle: a small kernel uses a few of the GPU's multiprocessors. Below, the same list of
 # small matrix products runs on one stream, then split over two; and the same with large products, which
-# fill the GPU alone. Verification level: **not contract-testable** (it measures the hardware scheduler).
+# fill the GPU alone. Verification level: **unverified** (not contract-testable: it measures the hardware
+# scheduler).
 
 # %%
 if cu.gpu_section("10.concurrent-kernels"):
