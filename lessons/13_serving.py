@@ -30,6 +30,8 @@
 # (measured below).
 
 # %%
+import atexit
+import shutil
 import sys
 import tempfile
 import time
@@ -50,6 +52,7 @@ device = cu.lesson.start("13", "Serving with dynamic batching")
 # %%
 # ruff: noqa: E402 - the server files written below (%%writefile) start with their own imports
 WORK = Path(tempfile.mkdtemp(prefix="lesson13_"))  # server files go here, not into the course's folders
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)  # removed when the kernel (or script) exits
 SENTENCES = cu.data.verified_path("sentences.txt").read_text().splitlines()
 MAX_BATCH = cu.pick(full=16, smoke=8)  # the largest batch the server may form
 P99_TARGET_MS = cu.pick(full=1500.0, smoke=3000.0)  # the service's latency objective: an input, not a result
