@@ -151,8 +151,10 @@ def try_step(name: str, run, precision: str, builds_on: str) -> dict:
         acc = accuracy_fn(run)
         m = m_base = None
         if cmp.within:  # baseline and step timed back to back: a busy machine slows both alike
-            m_base = cu.measure(lambda: model(example), device=device, batch_size=batch, label="baseline")
             m = cu.measure(lambda: run(example), device=device, batch_size=batch, label=name)
+            m_base = (
+                cu.measure(lambda: model(example), device=device, batch_size=batch, label="baseline") if stack else m
+            )
     speedup = m_base.median_ms / m.median_ms if m else None
     best = max((r for r in stack if r["kept"]), key=lambda r: r["speedup"], default=None)
     ok = cmp.within and base_acc - acc <= budget
