@@ -41,8 +41,8 @@ from pathlib import Path
 from typing import Any
 
 from .errors import CourseError
+from .paths import REPO_ROOT
 
-REPO_ROOT = Path(__file__).resolve().parent.parent
 _LIVE: dict[int, Server] = {}
 
 
