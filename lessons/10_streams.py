@@ -212,8 +212,11 @@ for threads, tl in timelines.items():
     print(f"threads={threads}: both stages were busy at the same time for {both:.2f} s of the run")
 for _, r in res.iterrows():
     verdict = "faster" if r["gain"] > 1.02 else ("slower" if r["gain"] < 0.98 else "no faster")
+    beyond = r["gain"] > r["best gain"] * 1.05
     print(f"threads={int(r['torch threads'])}: overlapped was {verdict} than sequential ({r['gain']:.2f}x; the stage "
-          f"times allow at most {r['best gain']:.2f}x).")  # fmt: skip
+          f"times allow at most {r['best gain']:.2f}x)"
+          + (": more than the stages timed alone allow, so they did not run at their solo speed in one of the two "
+             "runs (other programs on these cores); rerun before concluding." if beyond else "."))  # fmt: skip
 if len(res) > 1:
     r_all, r_one = res.iloc[0], res.iloc[-1]
     verdict = (
