@@ -20,6 +20,7 @@ address. ``FakeTRT.calls`` logs every API call for tests to inspect.
 from __future__ import annotations
 
 import ctypes
+import importlib.machinery
 import json
 import re
 import types
@@ -212,6 +213,9 @@ class FakeTRT(types.ModuleType):
 
     def __init__(self, spec: dict[str, Any]) -> None:
         super().__init__("tensorrt")
+        # A real module has a spec: code that asks importlib.util.find_spec("tensorrt") while the fake sits in
+        # sys.modules (torch.export does) must get an answer, not "tensorrt.__spec__ is None".
+        self.__spec__ = importlib.machinery.ModuleSpec("tensorrt", None)
         self.spec = spec
         self.__version__ = spec["version"]
         self.calls: list[tuple[str, tuple]] = []
