@@ -16,7 +16,7 @@ import importlib
 from typing import Any
 
 _MODULES = {
-    "backends", "batching", "compare", "compilation", "data", "device", "errors", "exercises", "leaderboard",
+    "backends", "batching", "compare", "compilation", "data", "device", "engines", "errors", "exercises", "leaderboard",
     "lesson", "load", "memory", "models", "modes", "optimize", "paths", "pipeline", "plots", "precision",
     "profiling", "pruning", "quant", "results", "server_guard", "server_process", "streamcheck", "sweep", "timing",
     "triton",

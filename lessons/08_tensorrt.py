@@ -60,6 +60,7 @@ from pathlib import Path  # noqa: E402
 import torch  # noqa: E402
 
 from course_utils import backends as be  # noqa: E402
+from course_utils import engines as eng  # noqa: E402
 
 # %% [markdown]
 # ## Step 1: ONNX files, where precision is decided
@@ -114,7 +115,7 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):  # a str: the binding does not take a Path
         errors = [parser.get_error(i).desc() for i in range(parser.num_errors)]
-        raise be.EngineBuildError(f"TensorRT could not parse {onnx_path}: {errors}")
+        raise eng.EngineBuildError(f"TensorRT could not parse {onnx_path}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     if tf32:
@@ -134,7 +135,7 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
     config.add_optimization_profile(opt_profile)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise be.EngineBuildError(f"TensorRT could not build {onnx_path}: see the log above (workspace? profile?)")
+        raise eng.EngineBuildError(f"TensorRT could not build {onnx_path}: see the log above (workspace? profile?)")
     if timing_cache is not None:
         timing_cache.write_bytes(bytes(config.get_timing_cache().serialize()))
     return bytes(plan)
@@ -154,12 +155,12 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
 # %% tags=["contract"]
 def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precision, **settings):
     """A cached engine if its metadata match this machine and these settings, else a freshly built one."""
-    meta = be.engine_metadata(**platform, precision=precision, profile=profile,
-                              onnx_sha256=be.file_sha256(onnx_path), build=be.build_settings(**settings))  # fmt: skip
-    key = be.engine_cache_key(**meta)
+    meta = eng.engine_metadata(**platform, precision=precision, profile=profile,
+                              onnx_sha256=be.file_sha256(onnx_path), build=eng.build_settings(**settings))  # fmt: skip
+    key = eng.engine_cache_key(**meta)
     path = Path(cache_dir) / f"{Path(onnx_path).stem}-{precision}-{key}.engine"
     meta_path = path.with_suffix(".json")
-    stale = be.engine_staleness(be.read_metadata(meta_path), meta) if path.exists() else ["no cached engine"]
+    stale = eng.engine_staleness(eng.read_metadata(meta_path), meta) if path.exists() else ["no cached engine"]
     if not stale:
         engine = runtime.deserialize_cuda_engine(path.read_bytes())
         if engine is not None:
@@ -230,7 +231,7 @@ def engine_layers(trt, engine):
 
 
 # %% [markdown]
-# `course_utils.backends.TrtRunner` is this runner again, for lesson 14's `optimize()`; it also splits a
+# `course_utils.engines.TrtRunner` is this runner again, for lesson 14's `optimize()`; it also splits a
 # batch larger than the profile's maximum into chunks.
 #
 # ## Step 5: the plan and its cache keys (every machine)
@@ -239,8 +240,8 @@ def engine_layers(trt, engine):
 
 # %%
 opt_b, max_b = cu.pick(full=(8, 64), smoke=(4, 8))
-profile = be.Profile.for_batch("input", (3, size, size), 1, opt_b, max_b)
-digits_profile = be.Profile.for_batch("input", (1, 8, 8), 1, 64, 512)
+profile = eng.Profile.for_batch("input", (3, size, size), 1, opt_b, max_b)
+digits_profile = eng.Profile.for_batch("input", (1, 8, 8), 1, 64, 512)
 if torch.cuda.is_available() and trt is not None:
     platform = {"gpu_name": torch.cuda.get_device_name(0), "compute_capability": torch.cuda.get_device_capability(0),
                 "trt_version": trt.__version__}  # fmt: skip
@@ -253,17 +254,17 @@ builds = {  # name: (ONNX file, precision, build settings)
     "fp16 level 1": (onnx_files["resnet18 fp16"], "fp16", {"opt_level": 1}),
     "fp16 ampere+": (onnx_files["resnet18 fp16"], "fp16", {"hardware_compat": "AMPERE_PLUS"}),
 }
-plan = be.build_plan({k: v[0] for k, v in builds.items()}, profile, platform, {k: v[2] for k, v in builds.items()})
+plan = eng.build_plan({k: v[0] for k, v in builds.items()}, profile, platform, {k: v[2] for k, v in builds.items()})
 display(plan)
 
 # %%
-here = be.engine_metadata(**platform, precision="fp16", profile=profile,
+here = eng.engine_metadata(**platform, precision="fp16", profile=profile,
                           onnx_sha256=be.file_sha256(onnx_files["resnet18 fp16"]))  # fmt: skip
 foreign = {**here, "gpu_name": "NVIDIA L4", "compute_capability": "8.9", "trt_version": "10.13.0",
-           "build": be.build_settings(opt_level=5)}  # fmt: skip
-for reason in be.engine_staleness(foreign, here):
+           "build": eng.build_settings(opt_level=5)}  # fmt: skip
+for reason in eng.engine_staleness(foreign, here):
     print("rebuild:", reason)
-print("same machine, file and settings:", be.engine_staleness(here, here) or "no reason: the cached engine is used")
+print("same machine, file and settings:", eng.engine_staleness(here, here) or "no reason: the cached engine is used")
 
 # %% [markdown]
 # **An engine built elsewhere.** The course's answer is the key above: rebuild when anything differs.
@@ -390,9 +391,9 @@ if cu.gpu_section("08.profile-error", needs=("tensorrt",)) and "fp16" in engines
 
 # %%
 calib_n = cu.pick(full=512, smoke=64)
-calib = be.write_calibration(digits.x_train, work / f"digits_calib_{calib_n}.npy", calib_n)
+calib = eng.write_calibration(digits.x_train, work / f"digits_calib_{calib_n}.npy", calib_n)
 onnx_int8 = work / f"digits_cnn.int8-calib{calib_n}.onnx"
-int8_cmd = be.modelopt_int8_command(onnx_files["digits fp32"], calib, onnx_int8)
+int8_cmd = eng.modelopt_int8_command(onnx_files["digits fp32"], calib, onnx_int8)
 print(f"calibration: {calib_n} real training digits -> {calib.name}")
 print(" ".join(Path(a).name if a.startswith("/") else a for a in int8_cmd))
 
@@ -429,7 +430,7 @@ if cu.gpu_section("08.resnet50", needs=("tensorrt",)):
     r50, r50_note = cu.models.resnet("resnet50")
     big = cu.pick(full=256, smoke=8)
     r50_onnx = be.export_onnx(r50.half(), torch.randn(2, 3, 224, 224).half(), work / "resnet50.fp16.onnx")
-    r50_profile = be.Profile.for_batch("input", (3, 224, 224), 1, big, big)
+    r50_profile = eng.Profile.for_batch("input", (3, 224, 224), 1, big, big)
     runtime = runtime or trt.Runtime(trt.Logger(trt.Logger.WARNING))
     r50_engine, r50_info = load_or_build(trt, runtime, r50_onnx, r50_profile, work / "engines", platform, "fp16",
                                          workspace_bytes=4 << 30)  # fmt: skip

@@ -10,6 +10,7 @@ import torch
 from torch import nn
 
 from course_utils import backends as B
+from course_utils import engines as E
 from course_utils.errors import CourseError, MissingBackendError
 
 
@@ -94,82 +95,82 @@ def test_quantize_dynamic(tiny_onnx, tmp_path):
 
 BASE = dict(
     gpu_name="NVIDIA H200", compute_capability=(9, 0), trt_version="11.1.0", precision="fp16",
-    profile=B.Profile.for_batch("input", (3, 224, 224), 1, 8, 32), onnx_sha256="ab" * 32,
+    profile=E.Profile.for_batch("input", (3, 224, 224), 1, 8, 32), onnx_sha256="ab" * 32,
 )  # fmt: skip
 
 
 def test_cache_key_is_stable_and_sensitive_to_every_field():
-    key = B.engine_cache_key(**BASE)
-    assert key == B.engine_cache_key(**dict(BASE))
+    key = E.engine_cache_key(**BASE)
+    assert key == E.engine_cache_key(**dict(BASE))
     changes = {
         "gpu_name": "NVIDIA L4", "compute_capability": (8, 9), "trt_version": "10.13.0", "precision": "int8",
-        "profile": B.Profile.for_batch("input", (3, 224, 224), 1, 16, 32), "onnx_sha256": "cd" * 32,
+        "profile": E.Profile.for_batch("input", (3, 224, 224), 1, 16, 32), "onnx_sha256": "cd" * 32,
         "build": {"tf32": False},
     }  # fmt: skip
     for field, value in changes.items():
-        assert B.engine_cache_key(**{**BASE, field: value}) != key, field
-    assert B.engine_cache_key(**{**BASE, "compute_capability": "9.0"}) == key
+        assert E.engine_cache_key(**{**BASE, field: value}) != key, field
+    assert E.engine_cache_key(**{**BASE, "compute_capability": "9.0"}) == key
     # every engine-defining build setting changes the key; TensorRT's defaults are the key without settings
     for setting, value in {"workspace_bytes": 2 << 30, "tf32": False, "opt_level": 5,
                            "hardware_compat": "AMPERE_PLUS", "version_compatible": True}.items():  # fmt: skip
-        assert B.engine_cache_key(**{**BASE, "build": {setting: value}}) != key, setting
-    assert B.engine_cache_key(**{**BASE, "build": dict(B.BUILD_DEFAULTS)}) == key
+        assert E.engine_cache_key(**{**BASE, "build": {setting: value}}) != key, setting
+    assert E.engine_cache_key(**{**BASE, "build": dict(E.BUILD_DEFAULTS)}) == key
     # a timing cache makes builds faster, not another engine: not part of the key
-    assert B.engine_cache_key(**{**BASE, "build": {"timing_cache": "/tmp/t.cache"}}) == key
+    assert E.engine_cache_key(**{**BASE, "build": {"timing_cache": "/tmp/t.cache"}}) == key
 
 
 def test_build_settings_store_enum_names():
     class Level:  # stands in for a pybind11 enum member: it has .name
         name = "AMPERE_PLUS"
 
-    assert B.build_settings(hardware_compat=Level())["hardware_compat"] == "AMPERE_PLUS"
-    assert B.build_settings(hardware_compat=None)["hardware_compat"] == "NONE"
+    assert E.build_settings(hardware_compat=Level())["hardware_compat"] == "AMPERE_PLUS"
+    assert E.build_settings(hardware_compat=None)["hardware_compat"] == "NONE"
 
 
 def test_staleness_reasons():
-    meta = B.engine_metadata(**BASE)
-    assert B.engine_staleness(meta, meta) == []
-    assert "no metadata" in B.engine_staleness(None, meta)[0]
-    foreign = B.engine_metadata(**{**BASE, "trt_version": "10.13.0", "gpu_name": "NVIDIA L4"})
-    reasons = B.engine_staleness(foreign, meta)
+    meta = E.engine_metadata(**BASE)
+    assert E.engine_staleness(meta, meta) == []
+    assert "no metadata" in E.engine_staleness(None, meta)[0]
+    foreign = E.engine_metadata(**{**BASE, "trt_version": "10.13.0", "gpu_name": "NVIDIA L4"})
+    reasons = E.engine_staleness(foreign, meta)
     assert len(reasons) == 2 and any("trt_version" in r and "10.13.0" in r for r in reasons)
     # JSON round trip (as stored beside the engine) keeps it usable
-    assert B.engine_staleness(json.loads(json.dumps(meta)), meta) == []
+    assert E.engine_staleness(json.loads(json.dumps(meta)), meta) == []
 
 
 def test_engine_paths_and_metadata_file(tmp_path):
-    key = B.engine_cache_key(**BASE)
-    eng, meta = B.engine_paths(tmp_path, "model.onnx", "fp16", key)
+    key = E.engine_cache_key(**BASE)
+    eng, meta = E.engine_paths(tmp_path, "model.onnx", "fp16", key)
     assert eng.name == f"model-fp16-{key}.engine" and meta.suffix == ".json"
-    assert B.read_metadata(meta) is None
+    assert E.read_metadata(meta) is None
     meta.write_text("{broken")
-    assert B.read_metadata(meta) is None
+    assert E.read_metadata(meta) is None
 
 
 def test_profile_validation():
     with pytest.raises(ValueError, match="min <= opt <= max"):
-        B.Profile.for_batch("input", (3,), 8, 4, 16)
+        E.Profile.for_batch("input", (3,), 8, 4, 16)
     with pytest.raises(ValueError, match="precision"):
-        B.engine_metadata(**{**BASE, "precision": "fp64"})
+        E.engine_metadata(**{**BASE, "precision": "fp64"})
 
 
 def test_missing_tensorrt_names_the_fix():
     if importlib.util.find_spec("tensorrt") is not None:
         pytest.skip("tensorrt is installed here")
     with pytest.raises(MissingBackendError, match="make setup"):
-        B.require_tensorrt()
+        E.require_tensorrt()
     with pytest.raises(MissingBackendError):
-        B.build_engine("x.onnx", profile=B.Profile.for_batch("input", (3,), 1, 1, 1))
+        E.build_engine("x.onnx", profile=E.Profile.for_batch("input", (3,), 1, 1, 1))
 
 
 def test_calibration_and_modelopt_command(tmp_path):
     import numpy as np
 
-    p = B.write_calibration(torch.randn(10, 3), tmp_path / "calib.npy", 4)
+    p = E.write_calibration(torch.randn(10, 3), tmp_path / "calib.npy", 4)
     assert np.load(p).shape == (4, 3)
     with pytest.raises(ValueError):
-        B.write_calibration(torch.randn(10, 3), tmp_path / "c.npy", 11)
-    cmd = B.modelopt_int8_command("m.onnx", p, "m.int8.onnx")
+        E.write_calibration(torch.randn(10, 3), tmp_path / "c.npy", 11)
+    cmd = E.modelopt_int8_command("m.onnx", p, "m.int8.onnx")
     assert cmd[1:3] == ["-m", "modelopt.onnx.quantization"] and "int8" in cmd
     # every flag spelled out (no argparse abbreviation), the silent defaults stated
     assert "--calibration_data_path" in cmd and "--calibration_data" not in cmd
@@ -179,9 +180,9 @@ def test_calibration_and_modelopt_command(tmp_path):
 
 
 def test_build_plan(tiny_onnx):
-    prof = B.Profile.for_batch("input", (8,), 1, 4, 16)
+    prof = E.Profile.for_batch("input", (8,), 1, 4, 16)
     plat = {"gpu_name": "NVIDIA H200", "compute_capability": (9, 0), "trt_version": "11.1.0"}
-    df = B.build_plan({"fp32": tiny_onnx[1], "tf32": tiny_onnx[1], "int8": None}, prof, plat,
+    df = E.build_plan({"fp32": tiny_onnx[1], "tf32": tiny_onnx[1], "int8": None}, prof, plat,
                       {"fp32": {"tf32": False}})  # fmt: skip
     assert list(df["engine"]) == ["fp32", "tf32", "int8"] and len(df.loc[0, "cache key"]) == 20
     assert list(df["TF32"]) == [False, True, True]

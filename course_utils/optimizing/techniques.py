@@ -136,17 +136,17 @@ def tensorrt(model: nn.Module, example: torch.Tensor, dev: torch.device, max_bat
     if not gpu_section("14.optimize-tensorrt", needs=("tensorrt", "onnx", "onnxscript")):
         raise Skip("GPU-only: needs a CUDA GPU and the tensorrt package (see the printed reason)")
     trt = import_or_skip("tensorrt", "install the GPU extras on a CUDA machine: make setup")
-    from .. import backends
+    from .. import backends, engines
 
     t0 = time.perf_counter()
     b = int(example.shape[0])
     top = max(max_batch, b)
-    profile = backends.Profile.for_batch("input", tuple(example.shape[1:]), 1, b, top)
+    profile = engines.Profile.for_batch("input", tuple(example.shape[1:]), 1, b, top)
     with tempfile.TemporaryDirectory(prefix="optimize_trt_") as tmp:
         half = copy.deepcopy(model).half().to(dev)
         onnx_path = backends.export_onnx(half, example.half(), Path(tmp) / "m_fp16.onnx")
-        blob = backends.build_engine(onnx_path, profile=profile)
-    runner = backends.TrtRunner(trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(blob))
+        blob = engines.build_engine(onnx_path, profile=profile)
+    runner = engines.TrtRunner(trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(blob))
 
     def run(x: torch.Tensor) -> torch.Tensor:
         x = x.to(dev, runner.input_dtype)

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import backends as be
+from course_utils import engines as eng
 
 from . import trt_api
 
 COVERS = {
-    "08.int8": "the ModelOpt INT8 command (backends.modelopt_int8_command, as lesson 08 builds it) parsed by "
+    "08.int8": "the ModelOpt INT8 command (engines.modelopt_int8_command, as lesson 08 builds it) parsed by "
     "ModelOpt's own parser with abbreviations off: every flag known, calibration_data_path, calibration_eps "
     "(cuda:0 first) and high_precision_dtype stated; the engine build/run is test_l08_tensorrt.py's",
 }
@@ -74,7 +74,7 @@ def modelopt_parser():
 
 
 def test_course_command_parses_with_every_flag_spelled_out(modelopt_parser, tmp_path):
-    cmd = be.modelopt_int8_command(tmp_path / "m.onnx", tmp_path / "calib.npy", tmp_path / "m.int8.onnx")
+    cmd = eng.modelopt_int8_command(tmp_path / "m.onnx", tmp_path / "calib.npy", tmp_path / "m.int8.onnx")
     assert cmd[1:3] == ["-m", "modelopt.onnx.quantization"]
     args, unknown = modelopt_parser().parse_known_args(cmd[3:])
     assert unknown == [], f"flags ModelOpt does not know (abbreviations off): {unknown}"

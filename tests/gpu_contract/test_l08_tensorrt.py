@@ -16,6 +16,7 @@ import pytest
 import torch
 
 from course_utils import backends as be
+from course_utils import engines as eng
 from course_utils.compare import compare_outputs
 
 from . import lesson_code, trt_api
@@ -29,7 +30,7 @@ COVERS = {
     "non-default stream handle; outputs checked against the PyTorch model (fp32 tolerance)",
     "08.profile-error": "a batch above the profile's max: set_input_shape returns False, BadInputError names the fix",
     "08.resnet50": "the same build/cache/runner functions with a larger workspace and batch profile",
-    "14.optimize-tensorrt": "optimize()'s engine step (backends.build_engine, Runtime, backends.TrtRunner) incl. "
+    "14.optimize-tensorrt": "optimize()'s engine step (engines.build_engine, Runtime, engines.TrtRunner) incl. "
     "batches above the profile's max (chunked)",
 }
 NOT_TESTABLE = {
@@ -92,7 +93,7 @@ def digits(tmp_path_factory):
 
 def scenario(ns, trt, model, onnx_path, tmp) -> None:
     """What the lesson does on a GPU, on the fake: build, cache, inspect, run, check parity, leave the profile."""
-    profile = be.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
+    profile = eng.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
     plan = ns["build_engine"](trt, onnx_path, profile, tf32=False, opt_level=1, timing_cache=tmp / "timing.cache")
     assert isinstance(plan, bytes) and plan and (tmp / "timing.cache").exists()
     assert [a[0] for a in trt.called("IBuilderConfig.clear_flag")] == [trt.BuilderFlag.TF32], "true FP32: TF32 off"
@@ -158,7 +159,7 @@ def test_fake_refuses_what_tensorrt_11_removed(fake):
 
 
 def test_optimize_engine_step_runs_against_the_fake(fake, monkeypatch):
-    """Lesson 14's ``optimize()`` TensorRT step: export, backends.build_engine, Runtime, backends.TrtRunner.
+    """Lesson 14's ``optimize()`` TensorRT step: export, engines.build_engine, Runtime, engines.TrtRunner.
 
     Its accuracy probe calls the variant on more rows than the profile's maximum batch: the runner must cover
     every batch it is asked to run (issue 13).
@@ -185,9 +186,9 @@ def test_optimize_engine_step_runs_against_the_fake(fake, monkeypatch):
 def test_backends_runner_refuses_below_profile_min(fake, digits, monkeypatch):
     model, onnx_path = digits
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
-    profile = be.Profile.for_batch("input", (1, 8, 8), 2, 4, 8)
-    engine = fake.Runtime(fake.Logger()).deserialize_cuda_engine(be.build_engine(onnx_path, profile=profile))
-    runner = be.TrtRunner(engine, stream=CpuStream())
+    profile = eng.Profile.for_batch("input", (1, 8, 8), 2, 4, 8)
+    engine = fake.Runtime(fake.Logger()).deserialize_cuda_engine(eng.build_engine(onnx_path, profile=profile))
+    runner = eng.TrtRunner(engine, stream=CpuStream())
     assert (runner.min_batch, runner.max_batch) == (2, 8)
     with pytest.raises(be.BadInputError, match="batch 2 to 8"):
         runner(torch.rand(1, 1, 8, 8))
@@ -235,7 +236,7 @@ BACKEND_PLANTS = [
 
 
 def backends_engine_step(b, trt, model, onnx_path) -> None:
-    """optimize()'s engine step on module ``b`` (course_utils.backends or a planted copy)."""
+    """optimize()'s engine step on module ``b`` (course_utils.engines or a planted copy)."""
     profile = b.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
         b.build_engine(onnx_path, profile=profile)
@@ -249,18 +250,18 @@ def backends_engine_step(b, trt, model, onnx_path) -> None:
 
 @pytest.mark.parametrize("label, shipped, planted", BACKEND_PLANTS, ids=[p[0] for p in BACKEND_PLANTS])
 def test_planted_api_breaks_fail_in_backends(label, shipped, planted, fake, digits, monkeypatch):
-    """The same mistakes planted into course_utils/backends.py (lesson 14's engine step) fail too."""
+    """The same mistakes planted into course_utils/engines.py (lesson 14's engine step) fail too."""
     import types
 
     model, onnx_path = digits
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
-    backends_engine_step(be, fake, model, onnx_path)  # the shipped code passes
-    source = __import__("inspect").getsource(be)
-    assert source.count(shipped) == 1, f"backends.py changed: '{shipped}' should occur once"
+    backends_engine_step(eng, fake, model, onnx_path)  # the shipped code passes
+    source = __import__("inspect").getsource(eng)
+    assert source.count(shipped) == 1, f"engines.py changed: '{shipped}' should occur once"
     planted_mod = types.ModuleType("course_utils._planted_backends")
     planted_mod.__package__ = "course_utils"
     monkeypatch.setitem(sys.modules, planted_mod.__name__, planted_mod)  # dataclasses look their module up
-    exec(compile(source.replace(shipped, planted), "backends.py (planted)", "exec"), planted_mod.__dict__)  # noqa: S102
+    exec(compile(source.replace(shipped, planted), "engines.py (planted)", "exec"), planted_mod.__dict__)  # noqa: S102
     with pytest.raises((AttributeError, TypeError, AssertionError, be.CourseError)) as err:
         backends_engine_step(planted_mod, fake, model, onnx_path)
     print(f"planted in backends {label}: {type(err.value).__name__}: {str(err.value).splitlines()[0][:160]}")
