@@ -241,8 +241,9 @@ def show_reference(lesson: str, technique_contains: str = "", *, folder: Path | 
         df = df[df["technique"].str.contains(technique_contains, case=False, na=False, regex=False)]
     if df.empty:
         print(
-            f"No GPU reference results are shipped for lesson {lesson} yet: this GPU path has not been "
-            "measured by the course on a real GPU (unverified). Run it on a CUDA machine to see its numbers."
+            f"No GPU reference results are shipped for lesson {lesson} yet: this GPU path has not been executed "
+            "on a GPU by the course (see its verification level in README). Run it on a CUDA machine to see its "
+            "numbers."
         )
         return None
     cols = [c for c in ["technique", "model", "dtype", "batch_size", "median_ms", "throughput", "speedup_vs_baseline",

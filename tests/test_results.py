@@ -51,7 +51,7 @@ def test_reference_results_and_show_reference(capsys):
     shown = results.show_reference("01")
     out = capsys.readouterr().out
     if df.empty:
-        assert shown is None and "unverified" in out
+        assert shown is None and "not been executed on a GPU" in out
     else:
         assert "Reference results measured on" in out
 
@@ -178,10 +178,10 @@ def test_show_reference_displays_its_table_in_a_notebook(tmp_path):
     assert len(html) == 1 and "H2D copy pinned" in html[0] and "<table" in html[0], outputs
 
 
-def test_show_reference_without_rows_says_unverified(tmp_path, capsys):
+def test_show_reference_without_rows_says_not_executed(tmp_path, capsys):
     ref = _sample_reference(tmp_path / "ref")
     assert results.show_reference("07", folder=ref) is None
-    assert "unverified" in capsys.readouterr().out
+    assert "not been executed on a GPU" in capsys.readouterr().out
     shown = results.show_reference("1", folder=ref)
     assert list(shown["technique"]) == ["H2D copy pinned"]
 
