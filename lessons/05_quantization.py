@@ -216,7 +216,7 @@ if COMPILE:
     cu.check_outputs(Q.embed(st_fp32c, batch32), Q.embed(st, batch32), "fp32", label="compiled FP32 vs eager FP32")
     acc_ao = judge("torchao INT8 dynamic (compiled)", st_ao)
 else:
-    print("Smoke mode: no compilation; torchao INT8 is timed eagerly below (run full mode for the compiled pair).")
+    print("Smoke mode: no compilation, so torchao INT8 is not timed (full mode times it compiled).")
 
 # %% [markdown]
 # Speed at batch 32 (batch 8 in smoke mode): eager FP32 and `quantize_dynamic`, then compiled FP32 and compiled
@@ -408,8 +408,13 @@ if not cu.is_smoke():
     int8_ops = sorted(set(re.findall(r"torch\.ops\.onednn\.q\w+", "\n".join(code))))
     print(f"compile + first call: FP32 {t1 - t0:.0f} s, INT8 {t2 - t1:.0f} s")
     print("INT8 kernels in the generated code:", int8_ops or "none (the INT8 graph runs as dequantize + FP32)")
-    cmp = cu.check_outputs(out, ref_out, "int8", label="ResNet-18 static INT8 (compiled) vs FP32 (compiled)")
+    # Random weights give near-tied logits, so top-1 agreement says little here: the criterion is the cosine.
+    cmp = cu.compare_outputs(out, ref_out, "int8")
     res_cos = cmp.cosine
+    print(f"ResNet-18 static INT8 (compiled) vs FP32 (compiled): output cosine {res_cos:.4f} (criterion >= 0.99), "
+          f"max rel {cmp.max_rel:.3g}, top-1 agreement {cmp.top1:.0%} (random weights: near-tied logits)")  # fmt: skip
+    if res_cos < 0.99:
+        raise cu.errors.ToleranceError(f"static INT8 ResNet-18 output cosine {res_cos:.4f} < 0.99: not timed")
     reps = {"min_repeats": 8, "min_time_s": 1.0, "warmup": 2}
     m_f = time_model(res_fp32_c, x_res, "ResNet-18 fp32 compiled+frozen", **reps)
     m_q = time_model(res_int8_c, x_res, "ResNet-18 int8 compiled+frozen", **reps)
@@ -477,7 +482,8 @@ if not cu.is_smoke():
     with torch.inference_mode():
         compiled = {k: torch.compile(v) for k, v in cnn_models.items()}
         for k, f in compiled.items():
-            cu.check_outputs(f(xb), cnn(xb), "fp32" if k == "fp32" else "int8", label=f"compiled {k} vs eager FP32")
+            prec = "fp32" if k == "fp32" else "int8"  # each compiled model against its own eager run
+            cu.check_outputs(f(xb), cnn_models[k](xb), prec, label=f"compiled {k} vs eager {k}")
     ms = {k: time_model(f, xb, f"digits CNN {k} compiled+frozen") for k, f in compiled.items()}
     cnn_speed = {k: ms["fp32"].median_ms / m.median_ms for k, m in ms.items()}
     for k, m in ms.items():

@@ -173,8 +173,12 @@ dead = int((w3.flatten(1).abs().sum(1) == 0).sum())
 print(f"features[3].weight shape {tuple(w3.shape)}: {dead} of {w3.shape[0]} output channels are all zero")
 m_zeroed = time_model(zeroed, x_bench, "ln_structured 50%")
 acc_zeroed = cu.models.accuracy(zeroed, digits.x_test, digits.y_test)
-print(f"half the channels zeroed: {m_base.median_ms / m_zeroed.median_ms:.2f}x the dense speed "
-      f"(spread {m_zeroed.spread:.0%}), accuracy {acc_zeroed:.2%}: same shapes, same work.")  # fmt: skip
+s_zeroed = m_base.median_ms / m_zeroed.median_ms
+spread_z = max(m_base.spread, m_zeroed.spread)
+print(f"half the channels zeroed: {s_zeroed:.2f}x the dense speed (spread up to {spread_z:.0%}), accuracy "
+      f"{acc_zeroed:.2%} without fine-tuning. "
+      + ("No speed-up beyond the spread: same shapes, same work." if abs(s_zeroed - 1) <= max(0.1, spread_z) else
+         "A difference beyond the spread, with the same shapes and work: the machine was busy; rerun it."))  # fmt: skip
 
 # %% [markdown]
 # ## 3. The channel rebuild: remove the channels for real
@@ -245,7 +249,7 @@ else:
     best = None
     print(f"No structured variant stayed within {THRESHOLD} point(s) after {ft_epochs} fine-tune epoch(s) here.")
 cu.plots.speedup_bars({f"structured {r['channels kept']:.0%}": r.speedup for _, r in structured.iterrows()}
-                      | {"ln_structured 50% (zeroed)": m_base.median_ms / m_zeroed.median_ms}
+                      | {"ln_structured 50% (zeroed)": s_zeroed}
                       | {f"unstructured {r.sparsity:.0%}": r.speedup for _, r in sp.iterrows()},
                       title=f"Speed-up vs the dense baseline, batch {BATCH}")  # fmt: skip
 
@@ -394,7 +398,7 @@ display(pareto_df.round(3))
 # %%
 print(f"Unstructured pruning up to {sp.sparsity.max():.0%} zeros: {sp.speedup.min():.2f}x-{sp.speedup.max():.2f}x "
       f"of the dense model (spread {noise:.0%}); ln_structured with half the channels zeroed: "
-      f"{m_base.median_ms / m_zeroed.median_ms:.2f}x. Zeros in a dense tensor are still multiplied.")  # fmt: skip
+      f"{s_zeroed:.2f}x. The zeros in a dense tensor are still multiplied.")  # fmt: skip
 s_small = structured.sort_values("channels kept").iloc[0]
 param_cut = P.count_params(teacher) / s_small.params
 print(f"Keeping {s_small['channels kept']:.0%} of the channels cuts parameters {param_cut:.1f}x; speed changed "
@@ -445,8 +449,7 @@ for r in unstructured.itertuples():
     cu.record("12", f"unstructured {r.sparsity:.0%}", model="digits CNN", dtype="fp32", measurement=r.m,
               speedup_vs_baseline=r.speedup, error_vs_baseline=base_acc - r.accuracy)  # fmt: skip
 cu.record("12", "ln_structured 50% (zeroed)", model="digits CNN", dtype="fp32", measurement=m_zeroed,
-          speedup_vs_baseline=m_base.median_ms / m_zeroed.median_ms,
-          error_vs_baseline=base_acc - acc_zeroed)  # fmt: skip
+          speedup_vs_baseline=s_zeroed, error_vs_baseline=base_acc - acc_zeroed)  # fmt: skip
 for _, r in structured.iterrows():
     cu.record("12", f"structured keep {r['channels kept']:.0%}", model="digits CNN", dtype="fp32", measurement=r.m,
               speedup_vs_baseline=r.speedup, error_vs_baseline=base_acc - r["accuracy after fine-tune"])  # fmt: skip
