@@ -72,7 +72,8 @@ def resolve(requirements: list[str], python: str, tmp: Path) -> subprocess.Compl
         placeholder_wheel(links, name, version, requires)
     cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
            "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
-           "--target", str(tmp / "target"), "--find-links", str(links), "--report", str(tmp / f"report-{python}.json")]  # fmt: skip
+           "--target", str(tmp / "target"), "--find-links", str(links),
+           "--report", str(tmp / f"report-{python}.json")]  # fmt: skip
     for p in PLATFORMS:
         cmd += ["--platform", p]
     return subprocess.run(cmd + requirements, capture_output=True, text=True, timeout=600)
