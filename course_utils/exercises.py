@@ -62,6 +62,18 @@ def get(key: str) -> Exercise:
     return reg[key]
 
 
+def verdict(key: str, answer: Callable[..., Any], **kwargs: Any) -> str:
+    """Exercise ``key``'s checker on ``answer``: "accepted", or the checker's reason for rejecting it.
+
+    The tests use it to show that each checker rejects wrong submissions, and why.
+    """
+    try:
+        get(key).checker(answer, **kwargs)
+    except AssertionError as exc:
+        return str(exc)
+    return "accepted"
+
+
 def check(key: str, answer: Callable[..., Any]) -> None:
     """Run exercise ``key``'s self-check on the learner's function and print the verdict.
 

@@ -32,3 +32,10 @@ def test_check_prints_verdicts(capsys):
     assert "def matmul_intensity" in capsys.readouterr().out
     with pytest.raises(KeyError, match="known"):
         exercises.get("nope")
+
+
+def test_verdict_names_the_reason_or_accepts():
+    solution = exercises.get("01.intensity").solution
+    assert exercises.verdict("01.intensity", solution) == "accepted"
+    reason = exercises.verdict("01.intensity", lambda n, b: 0.0)
+    assert reason != "accepted" and reason

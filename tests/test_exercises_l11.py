@@ -10,11 +10,7 @@ KEY = "11.graph-runner"
 
 
 def verdict(fn) -> str:
-    try:
-        exercises.get(KEY).checker(fn)
-    except AssertionError as exc:
-        return str(exc)
-    return "accepted"
+    return exercises.verdict(KEY, fn)
 
 
 def runner(*, static=True, check_shape=True, stale=False, alias=False):
