@@ -168,16 +168,16 @@ print(
 
 # %% [markdown]
 # ### What not to do: `torch.cuda.amp.autocast`
-# Older tutorials (this course's sources among them) write `with torch.cuda.amp.autocast():`. It is
-# **deprecated**: PyTorch warns and forwards to `torch.autocast("cuda", ...)`, and it only ever covered
-# CUDA. Write `torch.autocast(device_type, dtype=...)`, which works on every device.
-
-# %%
-with warnings.catch_warnings(record=True) as caught:
-    warnings.simplefilter("always")
-    torch.cuda.amp.autocast()  # constructed only, to show the warning
-for w in caught:
-    print(f"{w.category.__name__}: {w.message}")
+# Older tutorials (this course's sources among them) write
+#
+# ```python
+# with torch.cuda.amp.autocast():   # deprecated: do not copy
+#     out = model(x)
+# ```
+#
+# It is **deprecated**: PyTorch emits a FutureWarning and forwards to `torch.autocast("cuda", ...)`, and it
+# only ever covered CUDA. Write `torch.autocast(device_type, dtype=...)`, which works on every device, as
+# every cell of this lesson does. (It is shown here as text only, so no cell runs a deprecated API.)
 
 # %% [markdown]
 # ## Every variant compared with FP32 before any timing
