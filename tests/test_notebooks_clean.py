@@ -70,3 +70,27 @@ def test_tags_survive_the_build(tmp_path):
     (tmp_path / "lessons" / "50_demo.py").write_text('# %% tags=["contract"]\ndef f():\n    return 1\n')
     (nb_path,) = nbcheck.build_notebooks(tmp_path)
     assert nbformat.read(nb_path, as_version=4).cells[0].metadata["tags"] == ["contract"]
+
+
+def test_exported_cells_become_one_module_and_drift_is_caught(tmp_path):
+    """Cells tagged export are written to course_utils/from_lessons/; an edit of either side without a rebuild fails."""
+    (tmp_path / "lessons").mkdir()
+    lesson = tmp_path / "lessons" / "98_demo.py"
+    lesson.write_text(
+        '# %% [markdown]\n# A demo lesson.\n\n# %% tags=["export"]\nimport math\n\n\ndef area(r):\n'
+        "    return math.pi * r * r\n\n# %%\nprint(area(2.0))\n"
+    )
+    nbcheck.build_notebooks(tmp_path)
+    (written,) = nbcheck.write_exports(tmp_path)
+    assert written == tmp_path / "course_utils" / "from_lessons" / "l98_demo.py"
+    namespace: dict = {}
+    exec(written.read_text(), namespace)
+    assert round(namespace["area"](1.0), 5) == 3.14159 and "print(" not in written.read_text()
+    assert nbcheck.check_all(tmp_path) == []
+    lesson.write_text(lesson.read_text().replace("r * r", "r ** 2"))
+    nbcheck.build_notebooks(tmp_path)
+    assert any("differs from the cells tagged export" in p for p in nbcheck.check_all(tmp_path))
+    nbcheck.write_exports(tmp_path)
+    assert nbcheck.check_all(tmp_path) == []
+    written.write_text(written.read_text() + "\n# a hand edit\n")
+    assert any("differs from the cells tagged export" in p for p in nbcheck.check_all(tmp_path))
