@@ -10,7 +10,10 @@ its line).
 from __future__ import annotations
 
 import hashlib
+import os
 import re
+import stat
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,13 +27,41 @@ CHECKSUMS = DATA_DIR / "SHA256SUMS"
 SEED = 0
 
 
+MAX_SHIPPED_BYTES = 1 << 30  # the largest shipped file is a few MB; nothing the course ships is over 1 GB
+
+
 def sha256(path: str | Path) -> str:
-    """Hex sha256 of a file."""
-    h = hashlib.sha256()
+    """Hex sha256 of a regular file (read up to its size, at most :data:`MAX_SHIPPED_BYTES`).
+
+    A FIFO, a device (a link to ``/dev/zero``), a folder or an oversized file raises :class:`ChecksumError`
+    naming it, instead of reading forever.
+    """
+    path = Path(path)
+    try:
+        st = os.stat(path)  # follows links: a link to /dev/zero is a character device here
+    except FileNotFoundError:
+        raise MissingFileError(f"{path} is missing: restore it with `git checkout -- {_in_repo(path)}`") from None
+    kind = "" if stat.S_ISREG(st.st_mode) else _KINDS.get(stat.S_IFMT(st.st_mode), "not a regular file")
+    if kind or st.st_size > MAX_SHIPPED_BYTES:
+        what = kind or f"{st.st_size} bytes, over the {MAX_SHIPPED_BYTES >> 20} MB a shipped file can have"
+        link = f" (a link to {os.path.realpath(path)})" if path.is_symlink() else ""
+        raise ChecksumError(
+            f"{path}{link} is not a shipped file ({what}), so its checksum cannot be read. Remove it and "
+            f"restore the real file with `git checkout -- {_in_repo(path)}`."
+        )
+    h, left = hashlib.sha256(), st.st_size
     with open(path, "rb") as fh:
-        for chunk in iter(lambda: fh.read(1 << 20), b""):
+        while left > 0:
+            chunk = fh.read(min(1 << 20, left))
+            if not chunk:
+                break
             h.update(chunk)
+            left -= len(chunk)
     return h.hexdigest()
+
+
+_KINDS = {stat.S_IFIFO: "a FIFO (named pipe)", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket", stat.S_IFDIR: "a folder"}  # fmt: skip
 
 
 def recorded_checksums(checksums: Path = CHECKSUMS) -> dict[str, str]:
@@ -116,8 +147,24 @@ def load_digits_split(test_fraction: float = 0.25) -> Digits:
 
 
 def jpeg_paths() -> list[Path]:
-    """The real JPEG photos shipped in ``data/images`` (checksums verified), sorted by name."""
-    paths = sorted((DATA_DIR / "images").glob("*.jpg"))
-    if not paths:
-        raise MissingFileError(f"no JPEGs in {DATA_DIR / 'images'}: restore them with `git checkout -- data/images`")
-    return [verified_path(f"images/{p.name}") for p in paths]
+    """The real JPEG photos shipped in ``data/images`` (checksums verified), sorted by name.
+
+    Only the photos listed in ``SHA256SUMS`` are used: any other ``.jpg`` there (a learner's own photo, the
+    ``._name.jpg`` files macOS leaves on shared drives) is ignored with a warning naming it.
+    """
+    folder = DATA_DIR / "images"
+    sums = recorded_checksums(DATA_DIR / "SHA256SUMS")
+    listed = {n.split("/", 1)[1] for n in sums if n.startswith("images/") and n.endswith(".jpg")}
+    on_disk = sorted(p.name for p in folder.glob("*.jpg"))
+    extra = [n for n in on_disk if n not in listed]
+    if extra:
+        shown = ", ".join(extra[:5]) + (f" and {len(extra) - 5} more" if len(extra) > 5 else "")
+        warnings.warn(
+            f"ignored {len(extra)} file(s) in {folder} that the course does not ship ({shown}): only the photos "
+            "listed in data/SHA256SUMS are used. Move your own photos elsewhere to silence this note.",
+            stacklevel=2,
+        )
+    names = sorted(listed)
+    if not names or not (set(names) & set(on_disk)):
+        raise MissingFileError(f"no shipped JPEGs in {folder}: restore them with `git checkout -- data/images`")
+    return [verified_path(f"images/{n}", data_dir=DATA_DIR) for n in names]

@@ -15,6 +15,7 @@ import warnings
 from collections.abc import Iterable
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from .errors import BadArgumentError
@@ -24,13 +25,32 @@ NUMERIC = NUMERIC_COLUMNS
 KEYS = ["lesson", "technique", "model", "dtype", "batch_size"]
 
 
-def _normalise(df: pd.DataFrame) -> pd.DataFrame:
+PLAUSIBLE_MAX = {"speedup_vs_baseline": 1e4}  # no technique in the course is 10,000x faster than its baseline
+PLAUSIBLE_MAX_ANY = 1e12  # any other measured value (ms, items/s, error) above this is not a measurement
+
+
+def _normalise(df: pd.DataFrame, source: str = "") -> pd.DataFrame:
     """Numeric columns as numbers (rows with non-numbers were already skipped by ``read_rows``), every course
-    column present, lesson ids as two digits."""
+    column present, lesson ids as two digits. A value that is not a measurement (``inf``,
+    ``1e308``, a negative time) is dropped from the board with a warning naming the file, row and value: one
+    bad number must not top the leaderboard."""
     df = df.copy()
     for col in NUMERIC:
         if col in df.columns:
-            df[col] = pd.to_numeric(df[col], errors="coerce")
+            raw = df[col]
+            df[col] = pd.to_numeric(raw, errors="coerce")
+            limit = PLAUSIBLE_MAX.get(col, PLAUSIBLE_MAX_ANY)
+            bad = (~np.isfinite(df[col]) & df[col].notna()) | (df[col].abs() > limit) | (df[col] < 0)
+            if bad.any():
+                shown = ", ".join(f"{df.at[i, 'technique']!s} = {raw.at[i]!s}" for i in list(df.index[bad])[:3]) + (
+                    f" and {int(bad.sum()) - 3} more" if bad.sum() > 3 else ""
+                )
+                warnings.warn(
+                    f"dropped {int(bad.sum())} {col} value(s) of {source or 'the results'} that are not measurements "
+                    f"({shown}; allowed: finite, 0 to {limit:g})",
+                    stacklevel=3,
+                )
+                df.loc[bad, col] = np.nan
     for col in COLUMNS:
         if col not in df.columns:
             df[col] = None
@@ -63,7 +83,7 @@ def pool(paths: Iterable[str | Path], *, origin: str = "attendee") -> pd.DataFra
             if not any("skipped results file" in str(w.message) for w in caught):
                 warnings.warn(f"skipped results file {f}: it has no (good) rows", stacklevel=2)
             continue
-        df = _normalise(df)
+        df = _normalise(df, str(f))
         df["origin"] = origin
         df["source"] = f.name
         frames.append(df)
@@ -120,7 +140,7 @@ def load(
 ) -> pd.DataFrame:
     """This machine's results folder (default :func:`course_utils.results.results_dir`), extra attendee
     files or folders, and the shipped references, in one frame with a ``label`` per machine."""
-    folder = Path(folder) if folder is not None else results_dir()
+    folder = Path(folder) if folder is not None else results_dir(write=False)  # reading only: read-only is fine
     own = pool([folder], origin="this folder") if folder.exists() else pool([], origin="this folder")
     parts = [own, pool(list(extra), origin="attendee")]
     for p in parts:

@@ -13,6 +13,7 @@ Both generators return a :class:`LoadResult`: counts by status, throughput of go
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import ipaddress
 import json
 import threading
@@ -122,7 +123,10 @@ def post_many(url: str, bodies: Sequence[bytes | dict | str], *, concurrency: in
 
 @dataclass
 class LoadResult:
-    """One load test: how it was driven, counts by status, wall time, latencies of good (2xx) answers in ms."""
+    """One load test: how it was driven, counts by status, wall time, latencies of good (2xx) answers in ms.
+
+    ``n_cancelled``: requests still unanswered when the time bound ran out (cancelled, neither good nor failed).
+    """
 
     mode: str
     concurrency: int
@@ -133,6 +137,7 @@ class LoadResult:
     latencies_ms: list[float] = field(repr=False)
     statuses: dict[int, int] = field(default_factory=dict)
     n_not_sent: int = 0
+    n_cancelled: int = 0
 
     @property
     def throughput(self) -> float:
@@ -155,9 +160,12 @@ class LoadResult:
 
     def as_dict(self) -> dict[str, Any]:
         return {"mode": self.mode, "concurrency": self.concurrency, "rate": self.rate, "n_ok": self.n_ok,
-                "n_failed": self.n_failed, "n_not_sent": self.n_not_sent, "wall_s": self.wall_s,
-                "throughput": self.throughput, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
+                "n_failed": self.n_failed, "n_not_sent": self.n_not_sent, "n_cancelled": self.n_cancelled,
+                "wall_s": self.wall_s, "throughput": self.throughput, "p50_ms": self.p50_ms, "p90_ms": self.p90_ms,
                 "p99_ms": self.p99_ms}  # fmt: skip
+
+
+DRAIN_S = 2.0  # after max_seconds, requests in flight get this long to finish before they are cancelled
 
 
 def _check(url: str, bodies: Sequence[Any], n_requests: int, max_seconds: float) -> None:
@@ -166,40 +174,78 @@ def _check(url: str, bodies: Sequence[Any], n_requests: int, max_seconds: float)
         raise ValueError("need n_requests >= 1, at least one body and max_seconds > 0")
 
 
+class _Deadline:
+    """The time bound of one load test: per-request timeouts shrink to what is left of it."""
+
+    def __init__(self, seconds: float, timeout: float) -> None:
+        self.end, self.timeout = time.perf_counter() + seconds, timeout
+
+    def left(self) -> float:
+        return self.end - time.perf_counter()
+
+    def request_timeout(self) -> float:
+        return max(0.001, min(self.timeout, self.left()))
+
+
+async def _bounded(tasks: list[asyncio.Task], deadline: _Deadline) -> int:
+    """Wait for ``tasks`` until the deadline; cancel the rest and return how many were cancelled."""
+    if not tasks:
+        return 0
+    _, pending = await asyncio.wait(tasks, timeout=max(0.0, deadline.left()))
+    for t in pending:
+        t.cancel()
+    await asyncio.gather(*pending, return_exceptions=True)
+    return len(pending)
+
+
 async def _closed(url: str, bodies: Sequence[Any], n_requests: int, concurrency: int, max_seconds: float,
                   warmup: int, timeout: float) -> LoadResult:  # fmt: skip
     import httpx
 
     limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    deadline = _Deadline(max_seconds + DRAIN_S, timeout)  # the whole call, warm-up included, ends by then
     async with httpx.AsyncClient(trust_env=False, timeout=timeout, limits=limits) as client:
         for i in range(warmup):
-            await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS)
+            if deadline.left() <= DRAIN_S:
+                break
+            with contextlib.suppress(httpx.HTTPError):
+                await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS,
+                                  timeout=deadline.request_timeout())  # fmt: skip
         lat: list[float] = []
         statuses: dict[int, int] = {}
         counter, start = 0, time.perf_counter()
+        stop_at = min(max_seconds, deadline.left() - DRAIN_S)
 
         async def worker() -> None:
             nonlocal counter
-            while counter < n_requests and time.perf_counter() - start < max_seconds:
+            while counter < n_requests and time.perf_counter() - start < stop_at:
                 i, counter = counter, counter + 1
                 t0 = time.perf_counter()
                 try:
-                    code = (await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS)).status_code
+                    r = await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS,
+                                          timeout=deadline.request_timeout())  # fmt: skip
+                    code = r.status_code
                 except httpx.HTTPError:
                     code = 0
                 statuses[code] = statuses.get(code, 0) + 1
                 if 200 <= code < 300:
                     lat.append((time.perf_counter() - t0) * 1000)
 
-        await asyncio.gather(*(worker() for _ in range(min(concurrency, n_requests))))
+        tasks = [asyncio.create_task(worker()) for _ in range(min(concurrency, n_requests))]
+        cancelled = await _bounded(tasks, deadline)
         wall = time.perf_counter() - start
     return LoadResult("closed", concurrency, float("nan"), len(lat), sum(statuses.values()) - len(lat), wall, lat,
-                      statuses)  # fmt: skip
+                      statuses, 0, cancelled)  # fmt: skip
 
 
 def closed_loop(url: str, bodies: Sequence[Any], *, n_requests: int, concurrency: int, max_seconds: float = 30.0,
                 warmup: int = 0, timeout: float = 60.0) -> LoadResult:  # fmt: skip
-    """Closed-loop load: ``concurrency`` clients in a send-wait-send loop, ``n_requests`` or ``max_seconds``."""
+    """Closed-loop load: ``concurrency`` clients in a send-wait-send loop, ``n_requests`` or ``max_seconds``.
+
+    The bound holds against a server that never answers: no request starts after ``max_seconds`` (warm-up
+    included), per-request timeouts shrink to the time left, and requests still in flight
+    :data:`DRAIN_S` seconds later are cancelled (counted in ``n_cancelled``).
+    """
     _check(url, bodies, n_requests, max_seconds)
     if concurrency < 1:
         raise ValueError("concurrency must be >= 1")
@@ -218,15 +264,18 @@ async def _open(url: str, bodies: Sequence[Any], rate: float, n_requests: int, m
     in_flight, not_sent = 0, 0
     async with httpx.AsyncClient(trust_env=False, timeout=timeout, limits=limits) as client:
         start = time.perf_counter()
+        deadline = _Deadline(max_seconds + DRAIN_S, timeout)
 
         async def one(i: int) -> None:
             nonlocal in_flight
             try:
-                r = await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS)
+                r = await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS,
+                                      timeout=deadline.request_timeout())  # fmt: skip
                 code = r.status_code
             except httpx.HTTPError:
                 code = 0
-            in_flight -= 1
+            finally:
+                in_flight -= 1
             statuses[code] = statuses.get(code, 0) + 1
             if 200 <= code < 300:
                 lat.append((time.perf_counter() - start - due[i]) * 1000)  # from when it was due, not sent
@@ -243,10 +292,11 @@ async def _open(url: str, bodies: Sequence[Any], rate: float, n_requests: int, m
                 continue
             in_flight += 1
             tasks.append(asyncio.create_task(one(i)))
-        await asyncio.gather(*tasks)
+        cancelled = await _bounded(tasks, deadline)
         wall = time.perf_counter() - start
     n_ok = len(lat)
-    return LoadResult("open", max_in_flight, rate, n_ok, sum(statuses.values()) - n_ok, wall, lat, statuses, not_sent)
+    return LoadResult("open", max_in_flight, rate, n_ok, sum(statuses.values()) - n_ok, wall, lat, statuses, not_sent,
+                      cancelled)  # fmt: skip
 
 
 def open_loop(url: str, bodies: Sequence[Any], *, rate: float, n_requests: int, max_seconds: float = 30.0,
@@ -254,7 +304,9 @@ def open_loop(url: str, bodies: Sequence[Any], *, rate: float, n_requests: int, 
     """Open-loop (Poisson) load at ``rate`` requests/s: ``n_requests`` arrivals, none due after ``max_seconds``.
 
     At most ``max_in_flight`` requests are outstanding; an arrival beyond that is counted in ``n_not_sent``
-    (the server could not keep up). Latency is measured from each request's due time.
+    (the server could not keep up). Latency is measured from each request's due time. Requests still in flight
+    :data:`DRAIN_S` seconds after ``max_seconds`` are cancelled (``n_cancelled``): the bound holds against a
+    server that never answers.
     """
     _check(url, bodies, n_requests, max_seconds)
     if rate <= 0 or max_in_flight < 1:

@@ -30,6 +30,14 @@ def load_weights(path: str | Path, *, fix: str) -> dict[str, torch.Tensor]:
     """
     path = Path(path)
     try:
+        with open(path, "rb") as fh:  # unreadable is not unsafe: say which it is
+            fh.read(1)
+    except OSError as exc:
+        raise WeightsFileError(
+            f"cannot read weights file {path}: it is unreadable ({type(exc).__name__}: {exc.strerror or exc}). "
+            f"Check its permissions (`ls -l '{path}'`); {fix}"
+        ) from None
+    try:
         with warnings.catch_warnings():  # "Detected pickle protocol 4 ...": noise before the real refusal
             warnings.filterwarnings("ignore", message="Detected pickle protocol")
             state = torch.load(path, map_location="cpu", weights_only=True)
@@ -100,15 +108,28 @@ def accuracy(model: nn.Module, x: torch.Tensor, y: torch.Tensor, *, batch_size: 
 
 
 def torch_cache_dir() -> Path:
-    """Where torchvision looks for downloaded weights: ``$TORCH_HOME/hub/checkpoints``."""
-    return Path(os.environ.get("TORCH_HOME", Path.home() / ".cache" / "torch")) / "hub" / "checkpoints"
+    """Where torchvision looks for downloaded weights: ``torch.hub.get_dir()/checkpoints``.
+
+    That is ``$TORCH_HOME/hub`` (``~`` expanded), else ``$XDG_CACHE_HOME/torch/hub``, else
+    ``~/.cache/torch/hub``, or whatever ``torch.hub.set_dir`` chose: asked from torch, never rebuilt here.
+    """
+    return Path(torch.hub.get_dir()) / "checkpoints"
+
+
+def _cached_file(cached: Path) -> tuple[bool, str]:
+    """(is ``cached`` a file we may load, why not when it is not); an unreadable cache folder is not an error."""
+    try:
+        return cached.is_file(), f"no {cached.name} in {cached.parent}"
+    except OSError as exc:  # e.g. TORCH_HOME on a folder this user cannot enter
+        return False, f"the torch cache {cached.parent} cannot be read ({type(exc).__name__}: {exc.strerror or exc})"
 
 
 def resnet(name: str = "resnet18", *, device: str | torch.device = "cpu") -> tuple[nn.Module, str]:
     """A torchvision ResNet in eval mode and a note saying which weights it has.
 
     ImageNet weights are used only when their file is already in the local torch cache (never downloaded);
-    otherwise the network has random weights, which is fine for speed work but not for accuracy.
+    otherwise (no file, or a cache folder that cannot be read) the network has random weights, which is fine
+    for speed work but not for accuracy, and the note says why.
     """
     import torchvision.models as tvm
 
@@ -117,7 +138,8 @@ def resnet(name: str = "resnet18", *, device: str | torch.device = "cpu") -> tup
         raise BadArgumentError(f"unknown model '{name}': use resnet18 or resnet50")
     weights = weights_enum.DEFAULT
     cached = torch_cache_dir() / Path(weights.url).name
-    if cached.exists():
+    usable, why_not = _cached_file(cached)
+    if usable:
         model = getattr(tvm, name)(weights=None)
         fix = f"delete it (`rm '{cached}'`) to use random weights, or copy a good {cached.name} there."
         try:
@@ -128,9 +150,7 @@ def resnet(name: str = "resnet18", *, device: str | torch.device = "cpu") -> tup
     else:
         torch.manual_seed(0)
         model = getattr(tvm, name)(weights=None)
-        note = (
-            f"random weights: no {cached.name} in {cached.parent} (nothing is downloaded); fine for speed, not accuracy"
-        )
+        note = f"random weights: {why_not} (nothing is downloaded); fine for speed, not accuracy"
     return model.eval().to(device), note
 
 

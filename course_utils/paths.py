@@ -12,6 +12,7 @@ under an exclusive lock, so four lessons writing their first row at once still g
 from __future__ import annotations
 
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -31,17 +32,49 @@ RESULTS_VAR = "COURSE_RESULTS_DIR"
 _writable: set[Path] = set()  # folders already checked in this process (the check writes a file)
 
 
+def _bad_value(raw: str, expanded: str) -> str | None:
+    """Why a ``COURSE_RESULTS_DIR`` value cannot name a folder (None when it can): each of these would
+    otherwise become a stray folder inside the checkout (``results/$SCRATCH``, ``~nosuchuser``, ``file:``)."""
+    if raw[:1] in "'\"" or raw[-1:] in "'\"":
+        return "it contains quote characters (the shell did not remove them): set the path without quotes"
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", raw):
+        plain = re.sub(r"^file://(localhost)?", "", raw) if raw.startswith("file:") else "/path/to/folder"
+        return f"it is a URL, not a path: set a plain path such as {plain!r}"
+    unset = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if unset:
+        return f"it uses the variable ${unset[0]}, which is not set: set ${unset[0]} first or write the path out"
+    if expanded.startswith("~"):
+        user = expanded[1:].split("/", 1)[0]
+        return f"'~{user}' names no user on this machine: write the path out (e.g. {str(Path.home())!r}/...)"
+    return None
+
+
 def resolve_results_dir(value: str | None) -> Path:
     """The folder a ``COURSE_RESULTS_DIR`` value names, without touching the disk.
 
     Empty or unset means ``results/`` in the repository; ``~`` and ``$VARS`` are expanded; a relative path
-    is relative to the repository root (not to the folder the kernel happens to start in).
+    is relative to the repository root (not to the folder the kernel happens to start in). A value that
+    cannot name a folder (quotes kept in the value, a ``file://`` URL, an unset ``$VARIABLE``, ``~nosuchuser``)
+    raises :class:`SettingError` saying why, instead of creating a folder of that name inside the checkout.
     """
-    value = (value or "").strip()
-    if not value:
+    raw = (value or "").strip()
+    if not raw:
         return REPO_ROOT / "results"
-    path = Path(os.path.expandvars(os.path.expanduser(value)))
+    expanded = os.path.expandvars(os.path.expanduser(raw))
+    why = _bad_value(raw, expanded)
+    if why:
+        raise SettingError(f"{RESULTS_VAR}={raw!r} cannot be used: {why}; then restart the kernel.")
+    path = Path(expanded)
     return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+
+
+def _suggestion(path: Path) -> str:
+    """A folder to suggest instead of ``path``: never ``path`` itself (nor a folder inside it)."""
+    for candidate in ("~/course-results", os.path.join(tempfile.gettempdir(), "course-results")):
+        full = Path(os.path.expanduser(candidate))
+        if full != path and path not in full.parents:
+            return candidate
+    return "/path/to/a/folder/you/can/write"
 
 
 def _ensure_writable(path: Path) -> None:
@@ -56,19 +89,22 @@ def _ensure_writable(path: Path) -> None:
     except OSError as exc:
         raise SettingError(
             f"the results folder {path} from {source} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). "
-            f"Set {RESULTS_VAR} to a folder you can write, e.g. `export {RESULTS_VAR}=~/course-results`, "
+            f"Set {RESULTS_VAR} to a folder you can write, e.g. `export {RESULTS_VAR}={_suggestion(path)}`, "
             "and restart the kernel."
         ) from None
     _writable.add(path)
 
 
-def results_dir() -> Path:
-    """The results folder, created if needed: ``$COURSE_RESULTS_DIR`` (see :func:`resolve_results_dir`).
+def results_dir(*, write: bool = True) -> Path:
+    """The results folder: ``$COURSE_RESULTS_DIR`` (see :func:`resolve_results_dir`), created if needed.
 
-    Raises :class:`SettingError` naming ``COURSE_RESULTS_DIR`` when the folder cannot be created or written.
+    Raises :class:`SettingError` naming ``COURSE_RESULTS_DIR`` when the value is unusable or the folder cannot
+    be created or written. With ``write=False`` (readers: the leaderboard, ``load_results``) the folder is
+    neither created nor checked for writing: a read-only folder of results can still be read.
     """
     path = resolve_results_dir(os.environ.get(RESULTS_VAR))
-    _ensure_writable(path)
+    if write:
+        _ensure_writable(path)
     return path
 
 

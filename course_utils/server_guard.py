@@ -11,17 +11,25 @@ never needs to read it. Each limit answers with a clear 4xx/5xx JSON message and
 * :func:`install_error_handler`: FastAPI's 422 names the field and the rule, never echoes the value sent.
 * :class:`CallRecorder` (LitServe callback): when each model call started and how long it ran.
 * :class:`GuardedHttpProtocol` (uvicorn ``http=``): a client that connects and does not finish its request
-  headers within ``header_timeout`` gets 408 and is closed; beyond ``max_connections`` open connections a new
-  one gets 503 and is closed (no descriptor exhaustion). uvicorn's ``limit_concurrency`` gives 503 for too many
-  requests in flight, and ``timeout_keep_alive`` closes idle connections.
+  headers within ``header_timeout`` gets 408 and is closed; more than ``max_header_count`` header fields or
+  ``max_header_bytes`` of request head get 431 and are closed, before they are held in memory; beyond
+  ``max_connections`` open connections a new one gets 503 and is closed (no descriptor exhaustion).
+  uvicorn's ``limit_concurrency`` gives 503 for too many requests in flight, and ``timeout_keep_alive``
+  closes idle connections.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import math
+import os
+import shutil
+import signal
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 from litserve.callbacks import Callback
@@ -96,14 +104,78 @@ async def _send_json(send: Any, status: int, detail: str, *, close: bool = False
     await send({"type": "http.response.body", "body": body})
 
 
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie, dead but not yet reaped by its parent, counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+
+
+def watch_parent(parent: int, run_dir: Path | None) -> None:
+    """Thread: when the parent process is gone, remove the run folder (if given) and kill this process group.
+
+    The server's main process watches the notebook's process; every worker process (forked API servers and
+    LitServe's manager, spawned model workers) watches the main process, so killing the main process alone
+    (SIGKILL: no clean-up runs) no longer leaves workers holding the port.
+    """
+    while os.getppid() == parent:
+        time.sleep(0.5)
+    if run_dir is not None:
+        shutil.rmtree(run_dir, ignore_errors=True)
+    os.killpg(0, signal.SIGKILL)
+
+
+def start_watchdog(parent: int, run_dir: Path | None = None) -> None:
+    threading.Thread(target=watch_parent, args=(parent, run_dir), daemon=True, name="watchdog").start()
+
+
+def watch_main_after_fork() -> None:
+    """``os.register_at_fork`` hook: a process forked by the server's main process watches its parent."""
+    start_watchdog(os.getppid())
+
+
+class WorkerWatch:
+    """In each API-server process: notices within ``interval`` s when a model worker registered in
+    ``<run_dir>/workers/<pid>`` has died, so requests waiting for it fail at once, naming the server log."""
+
+    def __init__(self, run_dir: str, interval: float = 0.2) -> None:
+        self.folder, self.log, self.interval = Path(run_dir) / "workers", Path(run_dir) / "server.log", interval
+        self.dead: asyncio.Event | None = None
+        self.why = ""
+
+    def start(self) -> asyncio.Event:
+        if self.dead is None:
+            self.dead = asyncio.Event()
+            self._task = asyncio.get_running_loop().create_task(self._poll())
+        return self.dead
+
+    async def _poll(self) -> None:
+        while True:
+            try:
+                pids = [int(p.name) for p in self.folder.iterdir() if p.name.isdigit()]
+            except OSError:
+                pids = []
+            gone = [pid for pid in pids if not pid_alive(pid)]
+            if gone:
+                self.why = (f"the model worker process (pid {gone[0]}) died, so this request cannot be answered; "
+                            f"see the server log at {self.log}")  # fmt: skip
+                self.dead.set()
+                return
+            await asyncio.sleep(self.interval)
+
+
 class RequestGuard:
-    """ASGI middleware: bounded, timed, well-formed JSON bodies for POST requests; 500s as responses."""
+    """ASGI middleware: bounded, timed, well-formed JSON bodies for POST requests; 500s as responses; with
+    ``run_dir``, a 503 naming the server log as soon as a model worker dies (not a hang until a timeout)."""
 
     def __init__(self, app: Any, *, max_bytes: int = DEFAULT_MAX_BYTES, max_depth: int = DEFAULT_MAX_DEPTH,
                  max_int_digits: int = DEFAULT_MAX_INT_DIGITS, body_timeout: float = DEFAULT_BODY_TIMEOUT,
-                 hint: str = "") -> None:  # fmt: skip
+                 hint: str = "", run_dir: str = "") -> None:  # fmt: skip
         self.app, self.max_bytes, self.max_depth = app, max_bytes, max_depth
         self.max_int_digits, self.body_timeout, self.hint = max_int_digits, body_timeout, hint
+        self.watch = WorkerWatch(run_dir) if run_dir else None
 
     def _msg(self, text: str) -> str:
         return f"{text}; {self.hint}" if self.hint else text
@@ -161,11 +233,34 @@ class RequestGuard:
 
             receive = replay
         try:
-            await self.app(scope, receive, tracked_send)
+            if self.watch is None:
+                await self.app(scope, receive, tracked_send)
+            else:
+                await self._call_watched(scope, receive, send, tracked_send, lambda: started)
         except Exception as exc:  # noqa: BLE001 - answered as a 500 so the connection stays usable
             if started:
                 raise
             await _send_json(send, 500, f"internal server error ({type(exc).__name__}); see the server log")
+
+    async def _call_watched(self, scope: Any, receive: Any, send: Any, tracked_send: Any, started: Any) -> None:
+        """Run the app, but answer 503 at once if a model worker dies before the answer has started."""
+        dead = self.watch.start()
+        if dead.is_set():
+            await _send_json(send, 503, self.watch.why, close=True)
+            return
+        app_task = asyncio.ensure_future(self.app(scope, receive, tracked_send))
+        dead_task = asyncio.ensure_future(dead.wait())
+        try:
+            await asyncio.wait({app_task, dead_task}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            dead_task.cancel()
+        if app_task.done() or started():
+            await app_task
+            return
+        app_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError, Exception):
+            await app_task
+        await _send_json(send, 503, self.watch.why, close=True)
 
 
 def install_error_handler(app: Any, hint: str = "") -> None:
@@ -191,13 +286,21 @@ def _raw_response(status: int, reason: str, detail: str) -> bytes:
     return head.encode() + body
 
 
+class _HeadersTooLarge(Exception):
+    """Raised inside the parser's header callback to stop parsing a request already answered with 431."""
+
+
 class GuardedHttpProtocol(HttpToolsProtocol):
-    """uvicorn's httptools protocol with a deadline for request headers and a cap on open connections."""
+    """uvicorn's httptools protocol with a deadline for request headers, limits on their number and size
+    (431, so 60 MB of tiny headers cannot swell the server), and a cap on open connections."""
 
     header_timeout: float = 10.0
     max_connections: int = 256
+    max_header_count: int = 100
+    max_header_bytes: int = 32 * 1024  # request line and header fields together
 
     def connection_made(self, transport: Any) -> None:  # type: ignore[override]
+        self._rejected, self._in_head, self._head_bytes, self._n_headers, self._header_bytes = False, True, 0, 0, 0
         super().connection_made(transport)
         self._header_deadline = None
         if len(self.connections) > self.max_connections:
@@ -223,14 +326,54 @@ class GuardedHttpProtocol(HttpToolsProtocol):
             self.transport.write(_raw_response(408, "Request Timeout", msg))
             self.transport.close()
 
+    def _reject_headers(self, why: str) -> None:
+        self._disarm()
+        if not self._rejected:
+            self._rejected = True
+            msg = (f"the request headers are too large ({why}; at most {self.max_header_count} fields and "
+                   f"{self.max_header_bytes} bytes)")  # fmt: skip
+            self.transport.write(_raw_response(431, "Request Header Fields Too Large", msg))
+            self.transport.close()
+
+    def data_received(self, data: bytes) -> None:
+        if self._rejected:
+            return
+        if self._in_head:
+            self._head_bytes += len(data)
+        super().data_received(data)
+        if self._in_head and self._head_bytes > self.max_header_bytes:  # one huge field never reaches on_header
+            self._reject_headers(f"{self._head_bytes} bytes and no end of headers yet")
+
+    def send_400_response(self, msg: str) -> None:
+        if not self._rejected:  # after a 431 the parser's error is ours: nothing more is sent
+            super().send_400_response(msg)
+
     def on_message_begin(self) -> None:
         super().on_message_begin()
+        self._n_headers = self._header_bytes = 0
         if self._header_deadline is None:
             self._arm()
 
+    def on_url(self, url: bytes) -> None:
+        self._header_bytes += len(url)
+        super().on_url(url)
+
+    def on_header(self, name: bytes, value: bytes) -> None:
+        self._n_headers += 1
+        self._header_bytes += len(name) + len(value) + 4
+        if self._n_headers > self.max_header_count or self._header_bytes > self.max_header_bytes:
+            self._reject_headers(f"more than {self._n_headers - 1} fields or {self._header_bytes} bytes")
+            raise _HeadersTooLarge  # stops the parser: the rest of this chunk is not read into memory
+        super().on_header(name, value)
+
     def on_headers_complete(self) -> None:
         self._disarm()
+        self._in_head, self._head_bytes = False, 0
         super().on_headers_complete()
+
+    def on_message_complete(self) -> None:
+        super().on_message_complete()
+        self._in_head, self._head_bytes = True, 0  # the next request on this connection starts its head
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
@@ -249,3 +392,17 @@ class CallRecorder(Callback):
     def on_after_predict(self, *args: Any, **kwargs: Any) -> None:
         with open(self.path, "a") as fh:
             fh.write(f"{self._t0:.6f} {(time.time() - self._t0) * 1000:.3f}\n")
+
+
+class WorkerSetup(Callback):
+    """LitServe callback, run in each spawned model worker before ``setup``: register the worker's pid in
+    ``<run_dir>/workers`` (the API server answers 503 naming the log when it dies) and watch the main process."""
+
+    def __init__(self, run_dir: str) -> None:
+        self.run_dir = run_dir
+
+    def on_before_setup(self, *args: Any, **kwargs: Any) -> None:
+        start_watchdog(os.getppid())
+        folder = Path(self.run_dir) / "workers"
+        folder.mkdir(exist_ok=True)
+        (folder / str(os.getpid())).write_text("")

@@ -12,8 +12,9 @@ What can go wrong, and what happens:
   its run folder; readiness asks ``/course/instance`` for the random id this process gave it, so another
   program on the port is never mistaken for it; if no port binds, :class:`ServingError` says so;
 * the notebook's process dies (even SIGKILL): a watchdog thread in the server notices its parent is gone,
-  removes the run folder and kills the whole group; at interpreter exit (``atexit``) every live server is
-  stopped;
+  removes the run folder and kills the whole group; the server's main process dies: each worker process's own
+  watchdog kills the group (:func:`course_utils.server_guard.start_watchdog`); at interpreter exit
+  (``atexit``) every live server is stopped;
 * the ``with`` body raises: the group gets SIGTERM, then SIGKILL, and :func:`stop` checks that no process and no
   listening port is left.
 
@@ -33,8 +34,8 @@ import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
+import warnings
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,6 +99,24 @@ def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
         return s.connect_ex((host, port)) == 0
 
 
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie, dead but not yet reaped by its parent, counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+
+
+def _worker_died(srv: Server) -> bool:
+    """True when the server's main process or a registered model worker exited before we stopped it."""
+    if srv.process.poll() is not None:
+        return True
+    with contextlib.suppress(OSError):
+        return any(p.name.isdigit() and not pid_alive(int(p.name)) for p in (srv.run_dir / "workers").iterdir())
+    return False
+
+
 def group_pids(pgid: int) -> list[int]:
     """Live (non-zombie) processes of process group ``pgid``, read from /proc."""
     out = []
@@ -158,7 +177,7 @@ def _wait_ready(srv: Server, instance: str, timeout: float) -> None:
             if srv.process.poll() is not None:
                 bind = srv.run_dir / "bind_error"
                 why = f"could not bind a port on 127.0.0.1: {bind.read_text()}" if bind.exists() else "it exited"
-                raise ServingError(f"the server did not start ({why}, code {srv.process.returncode}). "
+                raise ServingError(f"the server did not start ({why}, code {srv.process.returncode}).{_cwd_hint(srv)} "
                                    f"Log:\n{srv.log_tail()}")  # fmt: skip
             with contextlib.suppress(OSError, ValueError):
                 srv.port = int((srv.run_dir / "port").read_text())
@@ -175,7 +194,18 @@ def _wait_ready(srv: Server, instance: str, timeout: float) -> None:
                     pass
             time.sleep(0.1)
     raise ServingError(f"the server was not ready within {timeout:.0f} s{seen_foreign}; raise start_timeout on a "
-                       f"slow machine. Log:\n{srv.log_tail()}")  # fmt: skip
+                       f"slow machine.{_cwd_hint(srv)} Log:\n{srv.log_tail()}")  # fmt: skip
+
+
+def _cwd_hint(srv: Server) -> str:
+    """When the log shows a missing file: where a relative path in the server's code is looked up."""
+    tail = srv.log_tail(80)
+    if "FileNotFoundError" in tail or "No such file" in tail:
+        return (
+            f" A file was not found: the server runs in the folder {srv.settings.get('cwd')}, so a relative "
+            "path in setup() is relative to it; use an absolute path (e.g. Path(__file__).parent / name)."
+        )
+    return ""
 
 
 @contextlib.contextmanager
@@ -198,30 +228,46 @@ def serve(target: str | Path, *, max_batch_size: int = 1, batch_timeout: float =
            "--run-dir", str(run_dir), "--instance", instance, "--parent-pid", str(os.getpid())]  # fmt: skip
     cmd += [x for k, v in knobs.items() for x in (f"--{k.replace('_', '-')}", str(v))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    cwd = _caller_folder(run_dir)  # the lesson's folder: a relative path in setup() means what it means there
     with open(run_dir / "server.log", "wb") as log:
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
-                                cwd=str(run_dir), start_new_session=True)  # fmt: skip
-    srv = Server("127.0.0.1", 0, proc.pid, run_dir, {"target": str(target), **knobs}, proc)
+                                cwd=cwd, start_new_session=True)  # fmt: skip
+    srv = Server("127.0.0.1", 0, proc.pid, run_dir, {"target": str(target), "cwd": cwd, **knobs}, proc)
     _LIVE[srv.pgid] = srv
+    died = False
     try:
         _wait_ready(srv, instance, start_timeout)
         yield srv
     finally:
+        died = srv.ours and _worker_died(srv)  # a process of it stopped on its own while in use
         try:
             stop(srv, grace=grace)
         finally:
-            shutil.rmtree(run_dir, ignore_errors=True)
+            if died:  # keep the log the 503s named; say where it is
+                warnings.warn(f"the server (or one of its model workers) stopped on its own while in use; its log "
+                              f"is kept at {run_dir / 'server.log'}", stacklevel=3)  # fmt: skip
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _caller_folder(fallback: Path) -> str:
+    """The folder this process runs in (a notebook's kernel: the notebook's folder), or ``fallback`` if gone."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return str(fallback)
 
 
 def writefile_fallback(dest: str | Path, lesson_file: str | Path) -> Path:
     """Write the body of the lesson cell that starts ``%%writefile .../<dest name>`` to ``dest``.
 
     In Jupyter the ``%%writefile`` magic writes the file; run as a plain script (``python lessons/13_....py``)
-    that line is a comment, so the lesson calls this to write the same cell text from its own source.
+    that line is a comment, so the lesson calls this to write the same cell text from its own source. The
+    path may be quoted (``%%writefile "{WORK}/x.py"``: a temporary folder whose path has a space needs it).
     """
     dest, lines = Path(dest), Path(lesson_file).read_text().splitlines()
     for i, line in enumerate(lines):
-        if line.startswith("# %%writefile") and line.rstrip().endswith("/" + dest.name):
+        if line.startswith("# %%writefile") and line.rstrip().rstrip("'\"").endswith("/" + dest.name):
             body = []
             for nxt in lines[i + 1 :]:
                 if nxt.startswith("# %%"):
@@ -233,14 +279,6 @@ def writefile_fallback(dest: str | Path, lesson_file: str | Path) -> Path:
 
 
 # ------------------------------------------------------------------ the server side (runs in the subprocess)
-
-
-def _watch_parent(parent: int, run_dir: Path) -> None:
-    """Thread: when the parent process is gone, remove the run folder and kill this whole process group."""
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    shutil.rmtree(run_dir, ignore_errors=True)
-    os.killpg(0, signal.SIGKILL)
 
 
 def _load_target(target: str, a: argparse.Namespace) -> Any:
@@ -283,12 +321,15 @@ def main(argv: list[str] | None = None) -> None:
         p.add_argument(f"--{knob}", type=typ, required=True)
     a = p.parse_args(argv)
     run_dir = Path(a.run_dir)
-    threading.Thread(target=_watch_parent, args=(a.parent_pid, run_dir), daemon=True, name="watchdog").start()
+    g.start_watchdog(a.parent_pid, run_dir)
+    os.register_at_fork(after_in_child=g.watch_main_after_fork)  # API servers and the manager are forked
+    (run_dir / "workers").mkdir(exist_ok=True)
     soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
     resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
     server = _load_target(a.target, a)
-    server._callback_runner._add_callbacks([g.CallRecorder(str(run_dir / "calls.txt"))])  # private, LitServe 0.2.19
-    server.app.add_middleware(g.RequestGuard)
+    callbacks = [g.CallRecorder(str(run_dir / "calls.txt")), g.WorkerSetup(str(run_dir))]
+    server._callback_runner._add_callbacks(callbacks)  # private, LitServe 0.2.19
+    server.app.add_middleware(g.RequestGuard, run_dir=str(run_dir))
     g.install_error_handler(server.app)
     server.app.add_api_route("/course/instance", lambda: {"id": a.instance, "pid": os.getpid()}, methods=["GET"])
     g.GuardedHttpProtocol.header_timeout, g.GuardedHttpProtocol.max_connections = a.header_timeout, a.max_connections

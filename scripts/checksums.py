@@ -22,10 +22,13 @@ SHIPPED_SUFFIXES = {".pt", ".jpg", ".txt", ".json", ".csv"}
 
 
 def shipped_files(data_dir: Path = DATA_DIR) -> list[Path]:
-    """Every file under ``data_dir`` that SHA256SUMS covers."""
+    """Every file under ``data_dir`` that SHA256SUMS covers. Anything with a shipped suffix that is not a folder is
+    listed, FIFOs and links to devices included: :func:`sha256` then stops on it with a clear error instead of
+    leaving it out of the sums (or reading forever). macOS ``._*`` files are not shipped files."""
     return sorted(
         p for p in data_dir.rglob("*")
-        if p.is_file() and p.suffix in SHIPPED_SUFFIXES and p.name != "SHA256SUMS" and "reference" not in p.parts
+        if not p.is_dir() and p.suffix in SHIPPED_SUFFIXES and p.name != "SHA256SUMS" and "reference" not in p.parts
+        and not p.name.startswith("._")
     )  # fmt: skip
 
 

@@ -8,6 +8,7 @@ port behind.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
@@ -339,3 +340,178 @@ def test_post_many_reuses_connections_under_a_low_descriptor_limit(server, tmp_p
     env = dict(os.environ, PYTHONPATH=str(sp.REPO_ROOT))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
+
+
+# ---- issue 24: header floods, orphaned workers, dead and hung models, working folder, TMPDIR ---------------
+
+FAULTY_API = textwrap.dedent(
+    """
+    import os
+    import time
+    from pathlib import Path
+
+    import litserve as ls
+    from pydantic import BaseModel
+
+
+    class Req(BaseModel):
+        x: float
+
+
+    class Faulty(ls.LitAPI):
+        def setup(self, device):
+            self.k = float(Path("factor.txt").read_text())  # relative: the lesson's (caller's) folder
+
+        def decode_request(self, request: Req):
+            return request.x
+
+        def predict(self, x):
+            if x == 13:
+                time.sleep(120)  # a hung model
+            if x == 666:
+                os._exit(3)  # a model worker that dies (a segfault, the OOM killer)
+            return self.k * x
+
+        def encode_response(self, y):
+            return {"y": y}
+    """
+)
+
+
+@pytest.fixture
+def faulty(tmp_path, monkeypatch):
+    """A server whose model hangs on x=13 and dies on x=666, started from a folder holding factor.txt."""
+    (tmp_path / "faulty_api.py").write_text(FAULTY_API)
+    (tmp_path / "factor.txt").write_text("3\n")
+    monkeypatch.chdir(tmp_path)
+    return f"{tmp_path / 'faulty_api.py'}:Faulty"
+
+
+def _rss_peak_kb(pgid: int) -> int:
+    total = 0
+    for pid in sp.group_pids(pgid):
+        with contextlib.suppress(OSError):
+            for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    total += int(line.split()[1])
+    return total
+
+
+def test_a_header_flood_gets_431_and_memory_stays_bounded(server):
+    """The issue's 60 MB of 5-byte headers took the server from 204 MB to 1.5 GB; 6 MB here, same shape."""
+    before = _rss_peak_kb(server.pgid)
+    flood = b"a:b\r\n" * (6 * 1024 * 1024 // 5)
+    answer, errors = b"", []
+
+    def attack() -> None:
+        nonlocal answer
+        with socket.create_connection((server.host, server.port), timeout=20) as s:
+            s.sendall(b"POST /predict HTTP/1.1\r\nhost: 127.0.0.1\r\n")
+            try:
+                s.sendall(flood)
+            except OSError as exc:  # the server closed the connection after its 431: expected
+                errors.append(exc)
+            with contextlib.suppress(OSError):
+                while chunk := s.recv(65536):
+                    answer += chunk
+
+    import threading
+
+    t = threading.Thread(target=attack)
+    t.start()
+    t0 = time.perf_counter()
+    status, out = load.post(server.predict_url, {"x": 2.0}, timeout=10)  # a normal request meanwhile
+    normal_s = time.perf_counter() - t0
+    t.join(30)
+    assert not t.is_alive()
+    assert answer.startswith(b"HTTP/1.1 431 "), answer[:200]
+    assert b"too large" in answer and b"at most 100 fields" in answer
+    grown_mb = (_rss_peak_kb(server.pgid) - before) / 1024
+    assert grown_mb < 40, f"the server's peak memory grew by {grown_mb:.0f} MB for 6 MB of headers"
+    assert status == 200 and out == {"y": 4.0} and normal_s < 5.0, (status, out, normal_s)
+    many = "".join(f"x-h{i}: v\r\n" for i in range(101)).encode()
+    with socket.create_connection((server.host, server.port), timeout=10) as s:
+        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\n" + many + b"\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 431 ")
+    with socket.create_connection((server.host, server.port), timeout=10) as s:  # one huge field: 431 too
+        s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"v" * 100_000 + b"\r\n\r\n")
+        assert s.recv(4096).startswith(b"HTTP/1.1 431 ")
+    assert load.post(server.predict_url, {"x": 1.0}) == (200, {"y": 2.0})
+
+
+def test_workers_die_when_the_server_main_process_is_killed(api_file):
+    """SIGKILL of the server's main process alone (then the kernel dies too): no worker keeps the port."""
+    with pytest.warns(UserWarning, match="stopped on its own"), sp.serve(f"{api_file}:Double") as srv:
+        workers = [p for p in sp.group_pids(srv.pgid) if p != srv.process.pid]
+        assert workers and sp.port_open(srv.port)
+        os.kill(srv.process.pid, signal.SIGKILL)
+        end = time.monotonic() + 20
+        while (sp.group_pids(srv.pgid) or sp.port_open(srv.port)) and time.monotonic() < end:
+            time.sleep(0.2)
+        assert sp.group_pids(srv.pgid) == [], "worker processes outlived the server's main process"
+        assert not sp.port_open(srv.port)
+    import shutil
+
+    shutil.rmtree(srv.run_dir, ignore_errors=True)  # kept for the learner after an unexpected stop
+
+
+def test_a_dead_model_worker_fails_requests_fast_naming_the_log(faulty):
+    with pytest.warns(UserWarning, match=r"stopped on its own while in use; its log is kept at .*server.log"):
+        with sp.serve(faulty, max_batch_size=1) as srv:
+            assert load.post(srv.predict_url, {"x": 2.0}) == (200, {"y": 6.0})
+            t0 = time.perf_counter()
+            results = load.post_many(srv.predict_url, [{"x": 666}, {"x": 1.0}], concurrency=2, timeout=25)
+            waited = time.perf_counter() - t0
+            log = srv.run_dir / "server.log"
+            assert waited < 10, f"in-flight requests waited {waited:.0f} s for a dead worker"
+            for status, out in results:
+                assert status == 503 and "model worker process" in str(out) and str(log) in str(out), results
+        assert log.exists()
+    import shutil
+
+    shutil.rmtree(srv.run_dir, ignore_errors=True)
+
+
+def test_load_generators_keep_their_time_bound_against_a_hung_model(faulty):
+    with sp.serve(faulty, max_batch_size=1) as srv:
+        for gen in (
+            lambda: load.closed_loop(srv.predict_url, [{"x": 13}], n_requests=50, concurrency=4, max_seconds=2),
+            lambda: load.open_loop(srv.predict_url, [{"x": 13}], rate=5, n_requests=50, max_seconds=2),
+        ):
+            t0 = time.perf_counter()
+            res = gen()
+            took = time.perf_counter() - t0
+            assert took < 2 + load.DRAIN_S + 3, f"max_seconds=2 returned after {took:.0f} s"
+            assert res.n_ok == 0 and res.n_cancelled + res.n_failed >= 1
+
+
+def test_setup_with_a_relative_path_runs_in_the_callers_folder(faulty, tmp_path, monkeypatch):
+    with sp.serve(faulty) as srv:
+        assert load.post(srv.predict_url, {"x": 2.0}) == (200, {"y": 6.0})
+        assert srv.settings["cwd"] == str(tmp_path)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)  # no factor.txt here: the error says where relative paths are looked up
+    with pytest.raises(sp.ServingError, match=rf"runs in the folder {elsewhere}.*relative"):
+        with sp.serve(faulty, start_timeout=120):
+            pass
+
+
+def test_lesson_13_writefile_cells_work_with_a_space_in_tmpdir(tmp_path):
+    """TMPDIR with a space: every `%%writefile {WORK}/...` line of lesson 13 must still write its file."""
+    from IPython.testing.globalipapp import start_ipython
+
+    lesson = sp.REPO_ROOT / "lessons" / "13_serving.py"
+    lines = [ln[2:] for ln in lesson.read_text().splitlines() if ln.startswith("# %%writefile")]
+    assert len(lines) >= 2
+    work = tmp_path / "my temp dir" / "lesson13_x"
+    work.mkdir(parents=True)
+    ip = start_ipython()
+    ip.user_ns["WORK"] = work
+    for line in lines:
+        magic, _, arg = line.partition(" ")
+        ip.run_cell_magic(magic.lstrip("%"), arg, "x = 1\n")
+    assert sorted(p.name for p in work.iterdir()) == ["embed_server.py", "my_api.py"]
+    for name in ("embed_server.py", "my_api.py"):  # and a plain-script run finds the same cells
+        out = sp.writefile_fallback(tmp_path / name, lesson)
+        assert out.read_text().startswith("import litserve as ls")
