@@ -96,7 +96,7 @@ test: setup
 	$(VENV)/bin/ruff format --check $(LINTED)
 	@rm -rf "$(TEST_RESULTS)"; mkdir -p "$(TEST_RESULTS)"
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" \
-	  $(PY) -m pytest -q -n $(JOBS) --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
+	  $(PY) -m pytest -q -n $(JOBS) --durations=15 --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
 	  rc=$$?; [ $$rc -eq 5 ] && rc=0; [ $$rc -eq 0 ] || exit $$rc
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" COURSE_AFTER_RUN=1 \
 	  $(PY) -m pytest -q tests/after_run

@@ -9,7 +9,6 @@ times measured in the lesson (a batch-size sweep), so the curves describe this m
 * :func:`service_time_fn` turns a sweep DataFrame into ``service_ms(batch_size)`` (interpolated);
 * :func:`poisson_arrivals` draws request arrival times at a given rate;
 * :func:`simulate` runs the batcher and returns per-request latencies and a summary;
-* :func:`rate_sweep` repeats it over arrival rates, with and without batching;
 * :func:`plot_rate_sweep` draws p50/p99 latency and throughput against the arrival rate.
 
 Lesson 13 serves a real model with a real batching server; this simulation is the model of it.
@@ -17,7 +16,7 @@ Lesson 13 serves a real model with a real batching server; this simulation is th
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import matplotlib.pyplot as plt
@@ -139,33 +138,6 @@ def simulate(
 def capacity(service_ms: ServiceFn, max_batch_size: int) -> float:
     """The most requests/s one instance can serve with batches of ``max_batch_size``: ``b * 1000 / service(b)``."""
     return max_batch_size * 1000.0 / service_ms(max_batch_size)
-
-
-def rate_sweep(
-    rates_per_s: Iterable[float],
-    service_ms: ServiceFn,
-    *,
-    max_batch_size: int,
-    max_wait_ms: float,
-    n_requests: int = 2000,
-    seed: int = 0,
-) -> pd.DataFrame:
-    """p50/p99 latency and throughput against the arrival rate, without batching and with dynamic batching.
-
-    Both policies see the same arrivals at each rate. Columns: ``rate, policy, p50_ms, p99_ms, throughput,
-    mean_batch, overloaded`` (``overloaded``: the rate exceeds the policy's capacity, so the queue grows
-    for as long as requests keep coming and the latencies depend on how long the run is).
-    """
-    dynamic = f"dynamic (max {max_batch_size}, wait {max_wait_ms:g} ms)"
-    policies = {"no batching": (1, 0.0), dynamic: (max_batch_size, max_wait_ms)}
-    rows = []
-    for rate in rates_per_s:
-        arrivals = poisson_arrivals(rate, n_requests, seed=seed)
-        for policy, (b, w) in policies.items():
-            res = simulate(arrivals, service_ms, max_batch_size=b, max_wait_ms=w)
-            rows.append({"rate": float(rate), "policy": policy, **res.summary(),
-                         "overloaded": rate > capacity(service_ms, b)})  # fmt: skip
-    return pd.DataFrame(rows)
 
 
 def plot_rate_sweep(df: pd.DataFrame, *, title: str = "Dynamic batching, simulated with measured service times"):

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -30,26 +29,6 @@ def break_even_calls(first_call_s: float, eager_ms: float, compiled_ms: float) -
     if saved_ms <= 0:
         return math.inf
     return math.ceil(extra_ms / saved_ms)
-
-
-@dataclass
-class CompileCost:
-    """One compiled variant: its first-call (compile) time and its steady-state median per call."""
-
-    label: str
-    first_call_s: float
-    steady_ms: float
-    eager_ms: float
-
-    @property
-    def speedup(self) -> float:
-        """Steady-state speed relative to eager (above 1: faster)."""
-        return self.eager_ms / self.steady_ms if self.steady_ms > 0 else math.nan
-
-    @property
-    def break_even(self) -> float:
-        """Calls needed before the compile time is paid back (``inf``: never)."""
-        return break_even_calls(self.first_call_s, self.eager_ms, self.steady_ms)
 
 
 def count_compiles(

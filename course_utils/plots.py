@@ -1,4 +1,4 @@
-"""Plots every lesson shares: batch-size curves, speed-up bars, latency distributions, roofline.
+"""Plots every lesson shares: batch-size curves, speed-up bars, latency distributions, Pareto fronts.
 
 Each function draws on a new (or given) matplotlib Axes, labels units, and returns the Figure.
 """
@@ -76,41 +76,6 @@ def latency_distribution(samples: Mapping[str, Sequence[float]], *, title: str =
     ax.set_ylabel("calls")
     ax.set_title(title)
     ax.legend()
-    fig.tight_layout()
-    return fig
-
-
-def roofline(
-    points: pd.DataFrame,
-    *,
-    peak_flops: float,
-    peak_bytes_per_s: float,
-    title: str = "Roofline (peaks measured in this run)",
-    ax=None,
-):
-    """Achieved FLOP/s vs arithmetic intensity (FLOP/byte) against the measured compute and bandwidth roofs.
-
-    ``points`` needs columns ``name``, ``intensity`` (FLOP/byte) and ``flops_per_s``.
-    """
-    if ax is None:
-        fig, ax = plt.subplots()
-    else:
-        fig = ax.figure
-    lo = min(points["intensity"].min(), 0.01) / 2
-    hi = max(points["intensity"].max(), peak_flops / peak_bytes_per_s) * 4
-    x = np.logspace(np.log10(lo), np.log10(hi), 200)
-    ax.plot(x, np.minimum(peak_flops, x * peak_bytes_per_s), color="black", lw=2, label="roof (measured peaks)")
-    ax.axvline(peak_flops / peak_bytes_per_s, color="gray", ls=":", label="ridge point")
-    for _, row in points.iterrows():
-        ax.scatter(row["intensity"], row["flops_per_s"], s=60, zorder=3)
-        ax.annotate(str(row["name"]), (row["intensity"], row["flops_per_s"]), textcoords="offset points",
-                    xytext=(6, 4))  # fmt: skip
-    ax.set_xscale("log")
-    ax.set_yscale("log")
-    ax.set_xlabel("arithmetic intensity (FLOP per byte moved)")
-    ax.set_ylabel("achieved FLOP/s")
-    ax.set_title(title)
-    ax.legend(loc="lower right")
     fig.tight_layout()
     return fig
 

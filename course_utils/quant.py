@@ -68,11 +68,6 @@ def linear_names(model: nn.Module) -> list[str]:
     return [n for n, m in model.named_modules() if isinstance(m, nn.Linear)]
 
 
-def count_quantized(model: nn.Module) -> int:
-    """How many modules ``quantize_dynamic`` replaced (its dynamic quantized Linear modules)."""
-    return sum(is_dynamic_quantized_linear(m) for m in model.modules())
-
-
 # ------------------------------------------------------------------ per-layer sensitivity (optional)
 
 

@@ -5,7 +5,7 @@ GPU work is asynchronous: a Python timer around a launch measures the launch, no
 then times each call with CUDA events on a GPU (waiting for the end event) or ``time.perf_counter`` plus a
 synchronize elsewhere, repeats until the sample is large enough for a stable median, and reports median and
 percentiles. What it adds to the lesson's dozen lines: repeating until ``min_time_s`` has passed, and the
-:class:`Measurement` summary. :func:`naive_time` is the wrong way, kept to show the error.
+:class:`Measurement` summary.
 """
 
 from __future__ import annotations
@@ -163,28 +163,3 @@ def measure(
             stacklevel=2,
         )
     return result
-
-
-def naive_time(fn: Callable[[], object]) -> float:
-    """WHAT NOT TO DO: one cold call timed with ``time.time()``, no warm-up, no synchronization (ms).
-
-    On a GPU this measures only the kernel launch; on any device it includes one-off start-up costs.
-    Lesson 01 compares it with :func:`measure` to show the size of the error.
-    """
-    t0 = time.time()
-    fn()
-    return (time.time() - t0) * 1000.0
-
-
-def benchmark_median_ms(
-    fn: Callable[[], object], *, num_threads: int | None = None, min_run_time: float = 1.0
-) -> float:
-    """Median per-call time (ms) of ``fn`` by ``torch.utils.benchmark``: the reference for :func:`measure`.
-
-    ``torch.utils.benchmark.Timer`` runs with ONE thread unless told otherwise; this passes the current
-    ``torch.get_num_threads()`` so the two are compared under the same conditions.
-    """
-    from torch.utils import benchmark
-
-    timer = benchmark.Timer(stmt="fn()", globals={"fn": fn}, num_threads=num_threads or torch.get_num_threads())
-    return timer.blocked_autorange(min_run_time=min_run_time).median * 1000.0

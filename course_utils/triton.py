@@ -221,25 +221,3 @@ def perf_analyzer_line(name: str, *, concurrency: tuple[int, int] | None = None,
         return f"{base} --concurrency-range {lo}:{hi}:{lo if lo > 1 else 2}"
     lo, hi = rate
     return f"{base} --request-rate-range {lo}:{hi}:{max(1, (hi - lo) // 4)} --request-distribution=poisson"
-
-
-def client_code(name: str, inputs: Sequence[TensorSpec], outputs: Sequence[TensorSpec], *,
-                url: str = "127.0.0.1:8001", batch: int = 8) -> str:  # fmt: skip
-    """Python code (as text, not run) that queries the served model with ``tritonclient.grpc``."""
-    x, y = inputs[0], outputs[0]
-    dims = ", ".join(str(d) for d in (batch, *x.dims))
-    np_dtype = {v: k for k, v in TRITON_DTYPES.items()}.get(x.data_type, "float32")
-    return f'''import numpy as np
-import tritonclient.grpc as grpcclient
-
-client = grpcclient.InferenceServerClient(url="{url}")
-assert client.is_server_ready() and client.is_model_ready("{name}")
-x = np.random.rand({dims}).astype(np.{np_dtype})
-inp = grpcclient.InferInput("{x.name}", list(x.shape), "{x.data_type.removeprefix("TYPE_")}")
-inp.set_data_from_numpy(x)
-result = client.infer("{name}", inputs=[inp], outputs=[grpcclient.InferRequestedOutput("{y.name}")])
-logits = result.as_numpy("{y.name}")  # shape ({batch}, ...): Triton may have batched this with other clients
-print(logits.argmax(axis=1))
-# Server-side statistics: how many batches Triton formed, and their sizes
-print(client.get_inference_statistics("{name}"))
-'''

@@ -43,4 +43,8 @@ def test_non_finite_fails():
 def test_tolerance_table_has_every_precision():
     t = compare.tolerance_table()
     assert set(t.index) == {"fp32", "tf32", "bf16", "fp16", "int8"}
-    assert str(compare.compare_outputs(torch.ones(2, 2), torch.ones(2, 2)))
+    assert t.loc["fp32", "max_rel"] == 1e-4 and t.loc["int8", "cosine"] == 0.99
+    text = str(compare.compare_outputs(torch.ones(2, 2), torch.ones(2, 2)))
+    assert text == "[fp32] max abs 0, max rel 0, cosine 1.000000, top-1 agreement 100.00%: OK", text
+    bad = str(compare.compare_outputs(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 1.0]])))
+    assert bad.endswith("OUTSIDE tolerance (max rel 1 > 0.0001; cosine 0.000000 < 0.99999; top-1 0.00% < 100%)"), bad

@@ -10,13 +10,22 @@ pins. It needs the package index; it skips, saying why, only when the index cann
 Packages that ship only as source (their install step downloads NVIDIA's libraries, so pip cannot resolve
 them for another platform) are named in SOURCE_ONLY: a metadata-only placeholder wheel with the same name,
 version and requirements stands in for each, so every other pin is still checked against them.
+
+The resolution takes minutes, so a pass is cached in ``build/gpu-resolution-cache.json`` under a digest of what
+it depends on (pyproject's dependency lists, the Makefile's tritonclient pin, the Python version running the
+tests, the target Python, SOURCE_ONLY and PLATFORMS): while the digest is unchanged, the check skips and says
+how old the cached pass is; any change of the pins reruns it. ``COURSE_RECHECK_RESOLUTION=1`` forces a rerun.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import re
 import subprocess
 import sys
+import time
 import tomllib
 import zipfile
 from pathlib import Path
@@ -33,6 +42,65 @@ SOURCE_ONLY = {
     "cppimport": ("26.4.17", ["mako", "pybind11", "filelock", "setuptools"]),
 }
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in range(5, 40)] + ["manylinux2014_x86_64", "manylinux1_x86_64"]
+CACHE = ROOT / "build" / "gpu-resolution-cache.json"
+RECHECK_VAR = "COURSE_RECHECK_RESOLUTION"
+
+
+def pins_digest(target: str, pyproject: Path = ROOT / "pyproject.toml", makefile: Path = ROOT / "Makefile") -> str:
+    """A digest of everything a resolution result depends on; a different digest means: check again."""
+    project = tomllib.loads(pyproject.read_text())["project"]
+    triton = re.findall(r"tritonclient==[\w.]+", makefile.read_text())
+    facts = {
+        "dependencies": project.get("dependencies", []),
+        "extras": project.get("optional-dependencies", {}),
+        "tritonclient": sorted(set(triton)),
+        "python": list(sys.version_info[:2]),
+        "target": target,
+        "source_only": SOURCE_ONLY,
+        "platforms": PLATFORMS,
+    }
+    return hashlib.sha256(json.dumps(facts, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 2 * 3600:
+        return f"{seconds / 60:.0f} min"
+    if seconds < 2 * 86400:
+        return f"{seconds / 3600:.1f} h"
+    return f"{seconds / 86400:.1f} days"
+
+
+def cached_pass(name: str, digest: str, cache: Path = CACHE, now: float | None = None) -> str | None:
+    """Why ``name`` can skip (a cached pass of the same digest, with its age), or None: run it."""
+    if os.environ.get(RECHECK_VAR, "").strip() not in ("", "0"):
+        return None
+    try:
+        entry = json.loads(cache.read_text()).get(name)
+    except (OSError, ValueError, AttributeError):
+        return None
+    if not isinstance(entry, dict) or entry.get("digest") != digest:
+        return None
+    age = max(0.0, (time.time() if now is None else now) - float(entry.get("passed_at", 0)))
+    return (
+        f"{name} passed {_age(age)} ago with the same pins (digest {digest}, cached in {cache.name}); "
+        f"it reruns when the pins change, or with {RECHECK_VAR}=1"
+    )
+
+
+def store_pass(name: str, digest: str, cache: Path = CACHE, now: float | None = None) -> None:
+    """Record that ``name`` passed with these pins (the other entries are kept)."""
+    try:
+        data = json.loads(cache.read_text())
+        data = data if isinstance(data, dict) else {}
+    except (OSError, ValueError):
+        data = {}
+    data[name] = {"digest": digest, "passed_at": time.time() if now is None else now}
+    cache.parent.mkdir(parents=True, exist_ok=True)
+    tmp = cache.with_name(f"{cache.name}.{os.getpid()}")
+    tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+    os.replace(tmp, cache)
 
 
 def makefile_pins() -> list[str]:
@@ -104,6 +172,10 @@ def test_placeholder_wheel_is_a_wheel(tmp_path):
 
 @pytest.mark.parametrize("python", ["3.11", "3.12"])
 def test_gpu_set_resolves(python, tmp_path):
+    name, digest = f"gpu_set_resolves[{python}]", pins_digest(python)
+    cached = cached_pass(name, digest)
+    if cached:
+        pytest.skip(cached)
     why = _index_reachable()
     if why is not None:
         pytest.skip(f"the package index cannot be reached, so the GPU resolution was not checked: {why}")
@@ -111,13 +183,54 @@ def test_gpu_set_resolves(python, tmp_path):
     tail = "\n".join((result.stdout + result.stderr).splitlines()[-15:])
     assert "ResolutionImpossible" not in result.stderr, f"the GPU set does not resolve for Python {python}:\n{tail}"
     assert result.returncode == 0, f"pip's dry run failed for Python {python}:\n{tail}"
+    store_pass(name, digest)
 
 
 def test_resolution_catches_a_clash(tmp_path):
     """The check can fail: ModelOpt's [onnx] extra pins onnxruntime-gpu~=1.24 beside our 1.31."""
+    name, digest = "resolution_catches_a_clash", pins_digest("3.12")
+    cached = cached_pass(name, digest)
+    if cached:
+        pytest.skip(cached)
     if _index_reachable() is not None:
         pytest.skip("the package index cannot be reached")
     reqs = [r for r in gpu_requirements() if not r.startswith("nvidia-modelopt")] + ["nvidia-modelopt[onnx]==0.47.*"]
     result = resolve(reqs, "3.12", tmp_path)
     assert result.returncode != 0
     assert "ResolutionImpossible" in result.stderr or "conflict" in result.stderr.lower()
+    store_pass(name, digest)
+
+
+def test_resolution_cache_skips_only_while_the_pins_are_unchanged(tmp_path, monkeypatch):
+    monkeypatch.delenv(RECHECK_VAR, raising=False)
+    project = tmp_path / "pyproject.toml"
+    makefile = tmp_path / "Makefile"
+    project.write_text(
+        '[project]\nname = "x"\ndependencies = ["numpy==2.0.0"]\n[project.optional-dependencies]\ngpu = ["a==1"]\n'
+    )
+    makefile.write_text("\tpip install tritonclient==2.73.0\n")
+    cache = tmp_path / "build" / "cache.json"
+    d1 = pins_digest("3.12", project, makefile)
+    assert d1 == pins_digest("3.12", project, makefile), "the digest must be deterministic"
+    assert d1 != pins_digest("3.11", project, makefile), "each target Python is checked on its own"
+    assert cached_pass("t", d1, cache) is None, "no cache yet: run the check"
+    store_pass("t", d1, cache, now=1000.0)
+    store_pass("other", "ffff", cache, now=1000.0)
+    why = cached_pass("t", d1, cache, now=1000.0 + 3 * 3600)
+    assert why is not None and "3.0 h ago" in why and d1 in why, why
+    assert cached_pass("t", d1, cache, now=1000.0 + 90).startswith("t passed 90 s ago")
+    monkeypatch.setenv(RECHECK_VAR, "1")
+    assert cached_pass("t", d1, cache, now=1000.0) is None, "the recheck switch forces a rerun"
+    monkeypatch.delenv(RECHECK_VAR)
+    # any pin change gives a new digest, so the cached pass no longer applies
+    for path, old, new in [(project, "numpy==2.0.0", "numpy==2.0.1"), (project, "a==1", "a==2"),
+                           (makefile, "2.73.0", "2.74.0")]:  # fmt: skip
+        path.write_text(path.read_text().replace(old, new))
+        d2 = pins_digest("3.12", project, makefile)
+        assert d2 != d1, f"changing {old} -> {new} must change the digest"
+        assert cached_pass("t", d2, cache) is None
+        d1 = d2
+    cache.write_text("not json")
+    assert cached_pass("t", d1, cache) is None, "an unreadable cache means: run the check"
+    store_pass("t", d1, cache, now=5.0)
+    assert json.loads(cache.read_text())["t"] == {"digest": d1, "passed_at": 5.0}

@@ -32,10 +32,6 @@ def test_high_spread_warns():
         timing.measure(jumpy, device="cpu", min_repeats=8, min_time_s=0.0, warmup=0)
 
 
-def test_naive_time_includes_the_cold_call():
-    assert timing.naive_time(lambda: time.sleep(0.005)) >= 4.5
-
-
 def test_measure_cuda_without_gpu_is_one_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")

@@ -76,14 +76,11 @@ def test_write_model_repository_rejects_bad_settings(tmp_path):
         tr.write_model_repository(tmp_path, DigitsCNN(), torch.randn(1, 1, 8, 8), kind="GPU")
 
 
-def test_docker_line_and_client_code(tmp_path):
+def test_docker_line(tmp_path):
     line = tr.docker_run_line(tmp_path, gpus=False)
     assert line.startswith("docker run") and "--gpus" not in line and f"{tmp_path.resolve()}:/models" in line
     assert "-p 127.0.0.1:8001:8001" in line and "tritonserver --model-repository=/models" in line
     assert "--gpus all" in tr.docker_run_line(tmp_path)
-    code = tr.client_code("digits", INP, OUT, batch=4)
-    compile(code, "<client>", "exec")  # valid Python, not executed
-    assert 'InferInput("input", list(x.shape), "FP32")' in code and "np.random.rand(4, 1, 8, 8)" in code
 
 
 def test_default_config_has_no_preferred_sizes():

@@ -1,0 +1,434 @@
+"""Plant bugs in the lab bench one at a time and check that the tests catch each (a small mutation test).
+
+Each :class:`Mutation` names a file of ``course_utils``, exact snippets of its source with their replacements,
+what the planted bug means, and the fast tests that must fail because of it. The script copies ``course_utils/``
+and ``tests/`` into a temporary folder (the rest of the repository is linked, read-only by convention), plants one
+mutation at a time there, runs ``pytest -x -q -p no:cacheprovider`` on the mutation's tests with that copy first
+on ``PYTHONPATH``, restores the file in a ``finally`` and reports caught/total and the survivors. The working tree
+is never modified. First the tests of every mutation run on the unmutated copy: a test that already fails there
+would make every mutation look caught, so it is deselected from the mutation runs (and named); a mutation left
+with no test that passes unmutated is reported as not judged.
+
+    python -m scripts.mutate                 # every mutation (several minutes: nice it)
+    python -m scripts.mutate --only fp32-tolerance-100x sweep-ms-per-item
+    python -m scripts.mutate --list          # the mutations, one a line
+    python -m scripts.mutate --check         # only check that every snippet is still in the sources
+
+Exit status: 0 when the share caught reaches ``--target`` (default 0.8), 1 when it does not, 2 when a snippet
+is stale (the other mutations still run).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+COPIED = ("course_utils", "tests")
+NOT_LINKED = {".git", ".venv", "build", "results", "workspace", ".pytest_cache", ".ruff_cache", "__pycache__"}
+
+
+@dataclass(frozen=True)
+class Mutation:
+    """One planted bug: in ``file``, each ``old`` snippet (present exactly once) becomes its ``new``."""
+
+    id: str
+    file: str
+    edits: tuple[tuple[str, str], ...]
+    tests: tuple[str, ...]
+    what: str
+    source: str = "own"  # "issue 22": a bug the issue lists; "own": one of this script's
+
+    def apply(self, text: str) -> str:
+        for old, new in self.edits:
+            if text.count(old) != 1:
+                raise StaleSnippet(f"{self.id}: snippet found {text.count(old)} times in {self.file}: {old[:60]!r}")
+            text = text.replace(old, new)
+        return text
+
+
+class StaleSnippet(Exception):
+    """A mutation's snippet is no longer in its file (exactly once): update the mutation list."""
+
+
+def M(id: str, file: str, old: str, new: str, tests: str | tuple[str, ...], what: str, source: str = "own",
+      more: tuple[tuple[str, str], ...] = ()) -> Mutation:  # fmt: skip
+    tests = (tests,) if isinstance(tests, str) else tests
+    return Mutation(id, f"course_utils/{file}", ((old, new), *more), tuple(f"tests/{t}" for t in tests), what, source)
+
+
+ISSUE = "issue 22"
+T_TIMING = ("test_values_timing.py", "test_timing.py")
+T_COMPARE = ("test_values_compare.py", "test_compare.py")
+T_RESULTS = ("test_values_results.py", "test_results.py")
+T_LOAD = ("test_values_load.py",)
+T_PATHS = ("test_values_results.py", "test_paths.py")
+T_ENGINES = ("test_values_engines.py",)
+T_EX = (  # the machinery's tests, not every reference solution (slow)
+    *(
+        f"test_exercises.py::{t}"
+        for t in (
+            "test_check_prints_exactly_one_verdict",
+            "test_a_not_implemented_error_from_inside_torch_is_shown_not_hidden",
+            "test_other_errors_of_the_learner_are_one_line_with_the_place",
+            "test_a_hung_answer_is_stopped_by_the_time_limit",
+            "test_a_huge_message_is_cut",
+            "test_random_cases_change_per_call_and_print_their_seed",
+        )
+    ),
+    "test_values_exercises.py",
+)
+T_L01 = ("test_values_exercises.py", "test_exercises_l01.py")
+T_SWEEP = ("test_values_sweep.py", "test_sweep.py")
+T_MEMORY = ("test_values_memory.py", "test_memory.py")
+T_STREAMS = ("test_values_streamcheck.py", "test_streamcheck.py")
+
+# fmt: off
+MUTATIONS: list[Mutation] = [
+    # ---------------------------------------------------------------------------------- the bugs issue 22 lists
+    M("timing-no-end-sync", "timing.py", "            end.synchronize()\n", "", T_TIMING,
+      "timing.measure: the CUDA end event's synchronize() dropped", ISSUE),
+    M("sweep-ms-per-item", "sweep.py", '{"ms_per_item": m.median_ms / b}', '{"ms_per_item": m.median_ms}', T_SWEEP,
+      "batch_sweep: ms_per_item no longer divided by the batch size", ISSUE),
+    M("fp32-tolerance-100x", "compare.py", '"fp32": {"max_rel": 1e-4,', '"fp32": {"max_rel": 1e-2,', T_COMPARE,
+      "compare: the FP32 tolerance loosened 100x", ISSUE),
+    M("record-p90-from-p10", "results.py", "            p90_ms=measurement.p90_ms,\n",
+      "            p90_ms=measurement.p10_ms,\n", T_RESULTS, "results.record: p90 filled from p10", ISSUE),
+    M("load-p90-is-p95", "load.py", "        return self.percentile(90)", "        return self.percentile(95)",
+      T_LOAD, "load: p90 computed as p95", ISSUE),
+    M("load-p90-is-p75", "load.py", "        return self.percentile(90)", "        return self.percentile(75)",
+      T_LOAD, "load: p90 computed as p75", ISSUE),
+    M("append-no-lock", "paths.py", "            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)\n", "            pass\n",
+      T_PATHS, "paths.append_text: file lock removed", ISSUE),
+    M("guard-body-per-chunk", "server_guard.py", "            total += len(chunk)\n",
+      "            total = len(chunk)\n", T_LOAD, "server_guard: body size limited per chunk, not in total", ISSUE),
+    M("json-depth-off-by-one", "server_guard.py", "        if depth > max_depth:",
+      "        if depth > max_depth + 1:", T_LOAD, "server_guard: JSON nesting limit off by one (one level more)",
+      ISSUE),
+    M("json-depth-off-by-one-strict", "server_guard.py", "        if depth > max_depth:",
+      "        if depth >= max_depth:", T_LOAD, "server_guard: JSON nesting limit off by one (the limit refused)",
+      ISSUE),
+    M("check-x-then-tick", "exercises.py", '    else:\n        print(f"✓  Exercise {key}: correct.")',
+      '    finally:\n        print(f"✓  Exercise {key}: correct.")', T_EX, "exercises.check: prints ✗ and then ✓",
+      ISSUE),
+    M("l01-checker-assert-deleted", "lesson_exercises/l01.py", '    assert cold.calls >= 15, f"fn was called',
+      '    assert True or cold.calls >= 15, f"fn was called', T_L01,
+      "lesson_exercises/l01: the warm-up call-count assertion deleted", ISSUE),
+    M("staleness-ignores-build", "engines.py", '"onnx_sha256", "build")', '"onnx_sha256")', T_ENGINES,
+      "engines.engine_staleness ignores the build settings", ISSUE),
+    M("open-loop-from-send", "load.py", "        async def one(i: int) -> None:\n            nonlocal in_flight\n",
+      "        async def one(i: int) -> None:\n            nonlocal in_flight\n"
+      "            sent = time.perf_counter()\n",
+      T_LOAD, "load.open_loop: latency timed from the send instead of the due time", ISSUE,
+      more=(("lat.append((time.perf_counter() - start - due[i]) * 1000)",
+             "lat.append((time.perf_counter() - sent) * 1000)"),)),
+    M("rel-error-no-abs", "compare.py", "    scale = float(r.abs().max()) or 1.0",
+      "    scale = float(r.max()) or 1.0", T_COMPARE, "compare: relative error scaled without abs", ISSUE),
+    M("rel-error-no-abs-diff", "compare.py", "    diff = (o - r).abs()", "    diff = o - r", T_COMPARE,
+      "compare: the difference taken without abs", ISSUE),
+    M("sweep-no-inference-mode", "sweep.py", "        with torch.inference_mode():\n            m = measure(",
+      "        with torch.no_grad():\n            m = measure(", T_SWEEP,
+      "batch_sweep: run without inference_mode", ISSUE),
+    # ---------------------------------------------------------------------------------- timing
+    M("timing-no-warmup", "timing.py", "    for _ in range(warmup):\n        fn()",
+      "    for _ in range(0):\n        fn()", T_TIMING, "measure: the warm-up calls skipped"),
+    M("timing-cpu-no-sync", "timing.py", "            synchronize(dev)\n            times.append(",
+      "            times.append(", T_TIMING, "measure: no synchronize after each call on the CPU branch"),
+    M("timing-median-is-mean", "timing.py", "return float(np.median(self.times_ms))",
+      "return float(np.mean(self.times_ms))", T_TIMING, "Measurement.median_ms is the mean"),
+    M("timing-p90-is-p95", "timing.py", "return float(np.percentile(self.times_ms, 90))",
+      "return float(np.percentile(self.times_ms, 95))", T_TIMING, "Measurement.p90_ms is the 95th percentile"),
+    M("timing-seconds", "timing.py", "            times.append((time.perf_counter() - t0) * 1000.0)",
+      "            times.append((time.perf_counter() - t0) * 100.0)", T_TIMING, "measure: wrong unit (not ms)"),
+    M("timing-one-extra-repeat", "timing.py",
+      "            if len(times) >= min_repeats and time.perf_counter() - start_all >= min_time_s:\n"
+      "                break\n    else:",
+      "            if len(times) > min_repeats and time.perf_counter() - start_all >= min_time_s:\n"
+      "                break\n    else:", T_TIMING, "measure (CUDA): one call more than min_repeats"),
+    M("timing-throughput-at-mean", "timing.py", "return self.batch_size / (self.median_ms / 1000.0)",
+      "return self.batch_size / (self.mean_ms / 1000.0)", T_TIMING, "Measurement.throughput at the mean time"),
+    # ---------------------------------------------------------------------------------- compare
+    M("cosine-bound-loosened", "compare.py", '    if cosine < tol["cosine"]:',
+      '    if cosine < tol["cosine"] - 0.01:', T_COMPARE, "compare: the cosine bound loosened by 0.01"),
+    M("top1-not-checked", "compare.py", '    if top1 is not None and top1 < tol["top1"]:',
+      '    if False and top1 is not None and top1 < tol["top1"]:', T_COMPARE,
+      "compare: top-1 agreement not judged"),
+    M("int8-cosine-loosened", "compare.py", '"int8": {"max_rel": 1.5e-1, "cosine": 0.99,',
+      '"int8": {"max_rel": 1.5e-1, "cosine": 0.98,', T_COMPARE, "compare: the INT8 cosine bound loosened"),
+    # ---------------------------------------------------------------------------------- results
+    M("record-throughput-from-median", "results.py", "            throughput=measurement.throughput,\n",
+      "            throughput=measurement.median_ms,\n", T_RESULTS,
+      "record: throughput column filled from the median"),
+    M("record-measurement-wins", "results.py", 'p90_ms=p90_ms if p90_ms is not None else row["p90_ms"],',
+      'p90_ms=row["p90_ms"] if row["p90_ms"] is not None else p90_ms,', T_RESULTS,
+      "record: the measurement overrides an explicit p90"),
+    # ---------------------------------------------------------------------------------- load
+    M("load-throughput-counts-failures", "load.py", "return self.n_ok / self.wall_s if",
+      "return (self.n_ok + self.n_failed) / self.wall_s if", T_LOAD,
+      "LoadResult.throughput counts failed answers"),
+    M("load-in-flight-off-by-one", "load.py", "            if in_flight >= max_in_flight:",
+      "            if in_flight > max_in_flight:", T_LOAD, "open_loop: one request more in flight than allowed"),
+    M("load-p99-is-p95", "load.py", "        return self.percentile(99)", "        return self.percentile(95)",
+      T_LOAD, "load: p99 computed as p95"),
+    # ---------------------------------------------------------------------------------- server_guard
+    M("guard-size-limit-inclusive", "server_guard.py", "            if total > self.max_bytes:",
+      "            if total >= self.max_bytes:", T_LOAD, "server_guard: a body of exactly max_bytes refused"),
+    M("guard-int-digits-off-by-one", "server_guard.py", 'if len(s.lstrip("-")) > max_int_digits:',
+      'if len(s.lstrip("-")) > max_int_digits + 1:', T_LOAD,
+      "server_guard: integers one digit longer than the limit allowed"),
+    M("guard-declared-length-inclusive", "server_guard.py", "if length.isdigit() and int(length) > self.max_bytes:",
+      "if length.isdigit() and int(length) >= self.max_bytes:", T_LOAD,
+      "server_guard: a declared length of exactly max_bytes refused"),
+    # ---------------------------------------------------------------------------------- paths
+    M("append-torn-line-kept", "paths.py", 'fh.write(("\\n" if torn else "") + ', 'fh.write(("") + ', T_PATHS,
+      "append_text: a torn last line is not ended before the next one"),
+    M("append-header-always", "paths.py", "(text(size == 0) if callable(text) else text)",
+      "(text(True) if callable(text) else text)", T_PATHS, "append_text: the header written on every append"),
+    # ---------------------------------------------------------------------------------- engines
+    M("staleness-skips-profile", "engines.py", "        if stored.get(f) != expected.get(f):",
+      '        if f != "profile" and stored.get(f) != expected.get(f):', T_ENGINES,
+      "engine_staleness ignores the optimization profile"),
+    M("build-default-tf32-off", "engines.py", '    "tf32": True,\n', '    "tf32": False,\n', T_ENGINES,
+      "BUILD_DEFAULTS: the TF32 default wrong, so a default build gets another key"),
+    M("profile-order-unchecked", "engines.py", "            if not (0 < a <= b <= c):",
+      "            if not (0 < a and b <= c):", T_ENGINES, "Profile: min > opt accepted"),
+    # ---------------------------------------------------------------------------------- exercises
+    M("check-placeholder-always", "exercises.py", "    return not library and (last.line or",
+      "    return True or (last.line or", T_EX,
+      "check: every NotImplementedError taken for the learner's placeholder"),
+    M("verdict-timeout-propagates", "exercises.py",
+      "    except (AssertionError, ExerciseTimeout) as exc:\n        return",
+      "    except AssertionError as exc:\n        return", T_EX, "verdict: a timed-out answer is not a rejection"),
+    M("l01-count-assert-deleted", "lesson_exercises/l01.py", "    assert len(times) == repeats, f",
+      "    assert True or len(times) == repeats, f", T_L01,
+      "lesson_exercises/l01: the repeat-count assertion deleted"),
+    M("l01-max-assert-deleted", "lesson_exercises/l01.py", '    assert abs(float(out["max_ms"]) - srt[-1]) <= 1e-9',
+      '    assert True or abs(float(out["max_ms"]) - srt[-1]) <= 1e-9', T_L01,
+      "lesson_exercises/l01: max_ms no longer checked against the times"),
+    M("l01-fast-calls-assert-deleted", "lesson_exercises/l01.py", "    assert np.median(fast) < SLOW_MS / 3, (",
+      "    assert True or np.median(fast) < SLOW_MS / 3, (", T_L01,
+      "lesson_exercises/l01: the ordinary calls' times no longer checked"),
+    # ---------------------------------------------------------------------------------- sweep
+    M("sweep-throughput-unit", "sweep.py", "{k: d[k] for k in _TIMING}",
+      "{k: d[k] for k in _TIMING} | {'throughput': m.throughput / 1000}", T_SWEEP,
+      "batch_sweep: throughput in items per ms"),
+    M("sweep-oom-not-stopping", "sweep.py", "            oom_at = value\n",
+      "            oom_at = None\n            continue\n", T_SWEEP,
+      "sweep: an out-of-memory batch skipped instead of stopping the sweep"),
+    # ---------------------------------------------------------------------------------- memory
+    M("memory-default-no-grad", "memory.py", '    mode: str = "inference_mode",\n) -> pd.DataFrame:',
+      '    mode: str = "no_grad",\n) -> pd.DataFrame:', T_MEMORY, "peak_vs_batch: default mode no_grad"),
+    M("memory-peak-not-extra", "memory.py", "return max(0.0, peak_rss_mb() - before), out",
+      "return max(0.0, peak_rss_mb()), out", T_MEMORY, "cpu_peak_mb: the whole process, not the call's extra"),
+    M("memory-input-size", "memory.py", '"input_mb": x.nelement() * x.element_size() / 2**20',
+      '"input_mb": x.nelement() / 2**20', T_MEMORY, "peak_vs_batch: input size in elements, not bytes"),
+    M("memory-no-grad-enables", "memory.py", '    if mode == "no_grad":\n        return torch.no_grad()',
+      '    if mode == "no_grad":\n        return torch.enable_grad()', T_MEMORY,
+      "grad_context('no_grad') leaves autograd on"),
+    # ---------------------------------------------------------------------------------- streamcheck
+    M("streams-wait-event-ignored", "streamcheck.py",
+      '        self.dev.log.append(("wait_event", self.name, event.name))\n'
+      "        self.clock = _join(self.clock, event.clock)",
+      '        self.dev.log.append(("wait_event", self.name, event.name))', T_STREAMS,
+      "streamcheck: wait_event does not order the waiting stream"),
+    M("streams-read-read-race", "streamcheck.py", "if (a.write or b.write) and a.stream is not b.stream",
+      "if (a.write and b.write) and a.stream is not b.stream", T_STREAMS,
+      "streamcheck: only write-write pairs counted as races"),
+    M("streams-sync-ignored", "streamcheck.py",
+      "        self.dev.host = _join(self.dev.host, self.clock)\n\n    def query(self) -> bool:\n"
+      "        return True\n\n\nclass FakeEvent",
+      "        pass\n\n    def query(self) -> bool:\n        return True\n\n\nclass FakeEvent", T_STREAMS,
+      "streamcheck: Stream.synchronize orders nothing"),
+    M("streams-event-sync-ignored", "streamcheck.py",
+      "        self.dev.host = _join(self.dev.host, self.clock)\n\n    def query(self) -> bool:\n"
+      "        return True\n\n    def elapsed_time",
+      "        pass\n\n    def query(self) -> bool:\n        return True\n\n    def elapsed_time", T_STREAMS,
+      "streamcheck: Event.synchronize orders nothing"),
+    M("streams-wait-stream-ignored", "streamcheck.py",
+      '        self.dev.log.append(("wait_stream", self.name, other.name))\n'
+      "        self.clock = _join(self.clock, other.clock)",
+      '        self.dev.log.append(("wait_stream", self.name, other.name))', T_STREAMS,
+      "streamcheck: wait_stream does not order the waiting stream"),
+]
+# fmt: on
+
+
+def check_snippets(root: Path = ROOT, mutations: list[Mutation] | None = None) -> list[str]:
+    """Problems with the mutation list: stale snippets, a mutation that does not compile, missing test files."""
+    problems = []
+    for m in mutations or MUTATIONS:
+        path = root / m.file
+        try:
+            text = path.read_text(encoding="utf-8")
+            mutated = m.apply(text)
+            compile(mutated, str(path), "exec")
+            if mutated == text:
+                problems.append(f"{m.id}: the mutation changes nothing")
+        except StaleSnippet as exc:
+            problems.append(str(exc))
+        except (OSError, SyntaxError) as exc:
+            problems.append(f"{m.id}: {type(exc).__name__}: {exc}")
+        for t in m.tests:
+            file, _, node = t.partition("::")
+            if not (root / file).exists():
+                problems.append(f"{m.id}: test file {t} does not exist")
+            elif node and f"def {node.split('[')[0]}(" not in (root / file).read_text(encoding="utf-8"):
+                problems.append(f"{m.id}: no test {t}")  # pytest would exit 4, which would look like a catch
+    ids = [m.id for m in mutations or MUTATIONS]
+    problems += [f"duplicate id {i}" for i in sorted({i for i in ids if ids.count(i) > 1})]
+    return problems
+
+
+def make_copy() -> Path:
+    """A temporary tree: ``course_utils/`` and ``tests/`` copied, every other top-level entry linked."""
+    work = Path(tempfile.mkdtemp(prefix="course-mutate-"))
+    ignore = shutil.ignore_patterns("__pycache__", "*.pyc")
+    for name in COPIED:
+        shutil.copytree(ROOT / name, work / name, ignore=ignore)
+    for entry in ROOT.iterdir():
+        if entry.name not in COPIED and entry.name not in NOT_LINKED and not entry.name.endswith(".egg-info"):
+            (work / entry.name).symlink_to(entry)
+    return work
+
+
+def _env(work: Path) -> dict[str, str]:
+    env = dict(os.environ, PYTHONPATH=str(work), COURSE_SMOKE="1", MPLBACKEND="agg", PYTHONDONTWRITEBYTECODE="1",
+               COURSE_RESULTS_DIR=str(work / "results"))  # fmt: skip
+    env.pop("COURSE_STRICT_GPU", None)
+    return env
+
+
+def run_tests(work: Path, tests: tuple[str, ...], timeout: float, *, stop_first: bool = True,
+              deselect: tuple[str, ...] = ()) -> tuple[bool, str, float]:  # fmt: skip
+    """pytest on ``tests`` in ``work``: (passed, its output, seconds)."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "-p", "no:cacheprovider", "-p", "no:randomly", *tests]
+    cmd += ["-x"] if stop_first else []
+    for node in deselect:
+        cmd += ["--deselect", node]
+    t0 = time.perf_counter()
+    try:
+        out = subprocess.run(cmd, cwd=work, env=_env(work), capture_output=True, text=True, timeout=timeout)
+    except subprocess.TimeoutExpired:
+        return False, f"timed out after {timeout:.0f} s", time.perf_counter() - t0
+    return out.returncode == 0, (out.stdout + out.stderr).strip(), time.perf_counter() - t0
+
+
+def failing_nodes(output: str) -> tuple[list[str], list[str]]:
+    """(failed test ids, files that failed to collect) from pytest's ``-rfE`` summary."""
+    failed, broken = [], []
+    for line in output.splitlines():
+        if line.startswith("FAILED "):
+            failed.append(line[7:].split(" - ")[0].strip())
+        elif line.startswith("ERROR "):
+            node = line[6:].split(" - ")[0].strip()
+            (failed if "::" in node else broken).append(node)
+    return failed, broken
+
+
+def run_mutation(work: Path, m: Mutation, timeout: float, deselect: tuple[str, ...] = (),
+                 skip_files: frozenset[str] = frozenset()) -> tuple[bool | None, str, float]:  # fmt: skip
+    """Plant ``m`` in the copy, run its tests, restore the file: (caught, last lines of output, seconds).
+
+    ``caught`` is None when none of the mutation's test files can run (they fail to collect unmutated).
+    """
+    tests = tuple(t for t in m.tests if t.split("::")[0] not in skip_files)
+    if not tests:
+        return None, "no runnable test file", 0.0
+    path = work / m.file
+    original = path.read_text(encoding="utf-8")
+    try:
+        path.write_text(m.apply(original), encoding="utf-8")
+        passed, out, secs = run_tests(work, tests, timeout, deselect=deselect)
+    finally:
+        path.write_text(original, encoding="utf-8")
+    first_failure = [line for line in out.splitlines() if line.startswith(("FAILED ", "ERROR "))][:1]
+    return not passed, "\n".join(first_failure + out.splitlines()[-1:]), secs
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--only", nargs="+", metavar="ID", help="run only these mutations")
+    ap.add_argument("--list", action="store_true", help="list the mutations and exit")
+    ap.add_argument("--check", action="store_true", help="only check that every snippet is still in the sources")
+    ap.add_argument("-v", "--verbose", action="store_true", help="show how each caught mutation failed")
+    ap.add_argument("--no-baseline", action="store_true", help="skip the unmutated run (not recommended)")
+    ap.add_argument("--timeout", type=float, default=300.0, help="seconds per test run (default 300)")
+    ap.add_argument("--target", type=float, default=0.8, help="share to catch for exit status 0 (default 0.8)")
+    args = ap.parse_args(argv)
+
+    chosen = MUTATIONS
+    if args.only:
+        unknown = sorted(set(args.only) - {m.id for m in MUTATIONS})
+        if unknown:
+            ap.error(f"unknown mutation id(s) {unknown}; see --list")
+        chosen = [m for m in MUTATIONS if m.id in args.only]
+    if args.list:
+        for m in chosen:
+            print(f"{m.id:32s} {m.file:38s} [{m.source}] {m.what}")
+        return 0
+    problems = check_snippets(ROOT, chosen)
+    if problems:
+        print("The mutation list is stale (update scripts/mutate.py):\n  " + "\n  ".join(problems))
+        if args.check:
+            return 2
+        stale = {p.split(":")[0] for p in problems}
+        chosen = [m for m in chosen if m.id not in stale]
+        print(f"running the other {len(chosen)} mutations")
+    elif args.check:
+        print(f"all {len(chosen)} mutations apply to the current sources")
+        return 0
+
+    work = make_copy()
+    try:
+        deselect: tuple[str, ...] = ()
+        broken: frozenset[str] = frozenset()
+        if not args.no_baseline:
+            tests = tuple(dict.fromkeys(t for m in chosen for t in m.tests))
+            ok, out, secs = run_tests(work, tests, args.timeout * 3, stop_first=False)
+            failed, broken_files = failing_nodes(out)
+            deselect, broken = tuple(failed), frozenset(broken_files)
+            state = "green" if ok else f"{len(failed)} failing test(s), {len(broken_files)} file(s) not collected"
+            print(f"baseline: {len(tests)} test files on the unmutated copy: {state} ({secs:.0f} s)")
+            for node in [*failed, *broken_files]:
+                print(f"  left out of the mutation runs (fails unmutated): {node}")
+            if not ok and not failed and not broken_files:
+                print(
+                    "  " + "\n  ".join(out.splitlines()[-5:]) + "\nThe baseline fails for an unknown reason: stopping."
+                )
+                return 2
+        survivors, unjudged = [], []
+        for i, m in enumerate(chosen, 1):
+            caught, tail, secs = run_mutation(work, m, args.timeout, deselect, broken)
+            mark = "caught  " if caught else "SURVIVED" if caught is False else "no test "
+            print(f"[{i:2d}/{len(chosen)}] {mark} {m.id:32s} {secs:5.1f} s  {m.what}", flush=True)
+            if args.verbose and caught:
+                print("      " + "\n      ".join(line[:150] for line in tail.splitlines()))
+            if caught is None:
+                unjudged.append(m)
+            elif not caught:
+                survivors.append(m)
+        judged = [m for m in chosen if m not in unjudged]
+        caught_n = len(judged) - len(survivors)
+        share = caught_n / len(judged) if judged else 0.0
+        print(
+            f"\ncaught {caught_n}/{len(judged)} ({share:.0%})" + (f"; {len(unjudged)} not judged" if unjudged else "")
+        )
+        for source in sorted({m.source for m in judged}):
+            part = [m for m in judged if m.source == source]
+            print(f"  {source}: {sum(m not in survivors for m in part)}/{len(part)}")
+        if survivors:
+            print("survivors:\n" + "\n".join(f"  {m.id} ({m.file}): {m.what}" for m in survivors))
+        return 2 if problems else 0 if share >= args.target else 1
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
