@@ -1,0 +1,215 @@
+"""Lesson 16's exercises: the checkers accept the reference and equivalent answers, and reject the usual mistakes
+with a reason naming them (continuous-batching admission; speculative verification)."""
+
+from __future__ import annotations
+
+from collections import deque
+
+import pytest
+import torch
+
+from course_utils import exercises
+from course_utils.lesson_exercises import l16
+
+SEEDS = [1, 2, 3]
+
+
+def admit_verdict(fn, seed=None) -> str:
+    return exercises.verdict("16.admit", fn, seed=seed)
+
+
+def verify_verdict(fn, seed=None) -> str:
+    return exercises.verdict("16.verify", fn, seed=seed)
+
+
+# ---------------------------------------------------------------- 16.admit
+def admit_in_place(running, waiting, max_slots):  # equivalent: mutates the list it was given
+    running[:] = [s for s in running if not s.done]
+    for _ in range(min(max_slots - len(running), len(waiting))):
+        running.append(waiting.popleft())
+    return running
+
+
+def static_batching(running, waiting, max_slots):  # admits only once the whole batch has finished
+    kept = [s for s in running if not s.done]
+    if not kept:
+        while waiting and len(kept) < max_slots:
+            kept.append(waiting.popleft())
+    return kept
+
+
+def beyond_capacity(running, waiting, max_slots):
+    kept = [s for s in running if not s.done]
+    while waiting:
+        kept.append(waiting.popleft())
+    return kept
+
+
+def newest_first(running, waiting, max_slots):  # LIFO: the oldest requests starve
+    kept = [s for s in running if not s.done]
+    while waiting and len(kept) < max_slots:
+        kept.append(waiting.pop())
+    return kept
+
+
+def no_retire(running, waiting, max_slots):  # finished sequences keep their slots
+    kept = list(running)
+    while waiting and len(kept) < max_slots:
+        kept.append(waiting.popleft())
+    return kept
+
+
+def one_per_step(running, waiting, max_slots):
+    kept = [s for s in running if not s.done]
+    if waiting and len(kept) < max_slots:
+        kept.append(waiting.popleft())
+    return kept
+
+
+def peek_without_pop(running, waiting, max_slots):  # admits but leaves the requests in the queue
+    kept = [s for s in running if not s.done]
+    for s in list(waiting)[: max_slots - len(kept)]:
+        kept.append(s)
+    return kept
+
+
+def preempts(running, waiting, max_slots):  # drops a running sequence to make room for newcomers
+    kept = [s for s in running if not s.done][: max_slots // 2]
+    while waiting and len(kept) < max_slots:
+        kept.append(waiting.popleft())
+    return kept
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_admit_reference_and_equivalent_are_accepted(seed):
+    assert admit_verdict(l16.admit_step, seed) == "accepted"
+    assert admit_verdict(admit_in_place, seed) == "accepted"
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (static_batching, "static batching"),
+        (beyond_capacity, "max_slots"),
+        (newest_first, "first come, first served"),
+        (no_retire, "retire every sequence"),
+        (one_per_step, "keep admitting while a slot is free"),
+        (peek_without_pop, "popleft"),
+        (preempts, "keep every sequence not done"),
+        (lambda running, waiting, max_slots: None, "return the new running list"),
+    ],
+)
+def test_wrong_admission_is_rejected_with_its_reason(answer, reason):
+    for seed in SEEDS:
+        verdict = admit_verdict(answer, seed)
+        assert reason in verdict, verdict
+        assert f"seed {seed}" in verdict
+
+
+def test_admit_unsolved_counts_as_not_attempted(capsys):
+    def stub(running, waiting, max_slots):
+        raise NotImplementedError
+
+    exercises.check("16.admit", stub)
+    assert "not solved yet" in capsys.readouterr().out
+
+
+def test_admit_checker_pins_one_simulated_step():
+    """A known case: 2 slots, one finished and one running sequence, three waiting: exactly one is admitted."""
+    done, busy = l16._Seq(0, 0), l16._Seq(1, 3)
+    queue = deque([l16._Seq(2, 1), l16._Seq(3, 1), l16._Seq(4, 1)])
+    out = l16.admit_step([done, busy], queue, 2)
+    assert [s.rid for s in out] == [1, 2] and [s.rid for s in queue] == [3, 4]
+
+
+# ---------------------------------------------------------------- 16.verify
+def scores(target, context, draft):
+    logits = target(torch.tensor([context + draft]))
+    return logits[0, len(context) - 1 :].argmax(-1).tolist()
+
+
+def verify_tensor_answer(target, context, draft):  # equivalent: returns a tensor, vectorized prefix
+    choice = target(torch.tensor([context + draft]))[0, len(context) - 1 :].argmax(-1)
+    match = (torch.tensor(draft, dtype=torch.long) == choice[: len(draft)]).long().cumprod(0)
+    n = int(match.sum())
+    return torch.tensor(draft[:n] + [int(choice[n])])
+
+
+def accept_whole_draft(target, context, draft):
+    choice = scores(target, context, draft)
+    return draft + [choice[len(draft)]]
+
+
+def drop_bonus(target, context, draft):
+    choice = scores(target, context, draft)
+    n = 0
+    while n < len(draft) and draft[n] == choice[n]:
+        n += 1
+    return draft[:n]
+
+
+def off_by_one(target, context, draft):  # compares draft[i] with the choice AFTER it
+    logits = target(torch.tensor([context + draft]))
+    choice = logits[0, len(context) :].argmax(-1).tolist() + [0]
+    n = 0
+    while n < len(draft) and draft[n] == choice[n]:
+        n += 1
+    return draft[:n] + [choice[n]]
+
+
+def token_by_token(target, context, draft):  # plain decoding: k target calls
+    out = []
+    for d in draft:
+        t = int(target(torch.tensor([context + out]))[0, -1].argmax())
+        out.append(t)
+        if t != d:
+            return out
+    return out + [int(target(torch.tensor([context + out]))[0, -1].argmax())]
+
+
+def ignore_draft(target, context, draft):  # one call, one token: correct but no speculation
+    return [int(target(torch.tensor([context]))[0, -1].argmax())]
+
+
+def keep_rejected_token(target, context, draft):  # appends the draft's token at the mismatch
+    choice = scores(target, context, draft)
+    n = 0
+    while n < len(draft) and draft[n] == choice[n]:
+        n += 1
+    return draft[: n + 1] if n < len(draft) else draft + [choice[n]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_verify_reference_and_equivalent_are_accepted(seed):
+    assert verify_verdict(l16.verify_draft, seed) == "accepted"
+    assert verify_verdict(verify_tensor_answer, seed) == "accepted"
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (accept_whole_draft, "accepted the whole draft"),
+        (drop_bonus, "dropped the model's own token"),
+        (off_by_one, "off by one"),
+        (token_by_token, "token by token"),
+        (ignore_draft, "call it once on context + draft"),
+        (keep_rejected_token, "MODEL's token"),
+        (lambda target, context, draft: draft, "verify never called target"),
+    ],
+)
+def test_wrong_verification_is_rejected_with_its_reason(answer, reason):
+    for seed in SEEDS:
+        verdict = verify_verdict(answer, seed)
+        assert reason in verdict, verdict
+
+
+def test_verify_checker_pins_a_known_case():
+    """On the checker's own model: a right draft of 3 gives 4 tokens, a wrong first token gives 1."""
+    model = l16._tiny_target()
+    prompt = [3, 1, 4, 1, 5]
+    ref = l16._greedy(model, prompt, 5)
+    target = l16._Target(model)
+    assert l16.verify_draft(target, prompt, ref[:3]) == ref[:4]
+    wrong = [(ref[0] + 1) % model.config.vocab_size, ref[1]]
+    assert l16.verify_draft(target, prompt, wrong) == ref[:1]
+    assert target.calls == 2
