@@ -40,7 +40,7 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from course_utils import quant as Q
+from course_utils import quant
 
 warnings.filterwarnings("ignore", category=cu.timing.HighSpreadWarning)
 THRESHOLD = 1.0  # accuracy points a variant may lose before it is flagged
@@ -127,12 +127,13 @@ acc_fp32 = cu.models.accuracy(mlp, digits.x_test, digits.y_test)
 acc_q = cu.models.accuracy(mlp_q, digits.x_test, digits.y_test)
 with torch.inference_mode():
     cu.check_outputs(mlp_q(digits.x_test), mlp(digits.x_test), "int8", label="MLP dynamic INT8 vs FP32")
-flag_q = Q.accuracy_flag(acc_q, acc_fp32, THRESHOLD)
+flag_q = quant.accuracy_flag(acc_q, acc_fp32, THRESHOLD)
 print(f"digits accuracy: FP32 {acc_fp32:.2%}, dynamic INT8 {acc_q:.2%} -> {flag_q}")
-lin_ratio_mlp = Q.linear_weight_bytes(mlp) / Q.linear_weight_bytes(mlp_q)
-print(f"Linear weights: {Q.linear_weight_bytes(mlp) / 2**20:.2f} MiB -> {Q.linear_weight_bytes(mlp_q) / 2**20:.2f} MiB "
-      f"({lin_ratio_mlp:.2f}x smaller; course target 3.5x); whole state dict {Q.state_dict_bytes(mlp) / 2**20:.2f} -> "
-      f"{Q.state_dict_bytes(mlp_q) / 2**20:.2f} MiB")  # fmt: skip
+lin_ratio_mlp = quant.linear_weight_bytes(mlp) / quant.linear_weight_bytes(mlp_q)
+mib = {"lin": quant.linear_weight_bytes(mlp) / 2**20, "lin_q": quant.linear_weight_bytes(mlp_q) / 2**20,
+       "sd": quant.state_dict_bytes(mlp) / 2**20, "sd_q": quant.state_dict_bytes(mlp_q) / 2**20}  # fmt: skip
+print(f"Linear weights: {mib['lin']:.2f} MiB -> {mib['lin_q']:.2f} MiB ({lin_ratio_mlp:.2f}x smaller; course target "
+      f"3.5x); whole state dict {mib['sd']:.2f} -> {mib['sd_q']:.2f} MiB")  # fmt: skip
 
 # %% [markdown]
 # Correct first (above), then fast: latency at a few batch sizes, both on the CPU.
@@ -164,17 +165,19 @@ summary.append({"method": "dynamic INT8 (quantize_dynamic)", "model": "digits ML
 # %%
 st = cu.models.minilm()
 sentences = [s for s in cu.data.verified_path("sentences.txt").read_text().splitlines() if s.strip()]
-features = Q.fixed_length_features(st, sentences)
+features = quant.fixed_length_features(st, sentences)
 B = 32
 batch32 = {k: v[torch.arange(B) % len(sentences)] for k, v in features.items()}
-ref_emb = Q.embed_batched(st, features, B)
-print(f"{len(sentences)} sentences, length {features['input_ids'].shape[1]}; {len(Q.linear_names(st))} Linear layers")
+ref_emb = quant.embed_batched(st, features, B)
+print(
+    f"{len(sentences)} sentences, length {features['input_ids'].shape[1]}; {len(quant.linear_names(st))} Linear layers"
+)
 
 
 def judge(name: str, model) -> dict:
-    emb = Q.embed_batched(model, features, B)
-    agree = Q.neighbour_agreement(emb, ref_emb, k=3)
-    cos = Q.mean_cosine(emb, ref_emb)
+    emb = quant.embed_batched(model, features, B)
+    agree = quant.neighbour_agreement(emb, ref_emb, k=3)
+    cos = quant.mean_cosine(emb, ref_emb)
     print(f"{name}: cosine to FP32 {cos:.4f}, nearest-neighbour agreement {agree['top1']:.0%} -> "
           + ("OK" if cos >= COSINE_TARGET else f"FLAG: below {COSINE_TARGET}"))  # fmt: skip
     return {"cosine": cos, **agree}
@@ -211,9 +214,11 @@ if COMPILE:
         inner = model[0].auto_model
         inner.forward = torch.compile(inner.forward)
         t0 = time.perf_counter()
-        Q.embed(model, batch32)  # the first call compiles
+        quant.embed(model, batch32)  # the first call compiles
         print(f"{name}: compile + first call {time.perf_counter() - t0:.0f} s")
-    cu.check_outputs(Q.embed(st_fp32c, batch32), Q.embed(st, batch32), "fp32", label="compiled FP32 vs eager FP32")
+    cu.check_outputs(
+        quant.embed(st_fp32c, batch32), quant.embed(st, batch32), "fp32", label="compiled FP32 vs eager FP32"
+    )
     acc_ao = judge("torchao INT8 dynamic (compiled)", st_ao)
 else:
     print("Smoke mode: no compilation, so torchao INT8 is not timed (full mode times it compiled).")
@@ -230,7 +235,7 @@ variants = [("fp32 eager", st), ("quantize_dynamic eager", st_dyn)]
 variants += [("fp32 compiled", st_fp32c), ("torchao int8 compiled", st_ao)] if COMPILE else []
 lm_rows = []
 for name, model in variants:
-    m = time_model(lambda f, model=model: Q.embed(model, f), xb_lm, f"MiniLM {name}")
+    m = time_model(lambda f, model=model: quant.embed(model, f), xb_lm, f"MiniLM {name}")
     lm_rows.append({"variant": name, "median_ms": m.median_ms, "spread": m.spread, "m": m})
 lm = pd.DataFrame(lm_rows).set_index("variant")
 lm["baseline"] = ["fp32 compiled" if "compiled" in v else "fp32 eager" for v in lm.index]
@@ -247,8 +252,8 @@ if COMPILE:
           + ("" if HAS_INT8_DOT else "; this CPU has no VNNI/AMX INT8 dot-product instructions") + ")")  # fmt: skip
     bars["torchao int8 (compiled vs compiled)"] = s_ao
 cu.plots.speedup_bars(bars, title=f"MiniLM batch {TB}: INT8 vs FP32 on this CPU")
-lw = {"fp32": Q.linear_weight_bytes(st), "quantize_dynamic": Q.linear_weight_bytes(st_dyn),
-      "torchao int8": Q.linear_weight_bytes(st_ao)}  # fmt: skip
+lw = {"fp32": quant.linear_weight_bytes(st), "quantize_dynamic": quant.linear_weight_bytes(st_dyn),
+      "torchao int8": quant.linear_weight_bytes(st_ao)}  # fmt: skip
 print("Linear weights: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in lw.items())
       + f" (torchao {lw['fp32'] / lw['torchao int8']:.2f}x smaller: its per-row scales take some bytes)")  # fmt: skip
 summary.append({"method": "dynamic INT8 (quantize_dynamic)", "model": "MiniLM", "size ratio": lw["fp32"] /
@@ -266,10 +271,12 @@ summary.append({"method": "torchao INT8 + compile", "model": "MiniLM", "size rat
 if cu.modes.opt_in_section(
     "05.minilm-sensitivity", "COURSE_05_SENSITIVITY", "It scores one MiniLM variant per Linear layer."
 ):
-    score_ref = Q.embed(st, batch32)
-    sens = Q.layer_sensitivity(st, st_dyn, lambda model: Q.mean_cosine(Q.embed(model, batch32), score_ref))
+    score_ref = quant.embed(st, batch32)
+    sens = quant.layer_sensitivity(st, st_dyn, lambda model: quant.mean_cosine(quant.embed(model, batch32), score_ref))
     display(sens.table.groupby("kind")["drop"].agg(["mean", "max"]).sort_values("mean", ascending=False))
-    keep, path = Q.greedy_keep_fp32(st, st_dyn, sens, lambda m: Q.mean_cosine(Q.embed(m, batch32), score_ref))
+    keep, path = quant.greedy_keep_fp32(
+        st, st_dyn, sens, lambda m: quant.mean_cosine(quant.embed(m, batch32), score_ref)
+    )
     print(f"{len(keep)} layer(s) kept in FP32 reach cosine {path.cosine.iloc[-1]:.4f}: {keep}")
 
 # %% [markdown]
@@ -282,7 +289,7 @@ print(f"ResNet-18: {note}")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     res_dyn = torch.ao.quantization.quantize_dynamic(copy.deepcopy(resnet), {torch.nn.Linear}, dtype=torch.qint8)
-changed = [n for n, m in res_dyn.named_modules() if Q.is_dynamic_quantized_linear(m)]
+changed = [n for n, m in res_dyn.named_modules() if quant.is_dynamic_quantized_linear(m)]
 n_conv = sum(isinstance(m, torch.nn.Conv2d) for m in resnet.modules())
 print(f"quantize_dynamic changed {len(changed)} module(s): {changed}; the {n_conv} Conv2d layers, where the time "
       "goes, are untouched: dynamic quantization handles Linear (and RNN) layers only.")  # fmt: skip
@@ -339,7 +346,7 @@ calib_rows = []
 for n in cu.pick(full=[1, 4, 16, 64, 256, len(digits.x_train)], smoke=[1, 64]):
     qm = ptq_x86(cnn, digits.x_train[:n])
     a = cu.models.accuracy(qm, digits.x_test, digits.y_test)
-    calib_rows.append({"calibration images": n, "accuracy": a, "flag": Q.accuracy_flag(a, acc_cnn, THRESHOLD)})
+    calib_rows.append({"calibration images": n, "accuracy": a, "flag": quant.accuracy_flag(a, acc_cnn, THRESHOLD)})
 calib = pd.DataFrame(calib_rows)
 print(f"FP32 CNN accuracy: {acc_cnn:.2%}")
 display(calib)
@@ -382,7 +389,8 @@ res_int8 = convert_pt2e(res_prepared)
 print("strict export: prepared, calibrated on 4 batches and converted")
 
 # %% [markdown]
-# **Freezing.** Compile both models with `torch._inductor.config.freezing = True` and call them under
+# **Freezing.** Compile both models with freezing on (`with torch._inductor.config.patch(freezing=True):`, which
+# puts the setting back afterwards) and call them under
 # `inference_mode`. Freezing treats the weights as constants: that lets Inductor fold BatchNorm, pre-pack
 # weights for oneDNN and, for the INT8 graph, replace each dequantize → conv → quantize pattern with a oneDNN
 # INT8 convolution (`onednn.qconv...`). Without freezing the INT8 model runs as dequantize + FP32 convolution
@@ -393,44 +401,49 @@ print("strict export: prepared, calibrated on 4 batches and converted")
 # %%
 from torch._inductor.utils import run_and_get_code
 
-torch._inductor.config.freezing = True
 res_speed = res_cos = None
 int8_ops: list[str] = []
 if not cu.is_smoke():
-    with torch.inference_mode():
-        res_fp32_c = torch.compile(resnet)
-        res_int8_c = torch.compile(res_int8)
-        t0 = time.perf_counter()
-        ref_out = res_fp32_c(x_res)
-        t1 = time.perf_counter()
-        out, code = run_and_get_code(res_int8_c, x_res)
-        t2 = time.perf_counter()
-    int8_ops = sorted(set(re.findall(r"torch\.ops\.onednn\.q\w+", "\n".join(code))))
-    print(f"compile + first call: FP32 {t1 - t0:.0f} s, INT8 {t2 - t1:.0f} s")
-    print("INT8 kernels in the generated code:", int8_ops or "none (the INT8 graph runs as dequantize + FP32)")
-    # Random weights give near-tied logits, so top-1 agreement says little here: the criterion is the cosine.
-    cmp = cu.compare_outputs(out, ref_out, "int8")
-    res_cos = cmp.cosine
-    print(f"ResNet-18 static INT8 (compiled) vs FP32 (compiled): output cosine {res_cos:.4f} (criterion >= 0.99), "
-          f"max rel {cmp.max_rel:.3g}, top-1 agreement {cmp.top1:.0%} (random weights: near-tied logits)")  # fmt: skip
-    if res_cos < 0.99:
-        raise cu.errors.ToleranceError(f"static INT8 ResNet-18 output cosine {res_cos:.4f} < 0.99: not timed")
-    reps = {"min_repeats": 8, "min_time_s": 1.0, "warmup": 2}
-    m_f = time_model(res_fp32_c, x_res, "ResNet-18 fp32 compiled+frozen", **reps)
-    m_q = time_model(res_int8_c, x_res, "ResNet-18 int8 compiled+frozen", **reps)
-    res_speed = m_f.median_ms / m_q.median_ms
-    print(f"ResNet-18, batch {RB}, {H}px: FP32 {m_f.median_ms:.1f} ms, static INT8 {m_q.median_ms:.1f} ms -> "
-          f"{res_speed:.2f}x at output cosine {res_cos:.4f} (spread {m_f.spread:.0%} / {m_q.spread:.0%})")  # fmt: skip
-    if HAS_INT8_DOT:
-        met = res_speed >= 1.5 and res_cos >= 0.99
-        print(f"Course target (CPU with VNNI/AMX): 1.5x at cosine 0.99: {'met' if met else 'missed'}.")
-    else:
-        print(f"This CPU ({caps['cpu']}, {torch.backends.cpu.get_cpu_capability()}) has no VNNI or AMX: oneDNN's INT8 "
-              "convolutions fall back to AVX2 multiply-add sequences, so the 1.5x target (set for VNNI/AMX CPUs) does "
-              f"not apply; what INT8 gives here is the {res_speed:.2f}x above.")  # fmt: skip
-    cu.record("05", "static int8 pt2e compiled+frozen", model="ResNet-18", dtype="int8", measurement=m_q,
-              speedup_vs_baseline=res_speed, error_vs_baseline=1 - res_cos,
-              notes=f"{H}px, vs fp32 compiled+frozen")  # fmt: skip
+    # freezing for these compiles only: `config.patch` restores the previous value on leaving (a global
+    # `freezing = True` would stay on for every later compile in this process, the GPU ones included)
+    with torch._inductor.config.patch(freezing=True):
+        with torch.inference_mode():
+            res_fp32_c = torch.compile(resnet)
+            res_int8_c = torch.compile(res_int8)
+            t0 = time.perf_counter()
+            ref_out = res_fp32_c(x_res)
+            t1 = time.perf_counter()
+            out, code = run_and_get_code(res_int8_c, x_res)
+            t2 = time.perf_counter()
+        int8_ops = sorted(set(re.findall(r"torch\.ops\.onednn\.q\w+", "\n".join(code))))
+        print(f"compile + first call: FP32 {t1 - t0:.0f} s, INT8 {t2 - t1:.0f} s")
+        print("INT8 kernels in the generated code:", int8_ops or "none (the INT8 graph runs as dequantize + FP32)")
+        # Random weights map nearly every input to one class, so top-1 agreement would prove nothing here:
+        # the criterion is the output cosine, with the largest relative error beside it.
+        cmp = cu.compare_outputs(out, ref_out, "int8")
+        res_cos = cmp.cosine
+        print(f"ResNet-18 static INT8 (compiled) vs FP32 (compiled): output cosine {res_cos:.4f} (criterion >= 0.99), "
+              f"max rel {cmp.max_rel:.3g}")  # fmt: skip
+        if res_cos < 0.99:
+            raise cu.errors.ToleranceError(f"static INT8 ResNet-18 output cosine {res_cos:.4f} < 0.99: not timed")
+        reps = {"min_repeats": 8, "min_time_s": 1.0, "warmup": 2}
+        m_f = time_model(res_fp32_c, x_res, "ResNet-18 fp32 compiled+frozen", **reps)
+        m_q = time_model(res_int8_c, x_res, "ResNet-18 int8 compiled+frozen", **reps)
+        res_speed = m_f.median_ms / m_q.median_ms
+        print(f"ResNet-18, batch {RB}, {H}px: FP32 {m_f.median_ms:.1f} ms, static INT8 {m_q.median_ms:.1f} ms "
+              f"-> {res_speed:.2f}x at output cosine {res_cos:.4f} (spread {m_f.spread:.0%} / "
+              f"{m_q.spread:.0%})")  # fmt: skip
+        if HAS_INT8_DOT:
+            met = res_speed >= 1.5 and res_cos >= 0.99
+            print(f"Course target (CPU with VNNI/AMX): 1.5x at cosine 0.99: {'met' if met else 'missed'}.")
+        else:
+            isa = torch.backends.cpu.get_cpu_capability()
+            print(f"This CPU ({caps['cpu']}, {isa}) has no VNNI or AMX: oneDNN's INT8 convolutions fall back to "
+                  "AVX2 multiply-add sequences, so the 1.5x target (set for VNNI/AMX CPUs) does not apply; what "
+                  f"INT8 gives here is the {res_speed:.2f}x above.")  # fmt: skip
+        cu.record("05", "static int8 pt2e compiled+frozen", model="ResNet-18", dtype="int8", measurement=m_q,
+                  speedup_vs_baseline=res_speed, error_vs_baseline=1 - res_cos,
+                  notes=f"{H}px, vs fp32 compiled+frozen")  # fmt: skip
 else:
     print("Smoke mode: the compiled comparison runs in full mode only.")
 summary.append({"method": "static INT8 (PT2E) + compile, freezing", "model": "ResNet-18", "speed-up": res_speed,
@@ -449,7 +462,7 @@ from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 qat_n = cu.pick(full=len(digits.x_train), smoke=256)
 xq, yq = digits.x_train[:qat_n], digits.y_train[:qat_n]
 batch_dim = torch.export.Dim("batch", min=1, max=4096)
-qat_graph = torch.export.export(Q.fold_batchnorm(cnn).train(), (xq[:2],), dynamic_shapes=({0: batch_dim},)).module()
+qat_graph = torch.export.export(quant.fold_batchnorm(cnn).train(), (xq[:2],), dynamic_shapes=({0: batch_dim},)).module()
 qat_quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=True))
 qat_prepared = prepare_qat_pt2e(qat_graph, qat_quantizer)
 move_exported_model_to_train(qat_prepared)
@@ -464,8 +477,8 @@ for _epoch in range(cu.pick(full=2, smoke=1)):
 move_exported_model_to_eval(qat_prepared)
 cnn_qat = convert_pt2e(qat_prepared)
 acc_qat = cu.models.accuracy(cnn_qat, digits.x_test, digits.y_test)
-print(f"digits CNN: FP32 {acc_cnn:.2%}, PTQ {acc_ptq:.2%} ({Q.accuracy_flag(acc_ptq, acc_cnn, THRESHOLD)}), "
-      f"QAT {acc_qat:.2%} ({Q.accuracy_flag(acc_qat, acc_cnn, THRESHOLD)})")  # fmt: skip
+print(f"digits CNN: FP32 {acc_cnn:.2%}, PTQ {acc_ptq:.2%} ({quant.accuracy_flag(acc_ptq, acc_cnn, THRESHOLD)}), "
+      f"QAT {acc_qat:.2%} ({quant.accuracy_flag(acc_qat, acc_cnn, THRESHOLD)})")  # fmt: skip
 diff = (acc_qat - acc_ptq) * 100
 print(f"QAT is {abs(diff):.2f} points {'above' if diff > 0 else 'below' if diff < 0 else 'level with'} PTQ here"
       + (": PTQ already matched FP32: QAT had nothing to recover." if acc_ptq >= acc_cnn - 0.005 else "."))  # fmt: skip
@@ -477,21 +490,22 @@ print(f"QAT is {abs(diff):.2f} points {'above' if diff > 0 else 'below' if diff 
 # %%
 cnn_speed = {}
 if not cu.is_smoke():
-    xb = digits.x_test[:256]
-    cnn_models = {"fp32": cnn, "PTQ int8": cnn_ptq, "QAT int8": cnn_qat}
-    with torch.inference_mode():
-        compiled = {k: torch.compile(v) for k, v in cnn_models.items()}
-        for k, f in compiled.items():
-            prec = "fp32" if k == "fp32" else "int8"  # each compiled model against its own eager run
-            cu.check_outputs(f(xb), cnn_models[k](xb), prec, label=f"compiled {k} vs eager {k}")
-    ms = {k: time_model(f, xb, f"digits CNN {k} compiled+frozen") for k, f in compiled.items()}
-    cnn_speed = {k: ms["fp32"].median_ms / m.median_ms for k, m in ms.items()}
-    for k, m in ms.items():
-        print(f"{k}: {m.median_ms:.3f} ms (spread {m.spread:.0%}), {cnn_speed[k]:.2f}x the compiled FP32 speed")
-        if k != "fp32":
-            acc_k = acc_ptq if k.startswith("PTQ") else acc_qat
-            cu.record("05", f"{k} compiled+frozen", model="digits CNN", dtype="int8", measurement=m,
-                      speedup_vs_baseline=cnn_speed[k], error_vs_baseline=acc_cnn - acc_k)  # fmt: skip
+    with torch._inductor.config.patch(freezing=True):  # freezing for these compiles only
+        xb = digits.x_test[:256]
+        cnn_models = {"fp32": cnn, "PTQ int8": cnn_ptq, "QAT int8": cnn_qat}
+        with torch.inference_mode():
+            compiled = {k: torch.compile(v) for k, v in cnn_models.items()}
+            for k, f in compiled.items():
+                prec = "fp32" if k == "fp32" else "int8"  # each compiled model against its own eager run
+                cu.check_outputs(f(xb), cnn_models[k](xb), prec, label=f"compiled {k} vs eager {k}")
+        ms = {k: time_model(f, xb, f"digits CNN {k} compiled+frozen") for k, f in compiled.items()}
+        cnn_speed = {k: ms["fp32"].median_ms / m.median_ms for k, m in ms.items()}
+        for k, m in ms.items():
+            print(f"{k}: {m.median_ms:.3f} ms (spread {m.spread:.0%}), {cnn_speed[k]:.2f}x the compiled FP32 speed")
+            if k != "fp32":
+                acc_k = acc_ptq if k.startswith("PTQ") else acc_qat
+                cu.record("05", f"{k} compiled+frozen", model="digits CNN", dtype="int8", measurement=m,
+                          speedup_vs_baseline=cnn_speed[k], error_vs_baseline=acc_cnn - acc_k)  # fmt: skip
 summary.append({"method": "static INT8 (PT2E PTQ)", "model": "digits CNN", "speed-up": cnn_speed.get("PTQ int8"),
                 "accuracy change (points)": (acc_ptq - acc_cnn) * 100})  # fmt: skip
 summary.append({"method": "QAT (PT2E)", "model": "digits CNN", "speed-up": cnn_speed.get("QAT int8"),
@@ -499,8 +513,11 @@ summary.append({"method": "QAT (PT2E)", "model": "digits CNN", "speed-up": cnn_s
 
 # %% [markdown]
 # ## 7. GPU-only: INT4 weight-only and FP8 (torchao)
-# On a GPU, torchao's weight-only INT4 halves INT8's weight bytes again (memory-bound decoding gains most),
-# and FP8 uses the FP8 Tensor Cores of compute capability 8.9+. `Int4WeightOnlyConfig()`'s default packing
+# On a GPU, torchao's weight-only INT4 stores 4-bit weights (memory-bound decoding gains most), and FP8 uses
+# the FP8 Tensor Cores of compute capability 8.9+. Whether INT4 really stores fewer bytes than INT8 depends
+# on the layer shapes: the tile-packed format pads inner dimensions up to a multiple of 1024, and MiniLM's
+# Linear layers are 384 wide, so the section prints the measured Linear weight bytes of each variant beside
+# INT8's and phrases the comparison from them (`bytes_phrase`). `Int4WeightOnlyConfig()`'s default packing
 # needs the separate `mslk` package; the tile-packed format uses PyTorch's own tinygemm kernel (BF16,
 # capability 8.0+). Verification level: **contract-tested** (`tests/gpu_contract/test_l05_quant_configs.py`
 # builds these configs on the CPU and checks their arguments and that applying them gets past the packing
@@ -518,20 +535,35 @@ def gpu_quant_configs(capability: tuple[int, int]) -> dict:
     return configs
 
 
+def bytes_phrase(name: str, nbytes: int, int8_bytes: int) -> str:
+    """How ``name``'s measured Linear weight bytes compare with torchao INT8's, phrased from the numbers."""
+    ratio = int8_bytes / nbytes
+    if ratio >= 1.9:
+        how = f"{ratio:.2f}x fewer bytes than INT8 (about half)"
+    elif ratio > 1.05:
+        how = f"{ratio:.2f}x fewer bytes than INT8 (less than half: padding and scales take the rest)"
+    elif ratio >= 0.95:
+        how = "about as many bytes as INT8: no memory gain (padding of narrow layers eats the 4-bit saving)"
+    else:
+        how = f"{1 / ratio:.2f}x MORE bytes than INT8 (padding of narrow layers)"
+    return f"{name}: Linear weights {nbytes / 2**20:.2f} MiB vs INT8 {int8_bytes / 2**20:.2f} MiB: {how}"
+
+
 # %%
 if cu.gpu_section("05.gpu-fp8-int4", needs=("torchao",)):
     feats_gpu = {k: v.to("cuda") for k, v in batch32.items()}
     st_bf16 = copy.deepcopy(st).to("cuda", torch.bfloat16)
-    ref_gpu = Q.embed(st_bf16, feats_gpu)
+    ref_gpu = quant.embed(st_bf16, feats_gpu)
     inner = st_bf16[0].auto_model
     inner.forward = torch.compile(inner.forward)
-    m_ref = time_model(lambda f: Q.embed(st_bf16, f), feats_gpu, "MiniLM bf16 cuda compiled")
+    m_ref = time_model(lambda f: quant.embed(st_bf16, f), feats_gpu, "MiniLM bf16 cuda compiled")
     for name, cfg in gpu_quant_configs(torch.cuda.get_device_capability()).items():
         mg = copy.deepcopy(st).to("cuda", torch.bfloat16)
         quantize_(mg, cfg)
         mg[0].auto_model.forward = torch.compile(mg[0].auto_model.forward)
-        cos = Q.mean_cosine(Q.embed(mg, feats_gpu), ref_gpu)
-        m = time_model(lambda f, mg=mg: Q.embed(mg, f), feats_gpu, f"MiniLM {name}")
+        print(bytes_phrase(name, quant.linear_weight_bytes(mg), lw["torchao int8"]))
+        cos = quant.mean_cosine(quant.embed(mg, feats_gpu), ref_gpu)
+        m = time_model(lambda f, mg=mg: quant.embed(mg, f), feats_gpu, f"MiniLM {name}")
         print(f"{name}: cosine to BF16 {cos:.4f}, {m_ref.median_ms / m.median_ms:.2f}x the compiled BF16 speed")
         cu.record("05", f"gpu {name}", model="MiniLM", dtype=name.split()[0], measurement=m,
                   speedup_vs_baseline=m_ref.median_ms / m.median_ms, error_vs_baseline=1 - cos)  # fmt: skip
@@ -561,19 +593,41 @@ if res_speed is not None:
           f"VNNI/AMX on this CPU: {HAS_INT8_DOT}.")  # fmt: skip
 
 # %% [markdown]
-# ## Exercise: quantize the MLP with torchao
-# **`05.torchao-mlp`**: write `quantize_mlp(model)` that returns an INT8 copy of the digits MLP made with
-# torchao (leave the argument unchanged). The self-check runs your function on the shipped MLP, looks inside
-# every Linear layer for a torchao INT8 weight, and measures the digits accuracy: it must stay within 1 point
-# of FP32. (`quantize_dynamic` does not count: it is the deprecated path.)
+# ## Exercises
+# Each self-check builds a random model per call (its widths, the layer to keep in FP32, the calibration
+# data; the seed is printed when a check fails) and looks where the quantization really happens.
+#
+# 1. **`05.torchao-mlp`**: the sensitivity section above keeps the most sensitive layers in FP32. Write
+#    `quantize_mlp(model, keep_fp32)` that returns an INT8 copy of an MLP made with torchao's `quantize_` and
+#    an INT8 config, with every Linear INT8 **except** the ones named in `keep_fp32` (`quantize_` takes a
+#    `filter_fn(module, fqn)`); leave the argument unchanged. The check looks inside every Linear for a torchao
+#    INT8 weight, watches the operators while your model runs (the INT8 weights must be what is read), and
+#    compares the output with FP32.
 
 
 # %%
-def quantize_mlp(model: torch.nn.Module) -> torch.nn.Module:
+def quantize_mlp(model: torch.nn.Module, keep_fp32: set[str]) -> torch.nn.Module:
     raise NotImplementedError  # your code here
 
 
 cu.exercises.check("05.torchao-mlp", quantize_mlp)
+
+# %% [markdown]
+# 2. **`05.pt2e`**: the static PT2E pipeline, with one convolution kept in FP32.
+#    `static_int8(model, example, calib, keep_fp32)`: export the CNN with a dynamic batch, prepare it with
+#    `X86InductorQuantizer` (default config globally, and `set_module_name_qconfig(keep_fp32, None)` for the
+#    layer to keep), run **every** calibration batch through the prepared model, convert, and return the
+#    converted graph module. The check reads the graph (INT8 quantize/dequantize ops around every conv but the
+#    kept one), watches your calibration batches run, and compares the input's INT8 scale with the range of
+#    the data you were given: calibrating on other data, or on part of it, shows.
+
+
+# %%
+def static_int8(model: torch.nn.Module, example: tuple, calib: list[torch.Tensor], keep_fp32: str):
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("05.pt2e", static_int8)
 
 # %% [markdown]
 # ## Summary rows

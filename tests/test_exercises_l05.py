@@ -1,8 +1,9 @@
-"""Exercise 05.torchao-mlp rejects answers that skip the technique, quantize the wrong way or break accuracy."""
+"""Lesson 05's exercise checkers reject answers that skip the technique (each with its reason); references pass."""
 
 from __future__ import annotations
 
 import copy
+import re
 import warnings
 
 import pytest
@@ -10,63 +11,153 @@ import torch
 from torch import nn
 
 from course_utils import exercises
+from course_utils.exercises import verdict
 
 
-def run_checker(fn):
-    exercises.get("05.torchao-mlp").checker(fn)
+@pytest.mark.parametrize("key", ["05.torchao-mlp", "05.pt2e"])
+def test_reference_passes(key):
+    assert verdict(key, exercises.get(key).solution) == "accepted"
 
 
-def test_reference_passes():
-    run_checker(exercises.get("05.torchao-mlp").solution)
+# ------------------------------------------------------------------ 05.torchao-mlp
 
 
-def test_rejects_unquantized_copy():
-    with pytest.raises(AssertionError, match="not INT8 torchao"):
-        run_checker(lambda m: copy.deepcopy(m))
-
-
-def test_rejects_quantize_dynamic():
-    def legacy(m):
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)
-            return torch.ao.quantization.quantize_dynamic(copy.deepcopy(m), {nn.Linear}, dtype=torch.qint8)
-
-    with pytest.raises(AssertionError, match="quantize_dynamic"):
-        run_checker(legacy)
-
-
-def test_rejects_partial_quantization():
+def _q(model, keep, config=None, everything=False):
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    def first_only(m):
-        q = copy.deepcopy(m)
-        quantize_(q, Int8WeightOnlyConfig(), filter_fn=lambda mod, name: name == "net.0")
-        return q
-
-    with pytest.raises(AssertionError, match="Linear layers are not INT8"):
-        run_checker(first_only)
+    quantize_(model, config or Int8WeightOnlyConfig(),
+              filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and (everything or fqn not in keep))  # fmt: skip
+    return model
 
 
-def test_rejects_in_place_quantization():
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
-
-    def in_place(m):
-        quantize_(m, Int8WeightOnlyConfig())
-        return m
-
-    with pytest.raises(AssertionError, match="changed"):
-        run_checker(in_place)
+def unquantized_copy(m, keep):
+    return copy.deepcopy(m)
 
 
-def test_rejects_broken_accuracy():
-    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+def legacy_quantize_dynamic(m, keep):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(copy.deepcopy(m), {nn.Linear}, dtype=torch.qint8)
 
-    def broken(m):
-        q = copy.deepcopy(m)
-        with torch.no_grad():
-            q.net[-1].bias.copy_(torch.arange(10.0) * 100)  # every image now predicts class 9
-        quantize_(q, Int8WeightOnlyConfig())
-        return q
 
-    with pytest.raises(AssertionError, match="points below FP32"):
-        run_checker(broken)
+def keep_ignored(m, keep):
+    return _q(copy.deepcopy(m), keep, everything=True)
+
+
+def in_place(m, keep):
+    return _q(m, keep)
+
+
+def half_instead(m, keep):
+    return copy.deepcopy(m).half()
+
+
+def decoy(m, keep):
+    """A correctly quantized copy whose forward runs an FP32 copy hidden in a closure."""
+    q = _q(copy.deepcopy(m), keep)
+    hidden = copy.deepcopy(m)
+    q.forward = lambda x: hidden(x)
+    return q
+
+
+def hard_coded_names(m, keep):
+    return _q(copy.deepcopy(m), {"0"})  # the names of one model, not the ones asked for
+
+
+TORCHAO_WRONG = [
+    (unquantized_copy, "not torchao INT8"),
+    (legacy_quantize_dynamic, "quantize_dynamic"),
+    (keep_ignored, "must stay FP32"),
+    (in_place, "changed: quantize a copy"),
+    (half_instead, "must stay FP32"),
+    (decoy, "no INT8 weight of|was never used while the model ran"),  # which layer is checked first varies
+]
+
+
+@pytest.mark.parametrize("fn, reason", TORCHAO_WRONG, ids=[f.__name__ for f, _ in TORCHAO_WRONG])
+def test_torchao_mlp_rejects(fn, reason):
+    msg = verdict("05.torchao-mlp", fn)
+    assert re.search(reason, msg), msg
+    assert "random case seed" in msg
+
+
+def test_torchao_mlp_rejects_hard_coded_layer_names():
+    # the layer to keep is drawn per call: a fixed name fails on most draws
+    outcomes = {verdict("05.torchao-mlp", hard_coded_names) == "accepted" for _ in range(4)}
+    assert False in outcomes
+
+
+# ------------------------------------------------------------------ 05.pt2e
+
+
+def _pt2e(model, example, calib, keep, *, convert=True, keep_layer=True, global_config=True):
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    exported = torch.export.export(model, example, dynamic_shapes=({0: batch},))
+    quantizer = X86InductorQuantizer()
+    if global_config:
+        quantizer.set_global(get_default_x86_inductor_quantization_config())
+    if keep_layer:
+        quantizer.set_module_name_qconfig(keep, None)
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    with torch.no_grad():
+        for x in calib:
+            prepared(x)
+    return convert_pt2e(prepared) if convert else prepared
+
+
+def eager_returned(model, example, calib, keep):
+    return model
+
+
+def exported_only(model, example, calib, keep):
+    return torch.export.export(model, example).module()
+
+
+def not_converted(model, example, calib, keep):
+    return _pt2e(model, example, calib, keep, convert=False)
+
+
+def keep_ignored_pt2e(model, example, calib, keep):
+    return _pt2e(model, example, calib, keep, keep_layer=False)
+
+
+def throwaway_calibration(model, example, calib, keep):
+    return _pt2e(model, example, [torch.randn_like(x) for x in calib], keep)
+
+
+def first_batch_only(model, example, calib, keep):
+    return _pt2e(model, example, calib[:1], keep)
+
+
+def no_calibration(model, example, calib, keep):
+    return _pt2e(model, example, [], keep)
+
+
+def dynamic_quant_instead(model, example, calib, keep):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return torch.ao.quantization.quantize_dynamic(model, {nn.Linear}, dtype=torch.qint8)
+
+
+PT2E_WRONG = [
+    (eager_returned, "not the converted graph"),
+    (exported_only, "no INT8 quantize/dequantize ops"),
+    (not_converted, "call convert_pt2e"),
+    (keep_ignored_pt2e, "set_module_name_qconfig"),
+    (throwaway_calibration, "observers saw other data"),
+    (first_batch_only, "never ran through the prepared model"),
+    (no_calibration, "never ran through the prepared model"),
+    (dynamic_quant_instead, "not the converted graph"),
+]
+
+
+@pytest.mark.parametrize("fn, reason", PT2E_WRONG, ids=[f.__name__ for f, _ in PT2E_WRONG])
+def test_pt2e_rejects(fn, reason):
+    msg = verdict("05.pt2e", fn)
+    assert reason in msg, msg

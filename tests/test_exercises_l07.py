@@ -1,75 +1,218 @@
-"""Lesson 07's exercises reject wrong answers: a session at the wrong level, thread count or spinning setting,
-one built from another model, or something that is not a session."""
+"""Lesson 07's exercise checkers reject wrong answers, each with its reason (the references pass)."""
 
 from __future__ import annotations
 
+import collections
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+import numpy as np
 import onnxruntime as ort
 import pytest
-import torch
-from torch import nn
 
-from course_utils import backends as be
 from course_utils import exercises
+from course_utils.exercises import verdict
 from course_utils.lesson_exercises import l07
+from course_utils.lesson_exercises.observe import Cases
 
 LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
           "all": "ORT_ENABLE_ALL"}  # fmt: skip
 
 
-def _session(path, level="all", threads=1, *, spinning="0", set_level=True, set_threads=True):
+@pytest.mark.parametrize("key", ["07.session", "07.fusion", "07.static-int8"])
+def test_reference_passes(key):
+    assert verdict(key, exercises.get(key).solution) == "accepted"
+
+
+# ------------------------------------------------------------------ 07.session
+
+
+def _options(level="all", threads=1, spinning="0"):
     so = ort.SessionOptions()
-    if set_level:
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
-    if set_threads:
-        so.intra_op_num_threads = threads
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    so.intra_op_num_threads = threads
     if spinning is not None:
         so.add_session_config_entry("session.intra_op.allow_spinning", spinning)
-    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return so
 
 
-def _rejects(fn, match: str) -> None:
-    with pytest.raises(AssertionError, match=match):
-        exercises.get("07.session").checker(fn)
+def level_ignored(p, level, t):
+    return ort.InferenceSession(p, _options("all", t), providers=["CPUExecutionProvider"])
 
 
-def test_reference_session_passes():
-    exercises.get("07.session").checker(l07.build_session)
+def changed_after_creation(p, level, t):
+    sess = ort.InferenceSession(p, ort.SessionOptions(), providers=["CPUExecutionProvider"])
+    so = sess.get_session_options()  # the session's copy: changing it now changes nothing that runs
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    so.intra_op_num_threads = t
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    return sess
 
 
-def test_level_ignored_is_rejected():
-    _rejects(lambda p, level, t: _session(p, "all", t), "level")
+def own_options_changed_after(p, level, t):
+    so = ort.SessionOptions()
+    sess = ort.InferenceSession(p, so, providers=["CPUExecutionProvider"])
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
+    so.intra_op_num_threads = t
+    return sess
 
 
-def test_level_off_by_one_is_rejected():
-    shifted = {"disable": "basic", "basic": "extended", "extended": "all", "all": "all"}
-    _rejects(lambda p, level, t: _session(p, shifted[level], t), "level")
+def threads_ignored(p, level, t):
+    return ort.InferenceSession(p, _options(level, 1 if t != 1 else 2), providers=["CPUExecutionProvider"])
 
 
-def test_threads_ignored_is_rejected():
-    _rejects(lambda p, level, t: _session(p, level, set_threads=False), "intra_op_num_threads")
+def spinning_left_on(p, level, t):
+    return ort.InferenceSession(p, _options(level, t, spinning=None), providers=["CPUExecutionProvider"])
 
 
-def test_spinning_left_on_is_rejected():
-    _rejects(lambda p, level, t: _session(p, level, t, spinning=None), "spinning")
+def no_options(p, level, t):
+    return ort.InferenceSession(p, providers=["CPUExecutionProvider"])
 
 
-def test_session_of_another_model_fails_parity(tmp_path):
-    torch.manual_seed(1)
-    other = nn.Sequential(nn.Conv2d(1, 8, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(512, 10)).eval()
-    wrong = be.export_onnx(other, torch.randn(2, 1, 8, 8), tmp_path / "other.onnx")
-    _rejects(lambda p, level, t: _session(wrong, level, t), "differ from PyTorch")
+def another_model(p, level, t):
+    other = Path(tempfile.mkdtemp()) / "other.onnx"
+    l07.random_cnn_onnx(other, Cases(12345))
+    return ort.InferenceSession(str(other), _options(level, t), providers=["CPUExecutionProvider"])
 
 
-def test_not_a_session_is_rejected():
-    _rejects(lambda p, level, t: ort.SessionOptions(), "InferenceSession")
+def not_a_session(p, level, t):
+    return _options(level, t)
 
 
-def test_options_not_passed_to_the_session_is_rejected(tmp_path):
-    def forgot(p, level, t):
-        so = ort.SessionOptions()
-        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, LEVELS[level])
-        so.intra_op_num_threads = t
-        so.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        return ort.InferenceSession(p, providers=["CPUExecutionProvider"])  # so never passed
+_CACHED = {}
 
-    _rejects(forgot, "level|intra_op_num_threads")
+
+def made_before(p, level, t):
+    return _CACHED.setdefault("s", ort.InferenceSession(p, _options(level, t), providers=["CPUExecutionProvider"]))
+
+
+SESSION_WRONG = [
+    (level_ignored, "was created at"),
+    (changed_after_creation, "was created (at|with)"),  # the default level is "all": then threads tell
+    (own_options_changed_after, "was created (at|with)"),
+    (threads_ignored, "intra_op_num_threads"),
+    (spinning_left_on, "spinning"),
+    (no_options, "created without SessionOptions"),
+    (another_model, "differ from the model's"),
+    (not_a_session, "InferenceSession"),
+]
+
+
+@pytest.mark.parametrize("fn, reason", SESSION_WRONG, ids=[f.__name__ for f, _ in SESSION_WRONG])
+def test_session_rejects(fn, reason):
+    msg = verdict("07.session", fn)
+    assert re.search(reason, msg), msg
+
+
+def test_session_rejects_a_session_made_before_the_call():
+    _CACHED.clear()
+    first = Path(tempfile.mkdtemp()) / "m.onnx"
+    l07.random_cnn_onnx(first, Cases(7))
+    made_before(str(first), "all", 1)
+    assert "created (not one made before" in verdict("07.session", made_before)
+
+
+# ------------------------------------------------------------------ 07.fusion
+
+
+def _ops(path):
+    import onnx
+
+    return collections.Counter(n.op_type for n in onnx.load(path).graph.node)
+
+
+def counted_input(p, level):
+    return _ops(p)
+
+
+def always_extended(p, level):
+    return exercises.get("07.fusion").solution(p, "extended")
+
+
+def level_all_instead(p, level):
+    return exercises.get("07.fusion").solution(p, "all")
+
+
+def hard_coded(p, level):
+    return collections.Counter({"FusedConv": 3, "Flatten": 1, "Gemm": 1})
+
+
+def as_list(p, level):
+    return list(exercises.get("07.fusion").solution(p, level).elements())
+
+
+FUSION_WRONG = [
+    (counted_input, "you counted the file you were given"),
+    (always_extended, "you report"),
+    (level_all_instead, "you report"),
+    (hard_coded, "you report"),
+    (as_list, "return a Counter"),
+]
+
+
+@pytest.mark.parametrize("fn, reason", FUSION_WRONG, ids=[f.__name__ for f, _ in FUSION_WRONG])
+def test_fusion_rejects(fn, reason):
+    outcomes = [verdict("07.fusion", fn) for _ in range(2)]  # `basic` may leave a graph as it is: try twice
+    assert any(reason in m for m in outcomes), outcomes
+
+
+# ------------------------------------------------------------------ 07.static-int8
+
+
+def _static(src, dst, batches, exclude=None, fmt=None):
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(batches)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {"input": x}
+
+    quantize_static(src, dst, Reader(), quant_format=fmt or QuantFormat.QDQ, per_channel=True,
+                    nodes_to_exclude=exclude or [])  # fmt: skip
+
+
+def dynamic_instead(src, dst, calib, keep):
+    from onnxruntime.quantization import quantize_dynamic
+
+    quantize_dynamic(src, dst, nodes_to_exclude=[keep])
+
+
+def keep_ignored(src, dst, calib, keep):
+    _static(src, dst, calib)
+
+
+def random_calibration(src, dst, calib, keep):
+    _static(src, dst, [np.random.default_rng(0).standard_normal(x.shape).astype(np.float32) for x in calib], [keep])
+
+
+def first_batch_only(src, dst, calib, keep):
+    _static(src, dst, calib[:1], [keep])
+
+
+def fp32_copied(src, dst, calib, keep):
+    shutil.copy(src, dst)
+
+
+def nothing_written(src, dst, calib, keep):
+    _static(src, str(Path(tempfile.mkdtemp()) / "elsewhere.onnx"), calib, [keep])
+
+
+STATIC_WRONG = [
+    (dynamic_instead, "QuantizeLinear/DequantizeLinear"),
+    (keep_ignored, "nodes_to_exclude"),
+    (random_calibration, "the reader fed other data"),
+    (first_batch_only, "the reader fed other data"),
+    (fp32_copied, "QuantizeLinear/DequantizeLinear"),
+    (nothing_written, "nothing was written"),
+]
+
+
+@pytest.mark.parametrize("fn, reason", STATIC_WRONG, ids=[f.__name__ for f, _ in STATIC_WRONG])
+def test_static_int8_rejects(fn, reason):
+    msg = verdict("07.static-int8", fn)
+    assert reason in msg, msg

@@ -76,3 +76,47 @@ def test_timing_carries_the_input_device_on_a_gpu_machine(ns, monkeypatch):
     feats = {"input_ids": torch.zeros(5, 3, dtype=torch.long)}
     m2 = ns["time_model"](lambda f: f["input_ids"].sum(), feats, "dict", warmup=1, min_repeats=2, min_time_s=0.0)
     assert m2.device == "cpu" and m2.batch_size == 5
+
+
+# ---- issue 20 fixes (each fails on the code before the fix)
+
+
+def test_int4_bytes_are_phrased_from_the_measured_numbers(ns):
+    phrase = ns["bytes_phrase"]
+    mib = 2**20
+    padded = phrase("int4 weight-only", 10 * mib, 10 * mib)  # MiniLM: 384-wide layers padded to 1024
+    assert "no memory gain" in padded and "half" not in padded, padded
+    assert "about half" in phrase("int4 weight-only", 5 * mib, 10 * mib)
+    assert "MORE bytes" in phrase("int4 weight-only", 15 * mib, 10 * mib)
+    assert "10.00 MiB" in padded
+
+
+def test_lesson_no_longer_claims_int4_halves_int8():
+    from tests.gpu_contract.lesson_code import lesson_path
+
+    src = lesson_path("05").read_text()
+    assert "halves INT8's weight bytes again" not in src, "false for MiniLM: the tile format pads 384 to 1024"
+    assert "bytes_phrase(name, quant.linear_weight_bytes(mg)" in src, "the GPU section prints the measured bytes"
+
+
+def test_freezing_is_scoped_not_left_on():
+    import ast
+
+    from tests.gpu_contract.lesson_code import lesson_path
+
+    tree = ast.parse(lesson_path("05").read_text())
+    stores = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assign)
+              and any("config.freezing" in ast.unparse(t) for t in n.targets)]  # fmt: skip
+    assert not stores, f"line(s) {stores}: freezing set globally stays on for every later compile (GPU ones too)"
+    patches = [n for n in ast.walk(tree) if isinstance(n, ast.With)
+               and any("config.patch(freezing=True)" in ast.unparse(i.context_expr) for i in n.items)]  # fmt: skip
+    assert len(patches) >= 2, "both compiled-with-freezing comparisons use `with torch._inductor.config.patch(...)`"
+
+
+def test_config_patch_restores_freezing():
+    import torch._inductor.config as inductor_config
+
+    before = inductor_config.freezing
+    with inductor_config.patch(freezing=True):
+        assert inductor_config.freezing is True
+    assert inductor_config.freezing == before

@@ -26,7 +26,7 @@ NOT_TESTABLE: dict[str, str] = {}
 
 @pytest.fixture(scope="module")
 def ns():
-    return lesson_namespace("07", np=np, torch=torch, be=be)  # the names the setup cell imports
+    return lesson_namespace("07", np=np, torch=torch, backends=be)  # the names the setup cell imports
 
 
 @pytest.fixture(scope="module")
