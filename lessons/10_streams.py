@@ -26,6 +26,7 @@ import course_utils as cu
 device = cu.lesson.start("10", "Streams and async")
 
 # %%
+import copy
 import os
 import time
 
@@ -71,7 +72,7 @@ if device.type == "cpu":
 # * the chunk's memory was allocated while the side stream was current, so the caching allocator would hand
 #   it out again as soon as the Python object dies, even if the compute stream still reads it:
 #   `tensor.record_stream(compute_stream)` tells the allocator to wait for that stream first. (`record_stream`
-#   needs a real stream: `torch.cpu.Stream` is no `torch.Stream`, so the CPU run skips it.)
+#   needs a device's allocator: `torch.cpu`'s stand-in streams have none, so the CPU run skips it.)
 #
 # On a GPU, `non_blocking=True` returns at once only when the host memory is pinned (see the GPU section).
 
@@ -96,7 +97,7 @@ def side_stream_prefetch(model, chunks, device):
     for i in range(len(chunks)):
         main.wait_stream(side)  # compute i waits for copy i (and for nothing issued later)
         x = nxt
-        if isinstance(main, torch.Stream):
+        if not isinstance(main, torch.cpu.Stream):
             x.record_stream(main)  # x was allocated on `side` and is used on `main`
         if i + 1 < len(chunks):
             nxt = start_copy(chunks[i + 1])  # runs on the side stream during compute i
@@ -111,11 +112,12 @@ def side_stream_prefetch(model, chunks, device):
 # that flags any copy and kernel that no wait orders.
 
 # %%
-tiny = pl.tiny_cnn()
+tiny = pl.tiny_cnn()  # stays on the CPU: the CPU section below runs it on CPU tensors
+tiny_dev = copy.deepcopy(tiny).to(device)  # the stream code feeds it tensors on `device`: the model must live there
 host_chunks = [torch.randn(BATCH, 3, SIZE, SIZE) for _ in range(N_BATCHES)]
 with torch.inference_mode():
-    base_out = torch.cat(one_stream(tiny, host_chunks, device))
-    _ = cu.check_outputs(torch.cat(side_stream_prefetch(tiny, host_chunks, device)), base_out, "fp32",
+    base_out = torch.cat(one_stream(tiny_dev, host_chunks, device))
+    _ = cu.check_outputs(torch.cat(side_stream_prefetch(tiny_dev, host_chunks, device)), base_out, "fp32",
                          label="side-stream prefetch vs one stream")  # fmt: skip
 
 # %% [markdown]
@@ -241,13 +243,19 @@ _ = cu.record("10", "cpu sequential (baseline)", model=pick_name, device="cpu", 
 # device buffers** instead: while the model reads buffer `i % 2`, the next chunk is copied into the other one.
 # Events order the two streams: compute *i* waits for the event recorded after copy *i*; copy *i+2* (same
 # buffer) waits for the event recorded after compute *i* has used it; at the end the caller's stream waits for
-# the compute stream. Write `double_buffered(model, chunks, device)` with `dm = torch.get_device_module(device)`,
-# `dm.Stream()`, `dm.Event()`, `with dm.stream(s):`, `buf.copy_(chunk, non_blocking=True)`, `wait_event`
-# and `wait_stream`; return the outputs in order.
+# the compute stream. Two more rules from the prefetch above apply: the buffers are allocated on the caller's
+# stream, so both side streams wait for the caller (`wait_stream`) before touching them; each output is
+# allocated on the compute stream and read on the caller's, so it needs `record_stream` (only where the stream
+# is not `torch.cpu`'s stand-in, as above). Write `double_buffered(model, chunks, device)` with
+# `dm = torch.get_device_module(device)`, `dm.Stream()`, `dm.Event()`, `with dm.stream(s):`,
+# `buf.copy_(chunk, non_blocking=True)`, `wait_event`, `wait_stream` and `record_stream`; return the outputs in
+# order.
 #
-# The check runs your loop on this CPU's stream stand-ins (outputs must match the model's) and through a
-# recording device module that logs the stream of every copy and kernel: it rejects a data race, one stream
-# for both, anything but two reused buffers, and copies that wait for the previous compute (nothing overlaps).
+# The check draws a random case (chunks, shapes, model) and runs your loop on this CPU's stream stand-ins
+# (outputs must match the model's) and through a recording device module that logs the stream of every copy,
+# kernel, event and wait: it rejects a data race, caller memory used before waiting for the caller, a missing
+# `record_stream`, one stream for both, anything but two reused buffers, a model call on anything but the
+# buffer, `synchronize()` in place of events, and orderings under which nothing overlaps.
 
 
 # %%
@@ -259,8 +267,9 @@ cu.exercises.check("10.double-buffer", double_buffered)
 
 # %% [markdown]
 # ## The double-buffered loop
-# One solution, used by the GPU sections below. Besides the events, the outputs were allocated on the compute
-# stream and are read on the caller's stream: `record_stream` again.
+# One solution, used by the GPU sections below. Besides the events: the buffers are allocated on the caller's
+# stream, so both side streams first wait for it (`wait_stream`) before they touch them; and the outputs were
+# allocated on the compute stream and are read on the caller's stream: `record_stream` again.
 
 
 # %% tags=["contract"]
@@ -268,7 +277,12 @@ def double_buffered_loop(model, chunks, device):
     """Copy into two reused device buffers on a copy stream; compute on a compute stream; events order them."""
     dm = torch.get_device_module(device)
     copy_s, comp_s, caller = dm.Stream(), dm.Stream(), dm.current_stream()
-    bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]
+    bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]  # allocated on the caller's stream
+    # Both streams start after what the caller issued so far: the buffers' memory may still be in use by the
+    # caller's earlier kernels (the allocator reuses freed blocks in the caller's stream order), and the model's
+    # weights may just have been copied there.
+    copy_s.wait_stream(caller)
+    comp_s.wait_stream(caller)
     copied = [dm.Event() for _ in range(2)]  # recorded after the copy into buffer k
     freed = [dm.Event() for _ in range(2)]  # recorded after the compute that read buffer k
     outs = []
@@ -283,7 +297,7 @@ def double_buffered_loop(model, chunks, device):
             comp_s.wait_event(copied[k])  # copy i is done
             out = model(bufs[k])
             freed[k].record(comp_s)
-        if isinstance(caller, torch.Stream):
+        if not isinstance(caller, torch.cpu.Stream):
             out.record_stream(caller)  # allocated on comp_s, read on the caller's stream
         outs.append(out)
     caller.wait_stream(comp_s)
@@ -292,7 +306,7 @@ def double_buffered_loop(model, chunks, device):
 
 # %%
 with torch.inference_mode():
-    _ = cu.check_outputs(torch.cat(double_buffered_loop(tiny, host_chunks, device)), base_out, "fp32",
+    _ = cu.check_outputs(torch.cat(double_buffered_loop(tiny_dev, host_chunks, device)), base_out, "fp32",
                          label="double-buffered vs one stream")  # fmt: skip
 
 # %% [markdown]
@@ -418,7 +432,8 @@ else:
 # %%
 if cu.gpu_section("10.concurrent-kernels"):
     conc_rows = []
-    for label, n in (("small (64x64)", 64), ("large (4096x4096)", 4096)):
+    big = cu.pick(full=4096, smoke=512)  # a product that fills the GPU alone (smoke: small enough for a stand-in)
+    for label, n in (("small (64x64)", 64), (f"large ({big}x{big})", big)):
         mats = [torch.randn(n, n, device="cuda") for _ in range(8)]
         s1, s2 = torch.cuda.Stream(), torch.cuda.Stream()
         reps = cu.pick(full=200, smoke=10) if n == 64 else cu.pick(full=10, smoke=2)

@@ -30,6 +30,7 @@ device = cu.lesson.start("11", "Memory")
 import os
 import subprocess
 import sys
+import time
 
 import matplotlib.pyplot as plt
 import numpy as np
@@ -60,6 +61,25 @@ print(f"ResNet-18 ({note}), batch {BATCH} at {SIZE}x{SIZE}; RSS now {mem.rss_mb(
 #
 # This section is **unverified** (not contract-testable: it reads the CUDA allocator's counters; `NOT_TESTABLE` in
 # `tests/gpu_contract/test_l11_memory.py`).
+#
+# Timing the allocator: `torch.empty(..., device="cuda")` and `empty_cache()` are **host-side** calls: the
+# caching allocator runs on the CPU, and `cudaMalloc`/`cudaFree` block the CPU (they may even wait for the
+# device) without putting any work in a stream. CUDA events time work *in a stream*, so two events around an
+# allocation measure an empty stretch of stream, not the call. Host-side calls are timed with `perf_counter`
+# (after a `synchronize`, so queued device work does not land in the timing); events stay for device work.
+
+
+# %% tags=["contract"]
+def host_call_ms(fn, repeats: int) -> list[float]:
+    """Wall time in ms of each of `repeats` host-side calls fn() (allocator, driver): perf_counter, not events."""
+    times = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()  # earlier device work must not be counted in this call
+        t0 = time.perf_counter()
+        fn()
+        times.append((time.perf_counter() - t0) * 1000)
+    return times
+
 
 # %%
 if cu.gpu_section("11.allocator"):
@@ -82,14 +102,17 @@ if cu.gpu_section("11.allocator"):
     print(torch.cuda.memory_summary(abbreviated=True))
 
     nbytes = cu.pick(full=512, smoke=32) * MiB
-    warm = cu.measure(lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda"), device="cuda",
-                      label="allocation from the cache")  # fmt: skip
+    n_calls = cu.pick(full=20, smoke=5)
+    torch.empty(nbytes, dtype=torch.uint8, device="cuda")  # warm-up: the block is now in the cache
+    warm = cu.timing.Measurement(host_call_ms(lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda"), n_calls),
+                                 device="cuda", label="allocation from the cache (host time)")  # fmt: skip
 
     def alloc_after_empty() -> None:
         torch.cuda.empty_cache()
         torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
-    cold = cu.measure(alloc_after_empty, device="cuda", label="empty_cache() then allocation")
+    cold = cu.timing.Measurement(host_call_ms(alloc_after_empty, n_calls), device="cuda",
+                                 label="empty_cache() then allocation (host time)")  # fmt: skip
     print(warm, cold, sep="\n")
     print(f"After empty_cache, each allocation took {cold.median_ms / warm.median_ms:.1f}x as long.")
     cu.record("11", "gpu alloc after empty_cache", model="tensor", device="cuda", measurement=cold,
@@ -372,9 +395,12 @@ print(f"With a fixed input buffer, one eager call still made {allocs_df['allocat
 # (`ValueError` if it differs), copies `x` in, replays, returns a clone. Elsewhere: the same fixed input
 # buffer, run eagerly under `inference_mode`.
 #
-# The check runs your runner on this machine's CPU path (and its CUDA path where a GPU exists): outputs must
-# match `model(x)`, kept results must not change, a wrong shape must raise, the model must read one fixed
-# buffer on the CPU and must not run at all after capture on CUDA (a replay launches recorded kernels).
+# The check draws a random model and batch, and runs your runner on this machine's CPU path (and its CUDA
+# path where a GPU exists), watching the operators that run (a dispatch mode, not a wrapper): outputs must
+# match `model(x)`, kept results must not change, a wrong shape must raise; on the CPU the model's convolution
+# must run once per call, on one fixed buffer; on CUDA no convolution may be dispatched after capture (a replay
+# launches recorded kernels). `torch.jit.trace` is no graph (a traced module dispatches every operator again)
+# and `torch.compile` would capture for you: both are refused.
 
 
 # %%

@@ -80,7 +80,7 @@ print(f"This process uses {torch.get_num_threads()} torch threads; each server's
 # The cell writes the server to a file (`%%writefile`): the server runs as its own process.
 
 # %%
-# %%writefile {WORK}/embed_server.py
+# %%writefile "{WORK}/embed_server.py"
 import litserve as ls
 import torch
 import torch.nn.functional as F
@@ -596,12 +596,15 @@ print(f"* A bad request among eight good ones: statuses {mixed_codes}.")
 #      whole batch, under `torch.inference_mode()`, and returns softmax probabilities; `unbatch` returns one row
 #      per request; `encode_response` answers the most probable class and the ten probabilities.
 #
-#    The check runs your class in-process (validation, one model call per batch, one output per request,
-#    probabilities equal to the model's softmax at fp32 tolerance, label = argmax), then serves it with
-#    `max_batch_size=4` and sends eight images and two bad requests at once.
+#    The check draws eight test images at random, runs your class in-process (validation, one call of the
+#    CNN per batch, counted at the operator level on the CNN's own weights, so a decoy module, a second call on
+#    a throwaway input or `model.forward` past the hooks shows; one output per request, probabilities equal to
+#    the model's softmax at fp32 tolerance, label = argmax), then serves it with `max_batch_size=4`, sends the
+#    eight images and two bad requests at once, and counts the model calls and their batch sizes inside the
+#    served process.
 
 # %%
-# %%writefile {WORK}/my_api.py
+# %%writefile "{WORK}/my_api.py"
 import litserve as ls
 import torch
 from pydantic import BaseModel
@@ -639,13 +642,16 @@ cu.exercises.check("13.litapi", f"{WORK / 'my_api.py'}:MyDigitsAPI")
 # %% [markdown]
 # 2. **A Triton config from a latency budget.** Return the text of a `config.pbtxt` for an ONNX model `name`
 #    with one FP32 input `input` (dims `[1, 8, 8]`) and one FP32 output `logits` (dims `[10]`), batching up to
-#    `max_batch_size`, whose dynamic batcher may hold a request for the budget left by a p99 target after two
-#    full batches and the HTTP cost (`p99_target_ms - 2 * batch_ms - http_ms`, in microseconds, at least 0),
-#    and no preferred batch sizes. The check parses it with Triton's `ModelConfig`.
+#    `max_batch_size`, run as `instances` copies on the CPU (an instance group), whose dynamic batcher may hold a
+#    request for the budget left by a p99 target after two full batches and the HTTP cost
+#    (`p99_target_ms - 2 * batch_ms - http_ms`, in microseconds, at least 0), and no preferred batch sizes. The
+#    check draws random cases and parses your text with Triton's `ModelConfig`: names, data types, dims, the
+#    instance count and the delay must all be right (Triton rejects a model whose names or types do not match).
 
 
 # %%
-def triton_config(name: str, max_batch_size: int, p99_target_ms: float, batch_ms: float, http_ms: float) -> str:
+def triton_config(name: str, max_batch_size: int, p99_target_ms: float, batch_ms: float, http_ms: float,
+                  instances: int) -> str:  # fmt: skip
     raise NotImplementedError  # your code here
 
 

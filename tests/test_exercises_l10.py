@@ -10,7 +10,8 @@ from course_utils import exercises
 KEY = "10.double-buffer"
 
 
-def loop(*, wait_copy=True, wait_free=True, join=True, one_stream=False, fresh=False, serial=False):
+def loop(*, wait_copy=True, wait_free=True, join=True, one_stream=False, fresh=False, serial=False,
+         caller_wait=True, record=True, sync=False, events=True, aside=False):  # fmt: skip
     """The double-buffer loop with one step left out or changed."""
 
     def fn(model, chunks, device):
@@ -18,6 +19,9 @@ def loop(*, wait_copy=True, wait_free=True, join=True, one_stream=False, fresh=F
         copy_s, caller = dm.Stream(), dm.current_stream()
         comp_s = copy_s if one_stream else dm.Stream()
         bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+        if caller_wait:
+            copy_s.wait_stream(caller)
+            comp_s.wait_stream(caller)
         copied, freed = [dm.Event() for _ in range(2)], [dm.Event() for _ in range(2)]
         outs, last = [], None
         for i, chunk in enumerate(chunks):
@@ -29,18 +33,59 @@ def loop(*, wait_copy=True, wait_free=True, join=True, one_stream=False, fresh=F
                     copy_s.wait_event(freed[k])
                 buf = torch.empty_like(chunk) if fresh else bufs[k]
                 buf.copy_(chunk, non_blocking=True)
-                copied[k].record(copy_s)
+                if events:
+                    copied[k].record(copy_s)
+                if sync:
+                    dm.synchronize()  # the host waits for the copy instead of an event
             with dm.stream(comp_s):
-                if wait_copy:
+                if wait_copy and events:
                     comp_s.wait_event(copied[k])
-                outs.append(model(buf))
+                elif wait_copy:
+                    comp_s.wait_stream(copy_s)
+                out = model(buf)
                 freed[k].record(comp_s)
                 last = freed[k]
+            if aside:
+                out = model(chunk)  # the baseline, computed on the caller's stream
+            if record and not isinstance(caller, torch.cpu.Stream):
+                out.record_stream(caller)
+            outs.append(out)
         if join:
             caller.wait_stream(comp_s)
         return outs
 
     return fn
+
+
+def copy_ahead_then_wait_stream(model, chunks, device):
+    """Copies one chunk ahead, but compute i waits for the whole copy stream, i.e. also for copy i+1: no overlap."""
+    dm = torch.get_device_module(device)
+    copy_s, comp_s, caller = dm.Stream(), dm.Stream(), dm.current_stream()
+    bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+    copy_s.wait_stream(caller)
+    comp_s.wait_stream(caller)
+    freed = [dm.Event() for _ in range(2)]
+
+    def copy(i):
+        with dm.stream(copy_s):
+            if i >= 2:
+                copy_s.wait_event(freed[i % 2])
+            bufs[i % 2].copy_(chunks[i], non_blocking=True)
+
+    copy(0)
+    outs = []
+    for i in range(len(chunks)):
+        if i + 1 < len(chunks):
+            copy(i + 1)
+        with dm.stream(comp_s):
+            comp_s.wait_stream(copy_s)
+            out = model(bufs[i % 2])
+            freed[i % 2].record(comp_s)
+        if not isinstance(caller, torch.cpu.Stream):
+            out.record_stream(caller)
+        outs.append(out)
+    caller.wait_stream(comp_s)
+    return outs
 
 
 def verdict(fn) -> str:
@@ -61,10 +106,33 @@ def test_reference_and_equivalent_loop_are_accepted():
         (dict(one_stream=True), "one stream and compute on another"),
         (dict(fresh=True), "different buffers"),
         (dict(serial=True), "never overlap"),
+        (dict(caller_wait=False), "wait_stream(caller)"),
+        (dict(record=False), "record_stream"),
+        (dict(sync=True), "synchronize() makes the host wait"),
+        (dict(events=False), "with events"),
+        (dict(aside=True), "throwaway input"),
     ],
+    ids=[
+        "no-wait-copy",
+        "no-wait-free",
+        "no-join",
+        "one-stream",
+        "fresh-buffers",
+        "serialized",
+        "no-caller-wait",
+        "no-record-stream",
+        "synchronize",
+        "no-events",
+        "baseline-aside",
+    ],  # fmt: skip
 )
 def test_wrong_loops_are_rejected(wrong, message):
-    assert message in verdict(loop(**wrong))
+    got = verdict(loop(**wrong))
+    assert message in got, got
+
+
+def test_compute_waiting_for_the_next_copy_is_rejected():
+    assert "compute 0 waits for copy 1" in verdict(copy_ahead_then_wait_stream)
 
 
 def test_wrong_outputs_are_rejected():
@@ -77,6 +145,11 @@ def test_wrong_outputs_are_rejected():
         return [model(c) for c in chunks]
 
     assert "copy each chunk" in verdict(plain)
+
+
+def test_the_case_is_random_and_its_seed_printed():
+    got = verdict(loop(wait_copy=False))
+    assert "random case seed" in got
 
 
 def test_checker_leaves_torch_unpatched():

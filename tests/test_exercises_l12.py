@@ -87,3 +87,70 @@ def test_rejects_stale_bn_statistics():
 
     with pytest.raises(AssertionError, match="outputs differ"):
         run_checker(fresh_bn)
+
+
+class _LookAlike(nn.Module):
+    """Right-shaped pruned layers on display; the forward runs the full model with the dropped channels masked."""
+
+    def __init__(self, model, keep, copy_full=True):
+        super().__init__()
+        shown = REF(model, keep)
+        self.features, self.classifier = shown.features, shown.classifier
+        self.full = copy.deepcopy(model) if copy_full else model
+        norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
+        mask = torch.zeros(128)
+        mask[norms.topk(keep).indices] = 1
+        self.register_buffer("mask", mask[None, :, None, None])
+
+    def forward(self, x):
+        h = self.full.features[:10](x) * self.mask
+        return self.full.classifier(self.full.features[10](h))
+
+
+def test_rejects_a_look_alike_that_runs_the_full_conv_with_a_mask():
+    with pytest.raises(AssertionError, match="full 128-channel one with a mask"):
+        run_checker(lambda model, keep: _LookAlike(model, keep))
+
+
+def test_rejects_a_look_alike_that_calls_the_original_model():
+    class CallsOriginal(nn.Module):
+        def __init__(self, model, keep):
+            super().__init__()
+            shown = REF(model, keep)
+            self.features, self.classifier = shown.features, shown.classifier
+            self.orig = [model]  # hidden from .modules(): not a copy
+
+        def forward(self, x):
+            f = self.features
+            h = self.orig[0].features[:7](x)  # the first blocks of the original, not copies
+            return self.classifier(f[10](f[9](f[8](f[7](h)))))
+
+    with pytest.raises(AssertionError, match="read the original model's tensors"):
+        run_checker(CallsOriginal)
+
+
+def test_rejects_a_zero_padded_linear():
+    class PaddedLinear(nn.Module):
+        def __init__(self, model, keep):
+            super().__init__()
+            shown = REF(model, keep)
+            self.features, self.classifier = shown.features, shown.classifier
+            norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
+            idx = norms.topk(keep).indices.sort().values
+            self.register_buffer("idx", idx)
+            self.fc_full = copy.deepcopy(model.classifier[1])  # the full 512-input Linear, fed zero-padded input
+
+        def forward(self, x):
+            h = self.features(x)
+            full = h.new_zeros(h.shape[0], 128, 2, 2)
+            full[:, self.idx] = h
+            z = self.fc_full(full.flatten(1))
+            return self.classifier[3](self.classifier[2](z))
+
+    with pytest.raises(AssertionError, match="512 inputs"):
+        run_checker(PaddedLinear)
+
+
+def test_the_seed_is_printed_on_failure():
+    with pytest.raises(AssertionError, match="random case seed"):
+        run_checker(lambda model, keep: _LookAlike(model, keep))

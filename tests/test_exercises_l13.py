@@ -53,6 +53,47 @@ WRONG = {
         "accepted a row of 9",
     ),
     "no pydantic model: a plain dict": ([("request: DigitsRequest", "request: dict")], "pydantic model"),
+    "a decoy module called once, the real model per image without inference_mode": (
+        [
+            (
+                "        self.model = load_digits_model",
+                "        self.decoy = torch.nn.Identity()\n        self.model = load_digits_model",
+            ),
+            (
+                "        with torch.inference_mode():\n" + PREDICT,
+                "        with torch.inference_mode():\n            self.decoy(x)\n"
+                "        logits = torch.cat([self.model(xi[None]) for xi in x])",
+            ),
+        ],
+        "ran the model 4 times",
+    ),
+    "model.forward called directly, past the hooks": (
+        [(PREDICT, "            logits = self.model.forward(x.to(self.device))")],
+        "forward directly",
+    ),
+    "the model run in a worker thread": (
+        [
+            (
+                PREDICT,
+                "            import concurrent.futures as cf\n"
+                "            logits = cf.ThreadPoolExecutor(1).submit(self.model, x).result()",
+            )
+        ],
+        "another thread",
+    ),
+    "the model on a throwaway input, answers from a second copy": (
+        [(PREDICT, "            self.model(x[:1])\n            logits = self.model(x)")],
+        "ran the model 2 times",
+    ),
+    "a different model (untrained weights)": (
+        [
+            (
+                '        self.model = load_digits_model("cnn", device=device)',
+                '        self.model = type(load_digits_model("cnn"))().eval()',
+            )
+        ],
+        "shipped digits CNN's weights",
+    ),
 }
 
 
@@ -78,16 +119,47 @@ def test_litapi_checker_names_a_bad_answer():
         exercises.get("13.litapi").checker("nowhere.py:X")
 
 
+def _cfg(**change):
+    """The reference config with one thing changed: a replacement in its text (old=new pairs as tuples)."""
+
+    def fn(*args):
+        text = l13.triton_config(*args)
+        for old, new in change.get("replace", []):
+            text = text.replace(old, new)
+        return text
+
+    return fn
+
+
 @pytest.mark.parametrize(
     "fn, words",
     [
-        (lambda *a: l13.triton_config(*a).replace("dynamic_batching {", "dynamic_batching { preferred_batch_size: [4]"),
-         "preferred_batch_size"),
-        (lambda n, m, t, b, h: l13.triton_config(n, m, t, b, 0.0), "queue delay"),
-        (lambda *a: l13.triton_config(*a).replace("max_queue_delay_microseconds", "delay_us"), "does not parse"),
-        (lambda n, m, t, b, h: l13.triton_config(n, 1, t, b, h), "max_batch_size"),
+        (_cfg(replace=[("dynamic_batching {", "dynamic_batching { preferred_batch_size: [4]")]), "preferred_batch"),
+        (lambda n, m, t, b, h, i: l13.triton_config(n, m, t, b, 0.0, i), "queue delay"),
+        (lambda n, m, t, b, h, i: l13.triton_config(n, m, 1500.0, 400.0, 20.0, i), "queue delay"),  # hard-coded
+        (_cfg(replace=[("max_queue_delay_microseconds", "delay_us")]), "does not parse"),
+        (lambda n, m, t, b, h, i: l13.triton_config(n, 1, t, b, h, i), "max_batch_size"),
+        (lambda n, m, t, b, h, i: l13.triton_config("digits", m, t, b, h, i), "name the model"),
+        (_cfg(replace=[('name: "input"', 'name: "x"')]), "one input named 'input'"),
+        (_cfg(replace=[('name: "logits"', 'name: "output"')]), "one input named 'input'"),
+        (_cfg(replace=[("data_type: TYPE_FP32, dims: [ 1, 8, 8 ]", "data_type: TYPE_FP16, dims: [ 1, 8, 8 ]")]),
+         "TYPE_FP32"),
+        (_cfg(replace=[("data_type: TYPE_FP32, dims: [ 10 ]", "data_type: TYPE_INT64, dims: [ 10 ]")]), "TYPE_FP32"),
+        (_cfg(replace=[("dims: [ 1, 8, 8 ]", "dims: [ -1, 1, 8, 8 ]")]), "no batch dimension"),
+        (lambda n, m, t, b, h, i: l13.triton_config(n, m, t, b, h, 0), "count of 0 serves nothing"),
+        (_cfg(replace=[("kind: KIND_CPU", "kind: KIND_GPU")]), "KIND_CPU"),
+        (lambda n, m, t, b, h, i: l13.triton_config(n, m, t, b, h, i).split("instance_group")[0]
+         + f"dynamic_batching {{ max_queue_delay_microseconds: {max(0, round((t - 2 * b - h) * 1000))} }}",
+         "instance_group"),
     ],
+    ids=["preferred", "no-http", "hard-coded-delay", "unparsable", "batch-1", "fixed-name", "input-name",
+         "output-name", "input-fp16", "output-int64", "batch-dim", "zero-instances", "gpu-kind", "no-instances"],
 )  # fmt: skip
 def test_triton_config_checker_rejects(fn, words):
     with pytest.raises(AssertionError, match=words):
         exercises.get("13.triton-config").checker(fn)
+
+
+def test_triton_reference_is_accepted_and_cases_are_random():
+    assert exercises.verdict("13.triton-config", l13.triton_config) == "accepted"
+    assert "random case seed" in exercises.verdict("13.triton-config", _cfg(replace=[("KIND_CPU", "KIND_GPU")]))

@@ -1,5 +1,7 @@
-"""Lesson 14's stacking exercise rejects wrong answers: a technique left out, the wrong precision, NCHW inputs,
-low-precision outputs, autograd left on, a changed model, or outputs that do not match."""
+"""Lesson 14's exercises reject wrong answers. 14.stack: no profile or a profile of the wrong model, a technique
+left out (fewer than three), the wrong precision, NCHW inputs, F.conv2d beside a decoy conv, low-precision outputs,
+autograd left on, the given model changed in place, outputs that do not match. 14.pick: hard-coded or wrong
+choices on random rows."""
 
 from __future__ import annotations
 
@@ -7,20 +9,39 @@ import copy
 
 import pytest
 import torch
+import torch.nn.functional as F
+from torch.nn.utils.fusion import fuse_conv_bn_eval
+from torch.profiler import ProfilerActivity, profile
 
 from course_utils import exercises
 from course_utils.lesson_exercises import l14
 
 
-def _rejects(fn, match: str) -> None:
-    with pytest.raises(AssertionError, match=match):
-        exercises.get("14.stack").checker(fn)
+def verdict(fn, key="14.stack") -> str:
+    return exercises.verdict(key, fn)
 
 
-def _variant(*, cl=True, amp=torch.bfloat16, out_float=True, inference=True, copy_model=True, scale=1.0):
-    def stacked(model):
-        m = copy.deepcopy(model) if copy_model else model
+def _fold(m):
+    layers = list(m.features)
+    for i, (conv, bn) in enumerate(zip(layers, layers[1:], strict=False)):
+        if isinstance(conv, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d):
+            m.features[i], m.features[i + 1] = fuse_conv_bn_eval(conv, bn), torch.nn.Identity()
+    return m
+
+
+def _variant(*, prof=True, prof_after=False, fold=True, cl=True, amp=torch.bfloat16, out_float=True, inference=True,
+             copy_model=True, scale=1.0):  # fmt: skip
+    def stacked(model, example):
+        p = None
+        if prof and not prof_after:
+            with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+                model(example)
+        m = copy.deepcopy(model).eval() if copy_model else model
+        m = _fold(m) if fold else m
         m = m.to(memory_format=torch.channels_last) if cl else m
+        if prof_after:
+            with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+                m(example)
 
         def run(x):
             x = x.contiguous(memory_format=torch.channels_last) if cl else x
@@ -29,59 +50,144 @@ def _variant(*, cl=True, amp=torch.bfloat16, out_float=True, inference=True, cop
                 y = m(x) * scale
             return y.float() if out_float else y
 
-        return run
+        return p, run
 
     return stacked
 
 
+def decoy_functional(model, example):
+    """F.conv2d in FP32 on the model's weights; a decoy Conv2d called under autocast so a module hook sees bf16."""
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+        model(example)
+    m = _fold(copy.deepcopy(model).eval())
+    decoy = torch.nn.Conv2d(1, 1, 1).to(memory_format=torch.channels_last)
+
+    def run(x):
+        with torch.inference_mode():
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                decoy(x.contiguous(memory_format=torch.channels_last))  # the decoy: bf16, channels_last
+            h = x
+            for layer in m.features:
+                h = F.conv2d(h, layer.weight, layer.bias, padding=layer.padding) if isinstance(
+                    layer, torch.nn.Conv2d) else layer(h)  # fmt: skip
+            return m.classifier(h).float()
+
+    return p, run
+
+
+def decoy_functional_bf16(model, example):
+    """Every convolution through F.conv2d in bf16 (right dtype), none inside a Conv2d module."""
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+        model(example)
+    m = _fold(copy.deepcopy(model).eval())
+
+    def run(x):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            h = x.contiguous(memory_format=torch.channels_last)
+            for layer in m.features:
+                h = F.conv2d(h, layer.weight, layer.bias, padding=layer.padding) if isinstance(
+                    layer, torch.nn.Conv2d) else layer(h)  # fmt: skip
+            return m.classifier(h).float()
+
+    return p, run
+
+
+def in_place(model, example):
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+        model(example)
+    m = model.to(memory_format=torch.channels_last)  # converts the given model's weights in place
+
+    def run(x):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(x.contiguous(memory_format=torch.channels_last)).float()
+
+    return p, run
+
+
+def in_place_fold(model, example):
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+        model(example)
+    return p, _run_on(_fold(model))  # folds the given model itself
+
+
+def _run_on(m):
+    m = m.to(memory_format=torch.channels_last)
+
+    def run(x):
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return m(x.contiguous(memory_format=torch.channels_last)).float()
+
+    return run
+
+
 def test_reference_passes():
-    exercises.get("14.stack").checker(l14.stacked)
+    assert verdict(l14.stacked) == "accepted"
+    assert verdict(_variant()) == "accepted"
 
 
-def test_no_autocast_is_rejected():
-    _rejects(_variant(amp=None), "bfloat16")
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (_variant(prof=False), "profile first"),
+        (_variant(prof_after=True), "no convolution and BatchNorm"),
+        (_variant(fold=False), "BatchNorm still ran"),
+        (_variant(amp=None), "computed in torch.float32"),
+        (_variant(amp=torch.float16), "computed in torch.float16"),
+        (_variant(cl=False), "NCHW"),
+        (_variant(out_float=False), "float32"),
+        (_variant(inference=False), "inference_mode"),
+        (_variant(scale=1.5), "tolerance"),
+        (decoy_functional, "computed in torch.float32"),
+        (decoy_functional_bf16, "inside Conv2d modules"),
+        (in_place, "changed in place"),
+        (in_place_fold, "changed in place"),
+        (lambda model, example: (None, lambda x: torch.zeros(len(x), 10)), "profile first"),
+    ],
+    ids=[
+        "no-profile",
+        "profile-of-the-stack",
+        "two-techniques",
+        "no-autocast",
+        "fp16",
+        "nchw",
+        "bf16-out",
+        "autograd",
+        "wrong-values",
+        "decoy-conv-fp32",
+        "functional-bf16",
+        "in-place-layout",
+        "in-place-fold",
+        "no-model",
+    ],  # fmt: skip
+)
+def test_wrong_stacks_are_rejected(fn, message):
+    got = verdict(fn)
+    assert message in got, got
 
 
-def test_fp16_instead_of_bf16_is_rejected():
-    _rejects(_variant(amp=torch.float16), "bfloat16")
+def test_the_seed_is_printed_on_failure():
+    assert "random case seed" in verdict(_variant(fold=False))
 
 
-def test_no_channels_last_is_rejected():
-    _rejects(_variant(cl=False), "channels_last")
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [
+        (lambda rows, budget: "onnxruntime", "got 'onnxruntime'"),  # the old fixed case's answer
+        (lambda rows, budget: max(rows, key=lambda r: r["speedup"])["technique"] if rows else "baseline", "within"),
+        (lambda rows, budget: next((r["technique"] for r in rows if r["accuracy_drop"] <= budget), "baseline"),
+         "got"),  # the first acceptable row, not the fastest
+        (lambda rows, budget: max((r for r in rows if r["accuracy_drop"] <= budget), key=lambda r: r["speedup"],
+                                  default={"technique": "baseline"})["technique"], "got"),  # slower than baseline kept
+        (lambda rows, budget: min((r for r in rows if r["speedup"] > 1 and r["accuracy_drop"] <= budget),
+                                  key=lambda r: r["accuracy_drop"], default={"technique": "baseline"})["technique"],
+         "got"),  # the most accurate, not the fastest
+    ],
+    ids=["hard-coded", "ignores-budget", "first-not-fastest", "keeps-slowdowns", "most-accurate"],
+)  # fmt: skip
+def test_wrong_picks_are_rejected(fn, message):
+    got = verdict(fn, "14.pick")
+    assert message in got and "random case seed" in got, got
 
 
-def test_bf16_outputs_are_rejected():
-    _rejects(_variant(out_float=False), "float32")
-
-
-def test_autograd_left_on_is_rejected():
-    _rejects(_variant(inference=False), "inference_mode")
-
-
-def test_wrong_outputs_are_rejected():
-    _rejects(_variant(scale=1.5), "tolerance")
-
-
-def test_half_model_instead_of_autocast_is_rejected():
-    def halved(model):
-        m = copy.deepcopy(model).to(torch.bfloat16)  # the whole model cast: converts every layer, not autocast
-
-        def run(x):
-            with torch.inference_mode():
-                return m(x.to(torch.bfloat16)).float()
-
-        return run
-
-    _rejects(halved, "channels_last")
-
-
-def test_changing_the_given_model_is_rejected():
-    def in_place(model):
-        model.to(torch.bfloat16)
-        return _variant()(model)
-
-    _rejects(in_place, "changed|bfloat16|tolerance|dtype")
-
-
-def test_not_calling_the_model_is_rejected():
-    _rejects(lambda model: lambda x: torch.zeros(len(x), 10), "no convolution")
+def test_pick_reference_passes():
+    assert verdict(l14.pick_technique, "14.pick") == "accepted"

@@ -139,18 +139,22 @@ def tensorrt(model: nn.Module, example: torch.Tensor, dev: torch.device, max_bat
     from .. import backends, engines
 
     t0 = time.perf_counter()
+    # TensorRT runs on the GPU, whatever device the rest of optimize() uses (a CPU run beside a GPU, or the
+    # rehearsal's stand-in); without CUDA at all (the contract tests' fake TensorRT) it stays on `dev`.
+    cuda = dev if dev.type == "cuda" or not torch.cuda.is_available() else torch.device("cuda")
     b = int(example.shape[0])
     top = max(max_batch, b)
     profile = engines.Profile.for_batch("input", tuple(example.shape[1:]), 1, b, top)
     with tempfile.TemporaryDirectory(prefix="optimize_trt_") as tmp:
-        half = copy.deepcopy(model).half().to(dev)
-        onnx_path = backends.export_onnx(half, example.half(), Path(tmp) / "m_fp16.onnx")
+        half = copy.deepcopy(model).half().to(cuda)
+        onnx_path = backends.export_onnx(half, example.half().to(cuda), Path(tmp) / "m_fp16.onnx")
         blob = engines.build_engine(onnx_path, profile=profile)
     runner = engines.TrtRunner(trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(blob))
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        x = x.to(dev, runner.input_dtype)
-        return torch.cat([runner(chunk).float().clone() for chunk in x.split(top)])  # clone: buffers are reused
+        xc = x.to(cuda, runner.input_dtype)
+        out = torch.cat([runner(chunk).float().clone() for chunk in xc.split(top)])  # clone: buffers are reused
+        return out.to(x.device)  # back where the caller's tensors live (the CPU when optimize() runs there)
 
     note = f"TensorRT {trt.__version__} FP16 engine, profile batch 1..{top} (larger batches in chunks)"
     return [Variant("tensorrt fp16", run, "fp16", time.perf_counter() - t0, note)]

@@ -18,6 +18,7 @@ import torchvision.transforms.v2.functional as F
 from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchcodec.decoders import decode_jpeg
 
+import course_utils as cu
 from course_utils import data, pipeline
 from course_utils.streamcheck import RecordingDevice, describe
 from tests.gpu_contract.lesson_code import lesson_namespace, tagged_cells
@@ -27,11 +28,14 @@ COVERS = {
     "loader; host_memory_stats and the pinned cache need CUDA",
     "09.uint8-transfer": "normalize_on_device against the float32 data set, images_per_s with prepare=",
     "09.prefetch": "DevicePrefetcher: batches in order, side-stream copies ordered by wait_stream, record_stream",
-    "09.gpu-decode": "gpu_decode with device='cpu' (same TorchCodec list call) against the CPU loader",
+    "09.gpu-decode": "gpu_decode with device='cpu' (same TorchCodec list call) against the CPU loader; uint8_levels "
+    "accepts CUDA's float32 resize rounding and rejects a real difference",
 }
 NOT_TESTABLE: dict[str, str] = {}
 
-PRESET = dict(torch=torch, time=time, Path=Path, F=F, decode_jpeg=decode_jpeg, DataLoader=DataLoader, Dataset=Dataset)
+PRESET = dict(
+    torch=torch, time=time, Path=Path, F=F, decode_jpeg=decode_jpeg, DataLoader=DataLoader, Dataset=Dataset, cu=cu
+)
 PRESET["MEAN"], PRESET["STD"] = list(pipeline.IMAGENET_MEAN), list(pipeline.IMAGENET_STD)
 
 
@@ -104,3 +108,52 @@ def test_prefetcher_plants_fail(line, check):
     for src in cells:
         exec(src.replace(line, "pass"), planted)  # noqa: S102 - the lesson's code with one line removed
     assert getattr(prefetch_run(planted["DevicePrefetcher"]), check)(), f"removing {line} must be caught"
+
+
+def _cuda_like_resize(img, size, antialias=True):
+    """torchvision's CUDA path for uint8: resize in float32, then round back to uint8 (what a GPU does)."""
+    return F.resize(img.float(), size, antialias=antialias).round().clamp(0, 255).to(torch.uint8)
+
+
+def _u8_batches(size=32):
+    paths = data.jpeg_paths()[:3]
+    raws = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
+    imgs = [decode_jpeg(r, mode="RGB") for r in raws]
+    cpu = torch.stack([F.resize(i, [size, size], antialias=True) for i in imgs])
+    cuda_like = torch.stack([_cuda_like_resize(i, [size, size]) for i in imgs])
+    return cpu, cuda_like
+
+
+def test_gpu_rounding_fails_fp32_but_passes_the_uint8_check(ns):
+    """The GPU's resize rounds through float32: a correct GPU pipeline is outside FP32's tolerance, inside uint8's."""
+    cpu, cuda_like = _u8_batches()
+    assert not torch.equal(cpu, cuda_like)  # the rounding really differs
+    norm = ns["normalize_on_device"]
+    assert not cu.compare.compare_outputs(norm(cuda_like), norm(cpu), "fp32").within
+    got = ns["uint8_levels"](cuda_like, cpu)
+    assert got["mean"] < 1.0 and got["max"] >= 1
+
+
+@pytest.mark.parametrize(
+    ("bug", "message"),
+    [
+        (lambda x: x.flip(1), "beyond"),  # BGR instead of RGB
+        (lambda x: x.flip(-1), "beyond"),  # mirrored
+        (lambda x: x.float(), "uint8 batches"),  # compared after a dtype change
+    ],
+)
+def test_uint8_check_rejects_real_differences(ns, bug, message):
+    cpu, _ = _u8_batches()
+    with pytest.raises((cu.errors.ToleranceError, ValueError), match=message):
+        ns["uint8_levels"](bug(cpu), cpu)
+
+
+def test_gpu_decode_outside_the_gpu_gate_runs_on_the_cpu():
+    """Issue 20: the FP32 comparison of gpu_decode ran with `device` outside the gate, so it failed on CUDA."""
+    from tests.gpu_contract.lesson_code import lesson_path
+
+    top = [ln for ln in lesson_path("09").read_text().splitlines() if "gpu_decode" in ln and not ln[:1].isspace()]
+    top = [ln for ln in top if not ln.startswith(("def ", "#"))]  # top-level statements, outside any gate
+    assert top, "the lesson should check gpu_decode on the CPU outside the GPU gate"
+    wrong = [ln for ln in top if '"cpu"' not in ln]
+    assert not wrong, f"outside the GPU gate gpu_decode must run on 'cpu' (FP32 tolerance holds only there): {wrong}"

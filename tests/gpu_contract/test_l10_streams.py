@@ -41,11 +41,30 @@ def run(fn, n=5):
         ref = [m(c) for c in chunks]
     dev = RecordingDevice()
     with torch.inference_mode(), dev.run("cpu"):
+        torch.zeros(4).add_(1)  # the caller's stream has work queued before the call (as in any real program)
+        dev.entry_tick = dev.default.clock.get(dev.default.sid, 0)
         outs = fn(m, chunks, "cpu")
         torch.cat(outs)  # the caller reads the results on its stream
     for a, b in zip(outs, ref, strict=True):
         assert torch.equal(a, b)
     return dev
+
+
+def used_before_the_caller_was_waited_for(dev) -> list[str]:
+    """Memory allocated on the caller's stream, then used on a side stream that never waited for the caller.
+
+    The caching allocator hands out a block as soon as it is free *in the caller's stream order*: kernels the
+    caller queued earlier may still use it. A side stream must wait for the caller (wait_stream) before touching
+    such memory (or the memory must be allocated on the side stream itself).
+    """
+    bad = []
+    for k, accesses in dev.access.items():
+        if dev.origin.get(k) is not dev.default:
+            continue
+        for a in accesses:
+            if a.stream is not dev.default and a.clock.get(dev.default.sid, 0) < dev.entry_tick:
+                bad.append(f"'{a.op}' on {a.stream.name}")
+    return bad
 
 
 @pytest.mark.parametrize("name", ["one_stream", "side_stream_prefetch", "double_buffered_loop"])
@@ -54,6 +73,8 @@ def test_lesson_pipelines_are_ordered(name):
     races = dev.races()
     assert not races, describe(races[0])
     assert not dev.missing_record_stream(), f"{name}: memory used on another stream without record_stream"
+    bad = used_before_the_caller_was_waited_for(dev)
+    assert not bad, f"{name}: caller-stream memory used by {bad[:2]} before that stream waited for the caller"
 
 
 @pytest.mark.parametrize("name", ["side_stream_prefetch", "double_buffered_loop"])
@@ -88,3 +109,33 @@ def test_the_recorder_catches_a_missing_record_stream():
 )
 def test_each_wait_of_the_double_buffer_matters(line):
     assert run(planted(line, "double_buffered_loop")).races(), f"removing {line} should race"
+
+
+def test_the_double_buffer_waits_for_the_caller_before_writing_its_buffers():
+    """Issue 20: the buffers were allocated on the caller's stream and written on the copy stream with no wait."""
+    assert not used_before_the_caller_was_waited_for(run(NS["double_buffered_loop"]))
+    assert used_before_the_caller_was_waited_for(run(planted("copy_s.wait_stream(caller)", "double_buffered_loop")))
+
+
+def test_the_stream_checks_run_with_the_model_on_the_device():
+    """Issue 20: the CPU-resident tiny_cnn was fed CUDA tensors. The lesson's own check cells, run with
+    device='cuda' on the rehearsal's stand-ins (placement checked as CUDA does), must pass."""
+    import copy
+
+    import course_utils as cu
+    from course_utils import pipeline as pl
+    from course_utils.standins import rehearsal
+    from tests.gpu_contract.lesson_code import lesson_path
+
+    cells = lesson_path("10").read_text().split("# %%")
+    picked = [c.split("\n", 1)[1] for c in cells if "host_chunks = [" in c or "double_buffered_loop(tiny" in c]
+    assert len(picked) == 2, "expected the side-stream check cell and the double-buffer check cell"
+    ns = lesson_namespace("10", torch=torch)
+    ns.update(copy=copy, pl=pl, cu=cu, BATCH=2, SIZE=16, N_BATCHES=3, device=torch.device("cuda"))
+    rehearsal.activate()
+    try:
+        for src in picked:
+            exec(compile(src, "lesson 10", "exec"), ns)  # noqa: S102 - the lesson's own cells
+    finally:
+        counts = rehearsal.deactivate()
+    assert counts.get("placement checks", 0) > 0 and not counts.get("placement violations")

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import re
+import time
 
 import pytest
 import torch
@@ -29,7 +31,7 @@ COVERS = {
 }
 NOT_TESTABLE = {
     "11.allocator": "reads the CUDA caching allocator's counters (allocated, reserved, mem_get_info) and times "
-    "cudaMalloc after empty_cache: only a GPU has them",
+    "cudaMalloc after empty_cache: only a GPU has them (its timer, host_call_ms, is tested here)",
     "11.expandable-segments": "measures the CUDA allocator's fragmentation with and without expandable segments "
     "in fresh processes: only a GPU has it",
 }
@@ -160,7 +162,7 @@ class FakeTorch:
 
 
 def namespace(cuda, replace=None):
-    preset = {"torch": FakeTorch(cuda)}
+    preset = {"torch": FakeTorch(cuda), "time": time}
     if replace is None:
         return lesson_namespace("11", **preset)
     old, new = replace
@@ -235,3 +237,23 @@ def test_stand_in_rejects_wrong_signatures():
         cuda.reset_peak_memory_stats("cuda:0", True)
     with pytest.raises(TypeError), cuda.graph(FakeGraph(), capture="x"):
         pass
+
+
+def test_host_call_ms_times_the_host_call_with_perf_counter():
+    """Issue 20: allocator calls are host-side; CUDA events around them time an empty stretch of stream."""
+    cuda = FakeCuda()
+    ms = namespace(cuda)["host_call_ms"](lambda: time.sleep(0.02), 3)
+    assert len(ms) == 3 and min(ms) >= 19.0, ms  # the call's own wall time
+    assert cuda.log.count("synchronize") == 3  # queued device work is waited for before each timed call
+
+
+def test_the_allocator_section_does_not_time_host_calls_with_events():
+    from tests.gpu_contract.lesson_code import lesson_path
+
+    text = lesson_path("11").read_text()
+    body = text[text.index('if cu.gpu_section("11.allocator")') :]
+    body = body[: body.index("\nelse:")]
+    assert not re.search(r"cu\.measure\([^#]*device=\"cuda\"", body, re.S), (
+        "empty_cache()/allocation are host-side calls: time them with host_call_ms (perf_counter), not CUDA events"
+    )
+    assert "host_call_ms(" in body
