@@ -31,6 +31,28 @@ import course_utils as cu
 device = cu.lesson.start("00", "Environment check")
 
 # %% [markdown]
+# ## Exercise first: ask the machine yourself
+# **00.inventory.** Before you read the course's queries below, write your own. `inventory()` returns a dict:
+# * `"cuda"`: is a CUDA GPU usable? `torch.cuda.is_available()`;
+# * `"gpus"`: one dict per GPU index `i` in `range(torch.cuda.device_count())` (none without CUDA), from
+#   `props = torch.cuda.get_device_properties(i)`: `"name"` (`props.name`), `"capability"` (the tuple
+#   `(props.major, props.minor)`), `"memory_gib"` (`props.total_memory` in GiB: divide by `2**30`) and
+#   `"multiprocessors"` (`props.multi_processor_count`);
+# * `"cpu_capability"`: the vector instruction set PyTorch's CPU kernels use, `torch.backends.cpu.get_cpu_capability()`;
+# * `"ort_providers"`: `onnxruntime.get_available_providers()`, as a list.
+#
+# The self-check runs your function on three made-up machines (no GPU, a few GPUs of kinds no table holds),
+# then on this one: only code that really asks PyTorch and ONNX Runtime gets every machine right.
+
+
+# %%
+def inventory():
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("00.inventory", inventory)
+
+# %% [markdown]
 # ## Ask the machine yourself
 # These are the queries behind every capability table; the course's `cu.device.capabilities()` makes the
 # same calls. Three things to notice:
@@ -198,8 +220,8 @@ print(f"That is {2 * n**3 / (m.median_ms / 1000) / 1e9:.1f} GFLOP/s on {raw['tor
 # generation: **TF32** and **BF16** with Ampere (capability 8.0: A100, RTX 30xx), **FP8** with Ada Lovelace
 # (8.9: L4, L40S, RTX 40xx) and Hopper (9.0: H100, H200); Volta (7.0) and Turing (7.5, T4) have FP16 tensor
 # cores only. Write `will_run(capability)` returning the set of `{"tf32", "bf16", "fp8"}` that run natively on a
-# GPU of that capability (`None`: no GPU, an empty set). The self-check compares it with a table of real GPUs,
-# then applies it to this machine.
+# GPU of that capability (`None`: no GPU, an empty set). The self-check draws capabilities at random (most of
+# them belong to no GPU sold today, so a table of real GPUs does not pass), then applies yours to this machine.
 
 
 # %%

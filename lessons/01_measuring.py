@@ -20,6 +20,7 @@
 
 # %%
 import os
+import re
 import time
 
 import matplotlib.pyplot as plt
@@ -279,7 +280,8 @@ else:
 
 # %%
 if cu.gpu_section("01.gpu-sync"):
-    ag = torch.randn(4096, 4096, device="cuda")
+    n_gpu = cu.pick(full=4096, smoke=512)  # smoke: small enough for the CPU rehearsal (COURSE_REHEARSE=1)
+    ag = torch.randn(n_gpu, n_gpu, device="cuda")
     for _ in range(3):
         ag @ ag
     torch.cuda.synchronize()
@@ -290,9 +292,9 @@ if cu.gpu_section("01.gpu-sync"):
     gpu_good = summarize(time_calls(lambda: ag @ ag, "cuda"))
     print(f"without synchronize: {launch_ms:.3f} ms; with CUDA events: {gpu_good['median_ms']:.3f} ms")
     print(f"The unsynchronized timer reported {gpu_good['median_ms'] / launch_ms:.1f}x less than the real time.")
-    cu.record("01", "unsynchronized timer (wrong)", model="matmul4096", device="cuda", dtype="fp32",
+    cu.record("01", "unsynchronized timer (wrong)", model=f"matmul{n_gpu}", device="cuda", dtype="fp32",
               median_ms=launch_ms, notes="launch time only")  # fmt: skip
-    cu.record("01", "CUDA events (right)", model="matmul4096", device="cuda", dtype="fp32",
+    cu.record("01", "CUDA events (right)", model=f"matmul{n_gpu}", device="cuda", dtype="fp32",
               median_ms=gpu_good["median_ms"], p90_ms=gpu_good["p90_ms"])  # fmt: skip
 else:
     cu.results.show_reference("01")
@@ -330,17 +332,38 @@ cpu_spec_flops = physical * ghz * 1e9 * lanes * 2 * 2
 print(f"CPU: {physical} physical cores x {ghz:.2f} GHz x {lanes} lanes ({cpu_capability}) x 2 (FMA) x 2 units "
       f"= {cpu_spec_flops / 1e9:.0f} GFLOP/s FP32 (spec)")  # fmt: skip
 
-GPU_DATASHEET = {  # FP32 TFLOP/s (no tensor cores), memory TB/s; vendor datasheets
-    "H200": (67.0, 4.8), "H100 SXM": (67.0, 3.35), "H100 PCIe": (51.0, 2.0), "A100-SXM4-80GB": (19.5, 2.04),
-    "A100-SXM4-40GB": (19.5, 1.555), "A100-PCIE-40GB": (19.5, 1.555), "L40S": (91.6, 0.864), "L4": (30.3, 0.3),
-    "A10": (31.2, 0.6), "T4": (8.1, 0.32), "RTX 4090": (82.6, 1.008),
+# %% [markdown]
+# The GPU's datasheet is found from its name, by **whole model words**: a substring test would give an
+# "NVIDIA A100 80GB PCIe" the roofs of an A10 and an "NVIDIA L40" those of an L4. The H100 SXM calls itself
+# "NVIDIA H100 80GB HBM3". When several entries match, the most specific one (most words) wins.
+
+
+# %% tags=["contract"]
+GPU_DATASHEET = {  # entry: (words that must all appear in the GPU's name, FP32 TFLOP/s without tensor cores, TB/s)
+    "H200": (("H200",), 67.0, 4.8), "H100 SXM": (("H100", "HBM3"), 67.0, 3.35),
+    "H100 PCIe": (("H100", "PCIE"), 51.0, 2.0), "A100 SXM4 80GB": (("A100", "SXM4", "80GB"), 19.5, 2.04),
+    "A100 SXM4 40GB": (("A100", "SXM4", "40GB"), 19.5, 1.555),
+    "A100 PCIe 40GB": (("A100", "PCIE", "40GB"), 19.5, 1.555),
+    "A100 PCIe 80GB": (("A100", "PCIE", "80GB"), 19.5, 1.935), "L40S": (("L40S",), 91.6, 0.864),
+    "L40": (("L40",), 90.5, 0.864), "L4": (("L4",), 30.3, 0.3), "A10": (("A10",), 31.2, 0.6),
+    "T4": (("T4",), 8.1, 0.32), "RTX 4090": (("RTX", "4090"), 82.6, 1.008),
 }  # fmt: skip
+
+
+def datasheet_entry(gpu_name, table=GPU_DATASHEET):
+    """The table entry whose model words all appear, as whole words, in `gpu_name` (the most specific), or None."""
+    words = set(re.split(r"[\s_/-]+", gpu_name.upper()))
+    hits = [k for k, (model_words, *_) in table.items() if set(model_words) <= words]
+    return max(hits, key=lambda k: len(table[k][0]), default=None)
+
+
+# %%
 spec = None
 if device.type == "cuda":
     gpu_name = torch.cuda.get_device_name(0)
-    key = next((k for k in GPU_DATASHEET if k in gpu_name), None)
-    spec = GPU_DATASHEET[key] if key else None
-    print(f"GPU: {gpu_name}: " + (f"datasheet {spec[0]} TFLOP/s FP32, {spec[1]} TB/s" if spec else
+    key = datasheet_entry(gpu_name)
+    spec = GPU_DATASHEET[key][1:] if key else None
+    print(f"GPU: {gpu_name}: " + (f"datasheet of the {key}: {spec[0]} TFLOP/s FP32, {spec[1]} TB/s" if spec else
                                   "not in the datasheet table: add it (measured peaks only below)"))  # fmt: skip
 
 # %% [markdown]
@@ -513,19 +536,23 @@ surprises.round(3)
 
 # %% [markdown]
 # ## Exercises
-# **01.timer.** Write your own timer, without looking back: `my_timer(fn, synchronize, warmup, repeats)` returns
-# a list of `repeats` per-call times in **milliseconds**. `synchronize` is the function that waits for queued
-# work (`torch.cuda.synchronize` on a GPU). The self-check runs your timer on hidden workloads and compares it
-# with `cu.measure`: one ordinary workload, one **asynchronous** fake device (its calls return at once and the
-# work finishes only when you call `synchronize`), and one whose first calls are slow (cold).
+# **01.timer.** The tail is what users feel, and it is where timing bugs hide: a median survives a missing
+# synchronize, a throughput figure or one call copied `repeats` times; the slowest calls do not. Write
+# `latency_report(fn, synchronize, warmup, repeats)` returning a dict: `"times_ms"`, the `repeats` per-call
+# times in **milliseconds**, in call order; `"p50_ms"` and `"p90_ms"`, their percentiles (`np.percentile`);
+# `"max_ms"`, the slowest call. `synchronize` is the function that waits for queued work
+# (`torch.cuda.synchronize` on a GPU). The self-check plants slow calls at random positions on an
+# **asynchronous** fake device (its calls return at once; the work finishes only when you call `synchronize`,
+# and the warm-up leaves a long queue), runs a workload whose first calls are cold, and compares your median
+# with `torch.utils.benchmark` on a workload of known cost.
 
 
 # %%
-def my_timer(fn, synchronize, warmup=5, repeats=30):
+def latency_report(fn, synchronize, warmup=5, repeats=30):
     raise NotImplementedError  # your code here
 
 
-cu.exercises.check("01.timer", my_timer)
+cu.exercises.check("01.timer", latency_report)
 
 # %% [markdown]
 # **01.classify.** Write `classify(intensity, achieved, peak_flops, peak_bw)` returning `"compute-bound"`,

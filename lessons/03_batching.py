@@ -24,6 +24,7 @@
 # latency: a batch takes longer than one input, and in a server a request may wait for others to arrive.
 
 # %%
+import copy
 import gc
 import time
 
@@ -85,13 +86,37 @@ with torch.inference_mode():
         cu.check_outputs(model(x), one_by_one, "fp32", label=f"{name}: batch of 8 vs 8 single calls")
 
 # %% [markdown]
+# ## Exercise first: a sweep that survives out-of-memory
+# **03.oom-sweep.** Before you read the course's sweep below, write the loop yourself:
+# `oom_safe_sweep(model, make_input, batch_sizes, measure)` returns a list of rows
+# `{"batch_size": b, "ms": measure(lambda: model(x))}`, one per batch size that fit, in order. Three rules:
+# * run the whole sweep under `torch.inference_mode()`;
+# * catch `torch.OutOfMemoryError` around each batch: stop the sweep there and **keep the rows** measured so far;
+# * free memory **after leaving the `except` block** (inside it, the exception's traceback still holds the failed
+#   batch and its activations): drop your reference to the batch (`x = None`), `gc.collect()`,
+#   `torch.cuda.empty_cache()` (it does nothing where CUDA never started).
+#
+# The self-check plants an out-of-memory error at a batch size drawn at random, and watches where and when you
+# free memory.
+
+
+# %%
+def oom_safe_sweep(model, make_input, batch_sizes, measure):
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("03.oom-sweep", oom_safe_sweep)
+
+# %% [markdown]
 # ## The sweep, written out
 # For each batch size: build the input, time the model with `cu.measure` (lesson 01's timer), keep a row.
 # Three things make it robust:
 # * **`torch.inference_mode()`**: no autograd bookkeeping, less memory per batch;
-# * **out of memory is an answer, not a crash**: `torch.OutOfMemoryError` stops the sweep; drop the references
-#   to the failed batch, `gc.collect()`, and on a GPU `torch.cuda.empty_cache()` returns the cached blocks, so
-#   the rest of the notebook still has memory; the rows measured so far are kept;
+# * **out of memory is an answer, not a crash**: `torch.OutOfMemoryError` stops the sweep and the rows measured
+#   so far are kept. Free memory **after leaving the `except` block**: inside it, the exception's traceback still
+#   holds the frames of the failed call, and with them the failed batch and its activations. Outside it, drop
+#   your own reference to the batch, `gc.collect()`, and on a GPU `torch.cuda.empty_cache()` returns the cached
+#   blocks, so the rest of the notebook still has memory;
 # * **any other error also keeps the rows**: it is reported with the batch size it happened at, instead of
 #   throwing away minutes of measurements.
 #
@@ -113,20 +138,21 @@ def batch_sweep(model, make_input, batch_sizes, device, cap_mb=None, **timing):
                     raise torch.OutOfMemoryError(f"batch {b}: input over the {cap_mb} MiB cap")  # the CPU's stand-in
                 m = cu.measure(lambda x=x: model(x), device=device, batch_size=b, **timing)
             except torch.OutOfMemoryError:
-                x, stopped = None, f"out of memory at batch {b}"  # drop the failed batch's tensors...
-                gc.collect()
-                if torch.device(device).type == "cuda":
-                    torch.cuda.empty_cache()  # ...and hand the cached blocks back
-                break
+                stopped = f"out of memory at batch {b}"  # no clean-up here: the traceback still holds the batch
             except Exception as exc:  # not an OOM: keep what was measured, say what stopped the sweep
                 stopped = f"{type(exc).__name__} at batch {b}: {str(exc)[:200]}"
+            if stopped:
                 break
             rows.append({"batch_size": b, "median_ms": m.median_ms, "p90_ms": m.p90_ms,
                          "throughput": b / (m.median_ms / 1e3), "ms_per_item": m.median_ms / b})  # fmt: skip
+    if stopped:  # out of the except block, the traceback (and the failed batch it holds) is gone: free now
+        x = None  # drop our own reference to the failed batch's input
+        gc.collect()
+        if torch.device(device).type == "cuda":
+            torch.cuda.empty_cache()  # hand the cached blocks back
+        print(f"sweep stopped: {stopped}; kept {len(rows)} rows")
     df = pd.DataFrame(rows, columns=["batch_size", "median_ms", "p90_ms", "throughput", "ms_per_item"])
     df.attrs.update(stopped=stopped, max_fit=rows[-1]["batch_size"] if rows else None)
-    if stopped:
-        print(f"sweep stopped: {stopped}; kept {len(rows)} rows")
     return df
 
 
@@ -140,9 +166,6 @@ for name, (model, make_input, sizes) in models.items():
 table = pd.concat([df.assign(variant=name) for name, df in sweeps.items()], ignore_index=True)
 table["speedup_vs_b1"] = table["throughput"] / table.groupby("variant")["throughput"].transform("first")
 table[["variant", "batch_size", "median_ms", "p90_ms", "throughput", "ms_per_item", "speedup_vs_b1"]].round(3)
-
-# %% [markdown]
-# `cu.sweep.batch_sweep` is this loop, kept for reuse in later lessons (it adds a progress bar).
 
 # %%
 _ = cu.plots.batch_curve(sweeps[f"resnet18@{res}"], label=f"resnet18@{res}",
@@ -216,13 +239,14 @@ print(f"With a {cap_mb:g} MiB cap the largest batch that fit was {oom_df.attrs['
 
 # %%
 if cu.gpu_section("03.real-oom"):
-    gpu_oom = batch_sweep(resnet, lambda b: torch.randn(b, 3, 224, 224, device="cuda"), [2**k for k in range(6, 19)],
-                          "cuda", **once)  # fmt: skip
+    resnet_gpu = copy.deepcopy(resnet).to("cuda")  # its own copy on the GPU, wherever `device` put the lesson's
+    gpu_oom = batch_sweep(resnet_gpu, lambda b: torch.randn(b, 3, 224, 224, device="cuda"),
+                          [2**k for k in range(6, 19)], "cuda", **once)  # fmt: skip
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
     print(f"{torch.cuda.get_device_name(0)} ({total_gib:.0f} GiB): largest batch that fit "
           f"{gpu_oom.attrs['max_fit']} ({gpu_oom.attrs['stopped']}).")  # fmt: skip
     with torch.inference_mode():
-        still_ok = resnet(torch.randn(8, 3, 224, 224, device="cuda"))
+        still_ok = resnet_gpu(torch.randn(8, 3, 224, 224, device="cuda"))
     torch.cuda.synchronize()
     alloc, reserved = torch.cuda.memory_allocated() / 2**20, torch.cuda.memory_reserved() / 2**20
     print(f"After the sweep the GPU still runs a batch of 8: output {tuple(still_ok.shape)}; "
@@ -239,26 +263,37 @@ else:
 # `torch.backends.cudnn.benchmark = True`, time several algorithms on the first call and keep the fastest.
 # That first call is slower; later calls may be faster. It pays when shapes repeat (a fixed batch size) and
 # costs when they keep changing (every new batch size, every new image size pays the search again).
+# A fair comparison times both settings on the same amount of work: batch 32 at 224×232 without the search,
+# and batch 32 at 232×224 with it (PyTorch keeps the algorithm chosen per shape whatever the flag, so each
+# setting gets a shape it has not seen).
 # *Verification: contract-tested (`tests/gpu_contract/test_l03_sweep.py` runs `cudnn_benchmark_effect` on CPU,
 # where the flag changes nothing, and checks the flag is restored); not yet executed on a GPU.*
 
 
 # %% tags=["contract"]
 def cudnn_benchmark_effect(model, x, device):
-    """First-call and steady-state time of model(x) with cudnn.benchmark off and on (the flag is restored)."""
+    """First-call and steady-state time of model(x) with cudnn.benchmark off and on (the flag is restored).
+
+    cuDNN keeps the algorithm it picked per input shape, whatever the flag, so each setting needs a shape it has
+    not seen: `x` (height != width) for benchmark=False, and an input with height and width swapped for
+    benchmark=True: the same batch, the same number of pixels, the same FLOP, a new shape.
+    """
+    if x.dim() != 4 or x.shape[2] == x.shape[3]:
+        raise ValueError(f"pass an NCHW batch with height != width (got {tuple(x.shape)}): the swapped shape is new")
     sync = torch.get_device_module(device).synchronize
     old, out = torch.backends.cudnn.benchmark, {}
     try:
-        for flag in (False, True):
+        swapped = torch.randn(*x.shape[:2], x.shape[3], x.shape[2], device=x.device, dtype=x.dtype)
+        for flag, xs in ((False, x), (True, swapped)):
             torch.backends.cudnn.benchmark = flag
-            xs = x[: len(x) - int(flag)].clone()  # a shape this flag setting has not seen yet
             with torch.inference_mode():
                 t0 = time.perf_counter()
                 model(xs)
                 sync()
                 first_ms = (time.perf_counter() - t0) * 1e3
                 m = cu.measure(lambda xs=xs: model(xs), device=device, warn_spread=False)
-            out[f"benchmark={flag}"] = {"first call ms": first_ms, "median ms": m.median_ms}
+            out[f"benchmark={flag}"] = {"input": "x".join(map(str, xs.shape)), "first call ms": first_ms,
+                                        "median ms": m.median_ms}  # fmt: skip
     finally:
         torch.backends.cudnn.benchmark = old
     return pd.DataFrame(out).T
@@ -266,13 +301,14 @@ def cudnn_benchmark_effect(model, x, device):
 
 # %%
 if cu.gpu_section("03.cudnn-benchmark"):
-    effect = cudnn_benchmark_effect(resnet, torch.randn(33, 3, 224, 224, device="cuda"), "cuda")
-    display(effect.round(3))
+    resnet_gpu = copy.deepcopy(resnet).to("cuda")
+    effect = cudnn_benchmark_effect(resnet_gpu, torch.randn(32, 3, 224, 232, device="cuda"), "cuda")
+    display(effect)
     gain = effect.loc["benchmark=False", "median ms"] / effect.loc["benchmark=True", "median ms"]
     cost = effect.loc["benchmark=True", "first call ms"] / effect.loc["benchmark=False", "first call ms"]
     print(f"benchmark=True: steady state {gain:.2f}x the speed of the heuristic's choice; its first call took "
           f"{cost:.1f}x as long (the search).")  # fmt: skip
-    cu.record("03", "cudnn.benchmark=True", model="resnet18@224", device="cuda", dtype="fp32", batch_size=32,
+    cu.record("03", "cudnn.benchmark=True", model="resnet18@224x232", device="cuda", dtype="fp32", batch_size=32,
               median_ms=effect.loc["benchmark=True", "median ms"], speedup_vs_baseline=gain)  # fmt: skip
 
 # %% [markdown]
@@ -356,13 +392,13 @@ print(f"No batching at {over:.1f} req/s: p99 {short.p99_ms:.0f} ms after {n_requ
       "for the same server.")  # fmt: skip
 
 # %% [markdown]
-# ## Exercises
+# ## Exercise
 # **03.max-wait.** The knob you tune in every batching server. Write `choose_max_wait(arrivals_ms, service_ms,
 # max_batch_size, p99_target_ms, candidates)`: simulate each candidate `max_wait_ms` with
 # `cu.batching.simulate(arrivals_ms, service_ms, max_batch_size=..., max_wait_ms=...)` and return the
 # **largest** candidate whose p99 latency meets the target (more waiting means fuller batches: more
-# throughput per instance), or `None` if none does. The self-check runs the simulation on hidden service times
-# and arrival rates.
+# throughput per instance), or `None` if none does. The self-check draws service times, arrival rates and targets
+# at random.
 
 
 # %%
@@ -371,18 +407,6 @@ def choose_max_wait(arrivals_ms, service_ms, max_batch_size, p99_target_ms, cand
 
 
 cu.exercises.check("03.max-wait", choose_max_wait)
-
-# %% [markdown]
-# **03.knee.** Write `knee_batch(batch_sizes, throughputs, fraction)`: the smallest batch size whose throughput
-# reaches `fraction` of the best.
-
-
-# %%
-def knee_batch(batch_sizes, throughputs, fraction=0.9):
-    raise NotImplementedError  # your code here
-
-
-cu.exercises.check("03.knee", knee_batch)
 
 # %% [markdown]
 # ## What surprised us

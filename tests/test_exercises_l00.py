@@ -1,12 +1,17 @@
-"""Lesson 00's precision exercise rejects wrong capability rules."""
+"""Lesson 00's exercises reject wrong capability rules and answers that do not ask the machine."""
+
+import functools
+import subprocess
 
 import pytest
+import torch
 
 from course_utils import exercises
 
-CHECK = exercises.get("00.precisions").checker
+verdict = exercises.verdict
 
 
+# ---- 00.precisions ---------------------------------------------------------------------------------------------
 def major_only(cap):  # compares the major version only: misses FP8 on Ada (8.9)
     if cap is None:
         return set()
@@ -29,17 +34,152 @@ def returns_list(cap):
     return [] if cap is None or cap < (8, 0) else ["tf32", "bf16"] + (["fp8"] if cap >= (8, 9) else [])
 
 
-def test_reference_passes(capsys):
-    CHECK(exercises.get("00.precisions").solution)
+REAL = {(6, 1): set(), (7, 0): set(), (7, 5): set(), (8, 0): {"tf32", "bf16"}, (8, 6): {"tf32", "bf16"},
+        (8, 7): {"tf32", "bf16"}, (8, 9): {"tf32", "bf16", "fp8"}, (9, 0): {"tf32", "bf16", "fp8"},
+        (10, 0): {"tf32", "bf16", "fp8"}, (12, 0): {"tf32", "bf16", "fp8"}}  # fmt: skip
+
+
+def table_of_real_gpus(cap):  # the checker's old fixed cases, typed in
+    return set() if cap is None else REAL[tuple(cap)]
+
+
+def table_with_default(cap):
+    return set() if cap is None else REAL.get(tuple(cap), set())
+
+
+def decimal_compare(cap):  # 8.9 as a float: (8, 10) would be 8.1
+    return set() if cap is None else _by_float(float(f"{cap[0]}.{cap[1]}"))
+
+
+def _by_float(v):
+    return ({"tf32", "bf16"} if v >= 8.0 else set()) | ({"fp8"} if v >= 8.9 else set())
+
+
+def test_precisions_reference_passes(capsys):
+    assert verdict("00.precisions", exercises.get("00.precisions").solution) == "accepted"
     assert "On this machine" in capsys.readouterr().out
 
 
-@pytest.mark.parametrize("wrong", [major_only, fp8_from_ampere, bf16_on_turing, returns_list])
-def test_wrong_rules_rejected(wrong):
-    with pytest.raises(AssertionError):
-        CHECK(wrong)
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (major_only, "Compare the capability as a (major, minor) tuple"),
+        (fp8_from_ampere, "expected ['bf16', 'tf32']"),
+        (bf16_on_turing, "expected nothing"),
+        (returns_list, "return a set"),
+        (crashes_without_gpu, "None means no GPU"),
+        (table_of_real_gpus, "in no table of GPUs"),
+        (table_with_default, "Compare the capability as a (major, minor) tuple"),
+    ],
+)
+def test_precisions_rejects(wrong, message):
+    reason = verdict("00.precisions", wrong)
+    assert message in reason, reason
+    assert "random case seed" in reason
 
 
-def test_no_gpu_case_is_checked():
-    with pytest.raises(AssertionError, match="None means no GPU"):
-        CHECK(crashes_without_gpu)
+# ---- 00.inventory ----------------------------------------------------------------------------------------------
+def _gpu(i):
+    p = torch.cuda.get_device_properties(i)
+    return {"name": p.name, "capability": (p.major, p.minor), "memory_gib": p.total_memory / 2**30,
+            "multiprocessors": p.multi_processor_count}  # fmt: skip
+
+
+def _rest():
+    import onnxruntime
+
+    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
+            "ort_providers": onnxruntime.get_available_providers()}  # fmt: skip
+
+
+MINE = {"cuda": False, "gpus": [], "cpu_capability": "AVX512", "ort_providers": ["CPUExecutionProvider"]}
+
+
+def hard_coded():  # this machine's answers, typed in
+    return dict(MINE)
+
+
+def gpu_from_ort():  # "CUDA is in ORT's providers, so there is a GPU"
+    import onnxruntime
+
+    cuda = "CUDAExecutionProvider" in onnxruntime.get_available_providers()
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return {"cuda": cuda, "gpus": [_gpu(i) for i in range(n)], **_rest()}
+
+
+def always_gpu0():
+    cuda = torch.cuda.is_available()
+    return {"cuda": cuda, "gpus": [_gpu(0) for _ in range(torch.cuda.device_count() if cuda else 0)], **_rest()}
+
+
+def memory_in_bytes():
+    cuda = torch.cuda.is_available()
+    gpus = [{**_gpu(i), "memory_gib": torch.cuda.get_device_properties(i).total_memory}
+            for i in range(torch.cuda.device_count() if cuda else 0)]  # fmt: skip
+    return {"cuda": cuda, "gpus": gpus, **_rest()}
+
+
+def first_gpu_only():
+    cuda = torch.cuda.is_available()
+    return {"cuda": cuda, "gpus": [_gpu(0)] if cuda else [], **_rest()}
+
+
+def no_is_available_check():  # asks device 0's properties on a machine without CUDA
+    return {"cuda": True, "gpus": [_gpu(0)], **_rest()}
+
+
+@functools.cache
+def cached():  # answers the first machine forever
+    cuda = torch.cuda.is_available()
+    return {"cuda": cuda, "gpus": [_gpu(i) for i in range(torch.cuda.device_count() if cuda else 0)], **_rest()}
+
+
+def from_nvidia_smi():
+    out = subprocess.run(["nvidia-smi", "--query-gpu=name", "--format=csv,noheader"], capture_output=True, text=True)
+    return {"cuda": bool(out.stdout), "gpus": [], **_rest()}
+
+
+def capability_as_string():
+    cuda = torch.cuda.is_available()
+    gpus = [{**_gpu(i), "capability": "{}.{}".format(*torch.cuda.get_device_capability(i))}
+            for i in range(torch.cuda.device_count() if cuda else 0)]  # fmt: skip
+    return {"cuda": cuda, "gpus": gpus, **_rest()}
+
+
+def test_inventory_reference_passes(capsys):
+    assert verdict("00.inventory", exercises.get("00.inventory").solution) == "accepted"
+    assert "On this machine: CUDA" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (hard_coded, "asked PyTorch nothing"),
+        (gpu_from_ort, "decide 'GPU present' with torch.cuda.is_available()"),
+        (always_gpu0, "ask about device i, not always 0"),
+        (memory_in_bytes, "looks like bytes"),
+        (first_gpu_only, "one entry per index in range(torch.cuda.device_count())"),
+        (no_is_available_check, "check is_available() first"),
+        (from_nvidia_smi, "ask PyTorch instead"),
+        (capability_as_string, "as a tuple"),
+    ],
+)
+def test_inventory_rejects(wrong, message):
+    reason = verdict("00.inventory", wrong)
+    assert message in reason, reason
+
+
+def test_inventory_rejects_a_cached_answer():
+    cached.cache_clear()
+    reason = verdict("00.inventory", cached)
+    assert "cached from an earlier call" in reason, reason
+
+
+def test_inventory_restores_the_real_queries():
+    import onnxruntime
+
+    real = (torch.cuda.is_available, torch.cuda.get_device_properties, onnxruntime.get_available_providers,
+            torch.backends.cpu.get_cpu_capability, subprocess.run)  # fmt: skip
+    verdict("00.inventory", hard_coded)
+    assert real == (torch.cuda.is_available, torch.cuda.get_device_properties, onnxruntime.get_available_providers,
+                    torch.backends.cpu.get_cpu_capability, subprocess.run)  # fmt: skip

@@ -1,13 +1,23 @@
-"""Lesson 01's timer exercise rejects timers that skip synchronization or warm-up (and accepts a correct one)."""
+"""Lesson 01's exercises reject wrong timers and wrong roofline readings (and accept the reference solutions).
+
+The timer's planted delays (120 ms slow calls, 250 ms cold calls and warm-up queue) are large against the noise
+of a loaded 2-core machine, so each wrong timer gets the same reason every time.
+"""
 
 import time
 
+import numpy as np
 import pytest
 
 from course_utils import exercises
 from course_utils.lesson_exercises.l01 import FakeAsyncDevice
 
-CHECK = exercises.get("01.timer").checker
+verdict = exercises.verdict
+
+
+def report(times):
+    p50, p90 = np.percentile(times, [50, 90])
+    return {"times_ms": list(times), "p50_ms": float(p50), "p90_ms": float(p90), "max_ms": max(times)}
 
 
 def good(fn, synchronize, warmup=5, repeats=30):
@@ -20,7 +30,7 @@ def good(fn, synchronize, warmup=5, repeats=30):
         fn()
         synchronize()
         out.append((time.perf_counter() - t0) * 1000)
-    return out
+    return report(out)
 
 
 def no_sync(fn, synchronize, warmup=5, repeats=30):
@@ -31,26 +41,7 @@ def no_sync(fn, synchronize, warmup=5, repeats=30):
         t0 = time.perf_counter()
         fn()
         out.append((time.perf_counter() - t0) * 1000)
-    return out
-
-
-def no_warmup(fn, synchronize, warmup=5, repeats=30):
-    synchronize()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        synchronize()
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
-
-
-def seconds(fn, synchronize, warmup=5, repeats=30):
-    return [t / 1000 for t in good(fn, synchronize, warmup, repeats)]
-
-
-def median_only(fn, synchronize, warmup=5, repeats=30):
-    return sorted(good(fn, synchronize, warmup, repeats))[repeats // 2]
+    return report(out)
 
 
 def sync_once_at_end(fn, synchronize, warmup=5, repeats=30):
@@ -63,11 +54,91 @@ def sync_once_at_end(fn, synchronize, warmup=5, repeats=30):
         fn()
         out.append((time.perf_counter() - t0) * 1000)
     synchronize()
-    return out
+    return report(out)
+
+
+def no_sync_before_loop(fn, synchronize, warmup=5, repeats=30):
+    for _ in range(warmup):
+        fn()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        out.append((time.perf_counter() - t0) * 1000)
+    return report(out)
+
+
+def no_warmup(fn, synchronize, warmup=5, repeats=30):
+    synchronize()
+    out = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        synchronize()
+        out.append((time.perf_counter() - t0) * 1000)
+    return report(out)
+
+
+def throughput(fn, synchronize, warmup=5, repeats=30):  # many launches, one synchronize: total / repeats
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        fn()
+    synchronize()
+    return report([(time.perf_counter() - t0) * 1000 / repeats] * repeats)
+
+
+def one_call_copied(fn, synchronize, warmup=5, repeats=30):
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    t0 = time.perf_counter()
+    fn()
+    synchronize()
+    one = (time.perf_counter() - t0) * 1000
+    for _ in range(repeats - 1):  # the calls still run, only the first is timed
+        fn()
+    synchronize()
+    return report([one] * repeats)
+
+
+def sorted_times(fn, synchronize, warmup=5, repeats=30):
+    r = good(fn, synchronize, warmup, repeats)
+    return {**r, "times_ms": sorted(r["times_ms"])}
+
+
+def seconds(fn, synchronize, warmup=5, repeats=30):
+    return report([t / 1000 for t in good(fn, synchronize, warmup, repeats)["times_ms"]])
+
+
+def cpu_time(fn, synchronize, warmup=5, repeats=30):  # process_time counts CPU time, not waiting
+    for _ in range(warmup):
+        fn()
+    synchronize()
+    out = []
+    for _ in range(repeats):
+        t0 = time.process_time()
+        fn()
+        synchronize()
+        out.append((time.process_time() - t0) * 1000)
+    return report(out)
+
+
+def mean_for_median(fn, synchronize, warmup=5, repeats=30):
+    r = good(fn, synchronize, warmup, repeats)
+    return {**r, "p50_ms": float(np.mean(r["times_ms"]))}
+
+
+def list_only(fn, synchronize, warmup=5, repeats=30):
+    return good(fn, synchronize, warmup, repeats)["times_ms"]
 
 
 def test_correct_timer_passes():
-    CHECK(good)
+    assert verdict("01.timer", good) == "accepted"
+    assert verdict("01.timer", exercises.get("01.timer").solution) == "accepted"
 
 
 @pytest.mark.parametrize(
@@ -75,14 +146,20 @@ def test_correct_timer_passes():
     [
         (no_sync, "timed the launch"),
         (sync_once_at_end, "timed the launch"),
+        (no_sync_before_loop, "synchronize() after the warm-up, before the timed loop"),
         (no_warmup, "cold"),
-        (seconds, "milliseconds"),
-        (median_only, "list of per-call times"),
+        (throughput, "all 20 of your times are equal"),
+        (one_call_copied, "all 20 of your times are equal"),
+        (sorted_times, "do not follow the calls"),
+        (seconds, "not seconds"),
+        (cpu_time, "not CPU time"),
+        (mean_for_median, "is not the 50th percentile"),
+        (list_only, "return a dict"),
     ],
 )
 def test_wrong_timers_are_rejected(wrong, message):
-    with pytest.raises(AssertionError, match=message):
-        CHECK(wrong)
+    reason = verdict("01.timer", wrong)
+    assert message in reason, reason
 
 
 def test_fake_device_is_asynchronous():
@@ -92,4 +169,57 @@ def test_fake_device_is_asynchronous():
     launched = time.perf_counter() - t0
     dev.synchronize()
     done = time.perf_counter() - t0
-    assert launched < 0.005 and done >= 0.019
+    assert launched < 0.005 and done >= 0.019 and dev.works == [20.0]
+
+
+# ---- 01.classify -------------------------------------------------------------------------------------------
+def reference(i, a, pf, pb):
+    return exercises.get("01.classify").solution(i, a, pf, pb)
+
+
+def ridge_reversed(i, a, pf, pb):
+    r = reference(i, a, pf, pb)
+    return {"compute-bound": "memory-bound", "memory-bound": "compute-bound"}.get(r, r)
+
+
+def roof_is_peak_flops(i, a, pf, pb):  # forgets the bandwidth roof
+    if a < 0.1 * pf:
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+def half_roof_threshold(i, a, pf, pb):
+    if a < 0.5 * min(pf, i * pb):
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+def never_overhead(i, a, pf, pb):
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+OLD_CASES = {(100.0, 8e11): "compute-bound", (0.1, 8e9): "memory-bound", (0.1, 1e8): "overhead-bound",
+             (100.0, 5e10): "overhead-bound", (5.0, 4e11): "memory-bound"}  # fmt: skip
+
+
+def old_cases_typed_in(i, a, pf, pb):
+    return OLD_CASES.get((i, a), "compute-bound")
+
+
+def test_classify_reference_passes():
+    assert verdict("01.classify", exercises.get("01.classify").solution) == "accepted"
+
+
+@pytest.mark.parametrize(
+    "wrong, message",
+    [
+        (ridge_reversed, "right of it compute-bound"),
+        (roof_is_peak_flops, "of the roof min(peak_flops, intensity * peak_bw)"),
+        (half_roof_threshold, "that is not under 10%"),
+        (never_overhead, "expected 'overhead-bound'"),
+        (old_cases_typed_in, "random case seed"),
+    ],
+)
+def test_classify_rejects(wrong, message):
+    reason = verdict("01.classify", wrong)
+    assert message in reason, reason

@@ -71,3 +71,62 @@ def test_cuda_activity_requested(ns, tmp_path, monkeypatch):
     ns["profile_pipeline"](work, "cuda", tmp_path / "s.json", active=1)
     assert seen["activities"] == [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     assert seen["record_shapes"] is True
+
+
+def _event(i, name, start, end, children=(), kernel_us=0.0):
+    from torch.autograd.profiler_util import FunctionEvent
+
+    e = FunctionEvent(i, name, thread=1, start_us=start, end_us=end, use_device="cuda", input_shapes=[], stack=[],
+                      is_user_annotation=name in ("preprocess", "model", "postprocess"))  # fmt: skip
+    if kernel_us:
+        e.append_kernel(f"kernel of {name}", 0, kernel_us)
+    for c in children:
+        e.append_cpu_child(c)
+        c.set_cpu_parent(e)
+    return e
+
+
+class FakeCudaProfile:
+    """One profiled step of a GPU pipeline: the model's kernels take 5 ms of device time, but post-processing's
+    `.item()` waits for them in cudaStreamSynchronize, so post-processing has the largest CPU time."""
+
+    def __init__(self):
+        from torch.autograd.profiler_util import EventList
+
+        sync = _event(1, "cudaStreamSynchronize", 6300, 11500)
+        item = _event(2, "aten::item", 6250, 11550, [sync], kernel_us=10)
+        conv = _event(3, "aten::conv2d", 1050, 1200, kernel_us=5000)
+        self.evs = [
+            _event(4, "preprocess", 0, 1000),
+            _event(5, "model", 1000, 1200, [conv]),
+            _event(6, "postprocess", 6200, 11600, [item]),
+            conv,
+            item,
+            sync,
+        ]
+        self.list = EventList(self.evs, use_device="cuda")
+        self.list._tree_built = True  # the parents and children are set above
+
+    def events(self):
+        return self.list
+
+    def key_averages(self):
+        return self.list.key_averages()
+
+
+def test_stage_table_charges_kernels_to_the_stage_that_launched_them(ns):
+    table = ns["stage_table"](FakeCudaProfile(), ["preprocess", "model", "postprocess"], steps=1)
+    assert list(table.index) == ["model", "preprocess", "postprocess"], table
+    assert table.loc["model", "ms"] == pytest.approx(5.0)
+    assert table.loc["postprocess", "ms"] == pytest.approx(0.2)  # its host work, without the wait
+    assert table.loc["preprocess", "ms"] == pytest.approx(1.0)
+    assert abs(table["share"].sum() - 1) < 1e-9
+
+
+def test_stage_table_on_cpu_is_cpu_time(ns, tmp_path):
+    prof = ns["profile_pipeline"](work, "cpu", tmp_path / "t.json", active=2)
+    table = ns["stage_table"](prof, ["a", "b"])
+    ka = {e.key: e.cpu_time_total / 1000 / 2 for e in prof.key_averages() if e.key in ("a", "b")}
+    for k, v in ka.items():
+        assert table.loc[k, "ms"] == pytest.approx(v, rel=1e-6)
+    assert (table["device_ms"] == 0).all()

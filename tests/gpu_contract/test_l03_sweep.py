@@ -5,7 +5,9 @@ rows too; the cudnn.benchmark flag is restored."""
 from __future__ import annotations
 
 import gc
+import sys
 import time
+import weakref
 
 import pandas as pd
 import pytest
@@ -75,7 +77,54 @@ def test_cap_simulates_oom(ns):
 def test_cudnn_benchmark_flag_restored(ns):
     before = torch.backends.cudnn.benchmark
     conv = torch.nn.Conv2d(3, 4, 3)
-    out = ns["cudnn_benchmark_effect"](conv, torch.randn(5, 3, 16, 16), "cpu")
+    out = ns["cudnn_benchmark_effect"](conv, torch.randn(5, 3, 16, 20), "cpu")
     assert list(out.index) == ["benchmark=False", "benchmark=True"]
-    assert (out > 0).all().all()
+    assert (out[["first call ms", "median ms"]] > 0).all().all()
     assert torch.backends.cudnn.benchmark == before
+
+
+def test_cudnn_benchmark_compares_the_same_work(ns):
+    """Both settings run the same batch size and pixel count (the old code timed batch 33 against 32), each on a
+    shape the other setting has not used (cuDNN caches its choice per shape whatever the flag)."""
+    seen = {}
+
+    def model(x):
+        seen.setdefault(torch.backends.cudnn.benchmark, set()).add(tuple(x.shape))
+        return x.sum()
+
+    ns["cudnn_benchmark_effect"](model, torch.randn(32, 3, 12, 14), "cpu")
+    (off,), (on,) = seen[False], seen[True]
+    assert off[0] == on[0] == 32, f"batch sizes differ: {off} vs {on}"
+    assert off != on and sorted(off) == sorted(on), f"same work, different shapes expected: {off} vs {on}"
+    with pytest.raises(ValueError, match="height != width"):
+        ns["cudnn_benchmark_effect"](model, torch.randn(32, 3, 12, 12), "cpu")
+
+
+def test_memory_freed_after_leaving_except(ns, monkeypatch):
+    """The clean-up runs outside the except block, when the failed batch is no longer held by the traceback."""
+    seen = []
+
+    class Remember(Failing):
+        def __call__(self, x):
+            if len(x) >= self.limit:
+                self.failed = weakref.ref(x)
+                raise torch.OutOfMemoryError("CUDA out of memory")  # a new exception: its traceback dies with it
+            return x * 2
+
+    model = Remember(4, None)
+
+    def empty_cache():
+        seen.append((sys.exc_info()[0], model.failed() is None))
+
+    def fake_measure(fn, **kwargs):
+        fn()
+        return cu.timing.Measurement(times_ms=[1.0, 1.0, 1.0])
+
+    monkeypatch.setattr(torch.cuda, "empty_cache", empty_cache)
+    monkeypatch.setattr(cu, "measure", fake_measure)
+    ns_cuda = lesson_namespace("03", torch=torch, pd=pd, gc=gc, time=time, cu=cu)
+    df = ns_cuda["batch_sweep"](model, lambda b: torch.ones(b, 8), [1, 2, 4, 8], "cuda")
+    assert list(df["batch_size"]) == [1, 2]
+    assert seen == [(None, True)], (
+        f"empty_cache saw (exception being handled, failed batch freed) = {seen}: free after the except block"
+    )

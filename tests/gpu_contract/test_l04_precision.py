@@ -76,3 +76,42 @@ def test_make_variants_apply_what_they_say(ns):
         inside = layer_dtypes(model, lambda: variants["bf16 autocast"](x))
     assert inside[0][2] == torch.bfloat16
     assert next(model.parameters()).dtype == torch.float32, "autocast variant must not cast the shared model"
+
+
+class FakeMemory:
+    """torch.cuda's memory counters for a device on which RESIDENT bytes (every model copy of the grid) stay
+    allocated and each timed run allocates RUN bytes more at its peak."""
+
+    RESIDENT, RUN = 512 * 2**20, 3 * 2**20
+
+    def __init__(self):
+        self.resets = 0
+
+    def synchronize(self):
+        pass
+
+    def memory_allocated(self):
+        return self.RESIDENT
+
+    def reset_peak_memory_stats(self):
+        self.resets += 1
+
+    def max_memory_allocated(self):
+        return self.RESIDENT + self.RUN
+
+
+def test_peak_memory_is_the_variant_alone(ns):
+    """The old grid reported max_memory_allocated(): every resident model copy counted in every row."""
+    model, mem = _tiny(), FakeMemory()
+    df = ns["precision_grid"](model, "cpu", (2,), image_size=8, tf32=False, memory=mem, warmup=0, min_repeats=2,
+                              min_time_s=0)  # fmt: skip
+    fp32_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
+    x_bytes = 2 * 3 * 8 * 8 * 4
+    rows = df.set_index("variant")
+    assert mem.resets == len(df), "peak statistics reset before each variant is timed"
+    assert rows.loc["fp32", "peak_MiB"] == pytest.approx((FakeMemory.RUN + fp32_bytes + x_bytes) / 2**20)
+    assert (rows["peak_MiB"] < FakeMemory.RESIDENT / 2**20).all(), "resident copies of other variants counted"
+    bf16 = model.to(torch.bfloat16)
+    bf16_bytes = sum(t.numel() * t.element_size() for t in (*bf16.parameters(), *bf16.buffers()))
+    assert bf16_bytes < fp32_bytes
+    assert rows.loc["bf16 cast", "peak_MiB"] == pytest.approx((FakeMemory.RUN + bf16_bytes + x_bytes) / 2**20)
