@@ -3,17 +3,12 @@
 Lesson 06 writes the compiler calls in its own cells (``torch.compile`` with freezing and with the caches
 off, ``torch._dynamo.explain``, ``torch.export`` and AOTInductor, a CUDA graph captured by hand, a counting
 backend). What stays here: :func:`break_even_calls` (after how many calls a compile has paid for itself,
-used by lessons 06 and 14) and :func:`count_compiles` (the lesson's counting loop as a function, for the
-exercise checker).
+used by lessons 06 and 14).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterable
-from typing import Any
-
-import torch
 
 
 def break_even_calls(first_call_s: float, eager_ms: float, compiled_ms: float) -> float:
@@ -29,27 +24,3 @@ def break_even_calls(first_call_s: float, eager_ms: float, compiled_ms: float) -
     if saved_ms <= 0:
         return math.inf
     return math.ceil(extra_ms / saved_ms)
-
-
-def count_compiles(
-    run: Callable[[Callable[..., Any], Iterable[torch.Tensor]], Any],
-    model: torch.nn.Module,
-    inputs: Iterable[torch.Tensor],
-    **compile_kwargs: Any,
-) -> tuple[int, Any]:
-    """Compile ``model`` with a counting backend, call ``run(compiled, inputs)``; return (graphs, its result).
-
-    The counting backend (``torch._dynamo.testing.CompileCounter``) records each graph TorchDynamo captures
-    without running Inductor, so a count is cheap; each count would be one full compile with the default
-    backend. The compiler state is reset before and after, so counts do not leak between calls.
-    """
-    from torch._dynamo.testing import CompileCounter
-
-    torch._dynamo.reset()
-    counter = CompileCounter()
-    try:
-        compiled = torch.compile(model, backend=counter, **compile_kwargs)
-        result = run(compiled, inputs)
-        return int(counter.frame_count), result
-    finally:
-        torch._dynamo.reset()

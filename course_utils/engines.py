@@ -144,13 +144,6 @@ def engine_staleness(stored: Mapping[str, Any] | None, expected: Mapping[str, An
     return reasons
 
 
-def engine_paths(cache_dir: str | Path, onnx_path: str | Path, precision: str, key: str) -> tuple[Path, Path]:
-    """Where an engine and its metadata JSON live in the cache: ``<stem>-<precision>-<key>.engine/.json``."""
-    stem = f"{Path(onnx_path).stem}-{precision}-{key}"
-    d = Path(cache_dir)
-    return d / f"{stem}.engine", d / f"{stem}.json"
-
-
 def read_metadata(path: str | Path) -> dict[str, Any] | None:
     """The metadata JSON beside an engine, or None if missing or unreadable."""
     try:

@@ -385,19 +385,3 @@ def show_reference(lesson: str, technique_contains: str = "", *, folder: Path | 
     with pd.option_context("display.max_columns", None, "display.width", 200):  # a script shows every column
         display(table)
     return table
-
-
-def latest(df: pd.DataFrame) -> pd.DataFrame:
-    """Keep only the newest row per (machine, lesson, technique, model, dtype, batch_size, mode)."""
-    keys = ["machine", "lesson", "technique", "model", "dtype", "batch_size", "mode"]
-    keys = [k for k in keys if k in df.columns]
-    if df.empty:
-        return df
-    return df.sort_values("time").groupby(keys, dropna=False, as_index=False).tail(1).reset_index(drop=True)
-
-
-def compare_machines(df: pd.DataFrame, value: str = "median_ms") -> pd.DataFrame:
-    """Pivot rows to one column per machine: the same lesson/technique side by side (newest rows only)."""
-    df = latest(df)
-    index = ["lesson", "technique", "model", "dtype", "batch_size"]
-    return df.pivot_table(index=index, columns="machine", values=value, aggfunc="last", dropna=False).dropna(how="all")

@@ -10,7 +10,7 @@ would make every mutation look caught, so it is deselected from the mutation run
 with no test that passes unmutated is reported as not judged.
 
     python -m scripts.mutate                 # every mutation (several minutes: nice it)
-    python -m scripts.mutate --only fp32-tolerance-100x sweep-ms-per-item
+    python -m scripts.mutate --only fp32-tolerance-100x sweep-ms-not-checked
     python -m scripts.mutate --list          # the mutations, one a line
     python -m scripts.mutate --check         # only check that every snippet is still in the sources
 
@@ -86,7 +86,7 @@ T_EX = (  # the machinery's tests, not every reference solution (slow)
     "test_values_exercises.py",
 )
 T_L01 = ("test_values_exercises.py", "test_exercises_l01.py")
-T_SWEEP = ("test_values_sweep.py", "test_sweep.py")
+T_L03 = ("test_exercises_l03.py",)  # the batch sweep lives in lesson 03; its checker guards it
 T_MEMORY = ("test_values_memory.py", "test_memory.py")
 T_STREAMS = ("test_values_streamcheck.py", "test_streamcheck.py")
 
@@ -95,8 +95,10 @@ MUTATIONS: list[Mutation] = [
     # ---------------------------------------------------------------------------------- the bugs issue 22 lists
     M("timing-no-end-sync", "timing.py", "            end.synchronize()\n", "", T_TIMING,
       "timing.measure: the CUDA end event's synchronize() dropped", ISSUE),
-    M("sweep-ms-per-item", "sweep.py", '{"ms_per_item": m.median_ms / b}', '{"ms_per_item": m.median_ms}', T_SWEEP,
-      "batch_sweep: ms_per_item no longer divided by the batch size", ISSUE),
+    M("sweep-ms-not-checked", "lesson_exercises/l03.py", '        assert r.get("ms") == want, (',
+      '        assert True or r.get("ms") == want, (', T_L03,
+      "03.oom-sweep: a row's time no longer checked against what measure() returned (issue 22's ms_per_item bug, "
+      "now that the sweep is the lesson's)", ISSUE),
     M("fp32-tolerance-100x", "compare.py", '"fp32": {"max_rel": 1e-4,', '"fp32": {"max_rel": 1e-2,', T_COMPARE,
       "compare: the FP32 tolerance loosened 100x", ISSUE),
     M("record-p90-from-p10", "results.py", "            p90_ms=measurement.p90_ms,\n",
@@ -133,9 +135,9 @@ MUTATIONS: list[Mutation] = [
       "    scale = float(r.max()) or 1.0", T_COMPARE, "compare: relative error scaled without abs", ISSUE),
     M("rel-error-no-abs-diff", "compare.py", "    diff = (o - r).abs()", "    diff = o - r", T_COMPARE,
       "compare: the difference taken without abs", ISSUE),
-    M("sweep-no-inference-mode", "sweep.py", "        with torch.inference_mode():\n            m = measure(",
-      "        with torch.no_grad():\n            m = measure(", T_SWEEP,
-      "batch_sweep: run without inference_mode", ISSUE),
+    M("sweep-no-inference-mode", "lesson_exercises/l03.py",
+      "    off = sorted({b for b, inference in model.calls if not inference})", "    off = []", T_L03,
+      "03.oom-sweep: a sweep run without inference_mode accepted", ISSUE),
     # ---------------------------------------------------------------------------------- timing
     M("timing-no-warmup", "timing.py", "    for _ in range(warmup):\n        fn()",
       "    for _ in range(0):\n        fn()", T_TIMING, "measure: the warm-up calls skipped"),
@@ -215,13 +217,10 @@ MUTATIONS: list[Mutation] = [
     M("l01-fast-calls-assert-deleted", "lesson_exercises/l01.py", "    assert np.median(fast) < SLOW_MS / 3, (",
       "    assert True or np.median(fast) < SLOW_MS / 3, (", T_L01,
       "lesson_exercises/l01: the ordinary calls' times no longer checked"),
-    # ---------------------------------------------------------------------------------- sweep
-    M("sweep-throughput-unit", "sweep.py", "{k: d[k] for k in _TIMING}",
-      "{k: d[k] for k in _TIMING} | {'throughput': m.throughput / 1000}", T_SWEEP,
-      "batch_sweep: throughput in items per ms"),
-    M("sweep-oom-not-stopping", "sweep.py", "            oom_at = value\n",
-      "            oom_at = None\n            continue\n", T_SWEEP,
-      "sweep: an out-of-memory batch skipped instead of stopping the sweep"),
+    # ---------------------------------------------------------------------------------- sweep (lesson 03)
+    M("sweep-oom-not-stopping", "lesson_exercises/l03.py",
+      "    later = sorted({b for b, _ in model.calls if limit is not None and b > limit})", "    later = []", T_L03,
+      "03.oom-sweep: a sweep that goes on past the out-of-memory accepted"),
     # ---------------------------------------------------------------------------------- memory
     M("memory-default-no-grad", "memory.py", '    mode: str = "inference_mode",\n) -> pd.DataFrame:',
       '    mode: str = "no_grad",\n) -> pd.DataFrame:', T_MEMORY, "peak_vs_batch: default mode no_grad"),

@@ -30,15 +30,8 @@ LEARNER_API = {"exercises.py:show_solution"}
 # this list; it must never grow.
 ALLOWED: dict[str, str] = {
     # "module.py:name": "owner",
-    "engines.py:engine_paths": "lead (engines.py: issue 22 item 2)",
-    "results.py:compare_machines": "FAULTS (results.py)",
-    "sweep.py:best_under_budget": "lead (sweep.py: lesson 03 writes its own loop; the whole module is unused)",
-    "sweep.py:batch_sweep": "lead (sweep.py: lesson 03 defines its own batch_sweep)",
-    "sweep.py:knee": "lead (sweep.py: lesson 03 computes its knee inline)",
-    "precision.py:layer_dtypes": "EX helpers (l04's checker stopped using it mid-rewrite; BENCH removes it after)",
-    "lesson_exercises/l13.py:observed_predict": "EX helpers (l13, mid-rewrite)",
-    "compilation.py:count_compiles": "EX helpers (l06's checker stopped using it mid-rewrite; BENCH removes it after)",
-    "lesson_exercises/observe.py:compute_ops": "lead (observe.py)",
+    # called from the source l13 generates for the served worker (a string this test cannot see)
+    "lesson_exercises/l13.py:observed_predict": "lesson_exercises/l13.py (generated code)",
 }
 
 

@@ -19,26 +19,3 @@ def test_break_even():
     assert C.break_even_calls(1.0, eager_ms=2.0, compiled_ms=1.0) == 999
     assert C.break_even_calls(1.0, eager_ms=1.0, compiled_ms=2.0) == math.inf
     assert C.break_even_calls(0.0005, eager_ms=1.0, compiled_ms=0.5) == 0.0
-
-
-def test_count_compiles_static_vs_dynamic():
-    model = _mlp()
-    inputs = [torch.randn(b, 4) for b in (2, 3, 5, 7)]
-
-    def loop(compiled, xs):
-        return [compiled(x) for x in xs]
-
-    def marked(compiled, xs):
-        out = []
-        for x in xs:
-            x = x.clone()
-            torch._dynamo.mark_dynamic(x, 0)
-            out.append(compiled(x))
-        return out
-
-    static, outs = C.count_compiles(loop, model, inputs, dynamic=False)
-    assert static == 4 and len(outs) == 4
-    torch.testing.assert_close(outs[1], model(inputs[1]))
-    assert C.count_compiles(loop, model, inputs, dynamic=True)[0] == 1
-    assert C.count_compiles(marked, model, inputs, dynamic=False)[0] == 1
-    assert C.count_compiles(loop, model, inputs)[0] == 2  # default: one recompile, then a dynamic graph

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from course_utils import exercises
-from course_utils.lesson_exercises.observe import OpLog, cases, compute_ops, forbid
+from course_utils.lesson_exercises.observe import MATMUL_OPS, OpLog, cases, forbid
 
 KEYS = sorted(exercises.registry())
 
@@ -126,7 +126,7 @@ def test_oplog_sees_dtypes_weights_and_not_other_threads():
     x = torch.randn(3, 4)
     with OpLog(watch=model) as log, torch.autocast("cpu", dtype=torch.bfloat16):
         model(x)
-    mm = compute_ops(log)
+    mm = log.named(*MATMUL_OPS)
     assert len(mm) == 2 and all(op.out_dtypes == (torch.bfloat16,) for op in mm)
     assert log.watched_read() == {"0.weight", "0.bias", "2.weight", "2.bias"}
     with OpLog(watch=model) as log2:

@@ -2,12 +2,10 @@
 
 from __future__ import annotations
 
-import pytest
 import torch
 from torch import nn
 
 from course_utils import precision as prec
-from course_utils.errors import CourseError
 
 
 def small_cnn() -> nn.Module:
@@ -20,29 +18,6 @@ def test_param_bytes_halves_on_cast():
     fp32 = prec.param_bytes(model)
     assert fp32 == sum(p.numel() * 4 for p in model.parameters())
     assert prec.param_bytes(model.to(torch.bfloat16)) * 2 == fp32
-
-
-def test_layer_dtypes_sees_autocast_inside_and_removes_hooks():
-    model, x = small_cnn(), torch.rand(2, 3, 8, 8)
-
-    def run():
-        with torch.autocast("cpu", dtype=torch.bfloat16):
-            model(x)
-
-    seen = prec.layer_dtypes(model, run)
-    assert [s[0] for s in seen] == ["0", "3"]
-    assert seen[0][1:] == (torch.float32, torch.bfloat16) and seen[1][2] == torch.bfloat16
-    assert all(not m._forward_hooks for m in model.modules())
-    assert prec.layer_dtypes(model, lambda: model(x))[0][2] == torch.float32
-    with pytest.raises(CourseError):
-        prec.layer_dtypes(nn.ReLU(), lambda: None)
-
-
-def test_hooks_removed_when_run_fails():
-    model = small_cnn()
-    with pytest.raises(RuntimeError):
-        prec.layer_dtypes(model, lambda: model(torch.rand(2, 5, 8, 8)))
-    assert all(not m._forward_hooks for m in model.modules())
 
 
 def test_is_channels_last():

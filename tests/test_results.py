@@ -28,24 +28,6 @@ def test_load_results_skips_malformed_file(tmp_path):
     assert len(df) == 1 and df["source"].iloc[0] == "good.csv"
 
 
-def test_latest_and_compare_machines():
-    import pandas as pd
-
-    df = pd.DataFrame(
-        [
-            {"machine": "a", "lesson": "01", "technique": "t", "model": "m", "dtype": "fp32", "batch_size": 1,
-             "mode": "full", "median_ms": 2.0, "time": "2026-01-01"},
-            {"machine": "a", "lesson": "01", "technique": "t", "model": "m", "dtype": "fp32", "batch_size": 1,
-             "mode": "full", "median_ms": 1.0, "time": "2026-01-02"},
-            {"machine": "b", "lesson": "01", "technique": "t", "model": "m", "dtype": "fp32", "batch_size": 1,
-             "mode": "full", "median_ms": 5.0, "time": "2026-01-01"},
-        ]
-    )  # fmt: skip
-    assert len(results.latest(df)) == 2
-    wide = results.compare_machines(df)
-    assert list(wide.columns) == ["a", "b"] and wide.iloc[0].tolist() == [1.0, 5.0]
-
-
 def test_reference_results_and_show_reference(capsys):
     df = results.reference_results("01")
     shown = results.show_reference("01")

@@ -140,11 +140,6 @@ MATMUL_OPS = ("aten.mm", "aten.addmm", "aten.bmm", "aten.baddbmm", "aten.matmul"
 CONV_OPS = ("aten.convolution", "aten.conv2d", "aten.conv1d", "aten._convolution", "aten.mkldnn_convolution")
 
 
-def compute_ops(log: OpLog) -> list[Op]:
-    """The matmul and convolution ops of a log: where precision and quantization show."""
-    return log.named(*MATMUL_OPS, *CONV_OPS)
-
-
 class Cases:
     """A checker's source of random cases for one call: ``rng`` (random.Random) and ``torch_gen``, from ``seed``."""
 

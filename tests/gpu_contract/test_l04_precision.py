@@ -68,13 +68,15 @@ def test_precision_grid_rows(ns):
 def test_make_variants_apply_what_they_say(ns):
     model, x = _tiny(), torch.rand(2, 3, 8, 8)
     variants = ns["make_variants"](model, (torch.bfloat16,))
-    from course_utils.precision import layer_dtypes
+    from course_utils.lesson_exercises.observe import CONV_OPS, OpLog
 
     with torch.inference_mode():
         for name, run in variants.items():
             assert run(x).dtype == torch.float32, name
-        inside = layer_dtypes(model, lambda: variants["bf16 autocast"](x))
-    assert inside[0][2] == torch.bfloat16
+        with OpLog(watch=model) as log:
+            variants["bf16 autocast"](x)
+    convs = log.named(*CONV_OPS)
+    assert convs and convs[0].out_dtypes == (torch.bfloat16,)
     assert next(model.parameters()).dtype == torch.float32, "autocast variant must not cast the shared model"
 
 
