@@ -32,6 +32,8 @@ KEY_CALLS = {
     "12": [r"l1_unstructured|global_unstructured", r"prune\.remove", r"ln_structured", r"kl_div|KLDivLoss", r"sparsify_", r"apply_fake_sparsity"],
     "13": [r"LitAPI", r"LitServer", r"max_batch_size", r"batch_timeout", r"def batch|def unbatch", r"model_config_pb2|text_format"],
     "14": [r"torch\.compile", r"autocast|bfloat16", r"InferenceSession|onnx\.export", r"quantize_\(|quantize_dynamic", r"profile"],
+    "15": [r"from_pretrained\([^)]*gguf_file=", r"\bcache=", r"DynamicCache\(", r"StaticCache\(", r"scaled_dot_product_attention\(", r"sdpa_kernel\(", r"torch\.compile\(", r"quantize_\(", r"Int8WeightOnlyConfig\(|Int4WeightOnlyConfig\("],
+    "16": [r"waiting\.pop\(0\)|\.popleft\(", r"\.release\(", r"\byield\b", r"tables\[", r"pos // self\.block_size", r"self\.free\.pop\(", r"lookup_draft\(", r"\.truncate\(", r"\"vllm\", \"serve\"", r"\"vllm\", \"bench\", \"serve\""],
 }  # fmt: skip
 
 # Lessons whose rewrite has not landed: expected to fail until then (remove a line when its lesson passes).
