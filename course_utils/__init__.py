@@ -1,6 +1,6 @@
 """Shared helpers of the GPU inference course, one module per room.
 
-The lab bench: measure (device, timing, sweep, memory) · show (plots, results, leaderboard) · check
+The lab bench: measure (device, timing, memory) · show (plots, results, leaderboard) · check
 (compare, exercises) · supply (models, data, paths, modes and the section record, lesson: the setup cell) ·
 run (server_process, server_guard, load: lesson 13's server and load generator). The techniques themselves
 are written out in the lessons; the remaining topic modules hold only what a later lesson reuses after its
@@ -17,8 +17,8 @@ from typing import Any
 
 _MODULES = {
     "backends", "batching", "compare", "compilation", "data", "device", "engines", "errors", "exercises", "leaderboard",
-    "lesson", "load", "memory", "models", "modes", "optimize", "paths", "pipeline", "plots", "precision",
-    "profiling", "pruning", "quant", "results", "server_guard", "server_process", "streamcheck", "sweep", "timing",
+    "lesson", "llm", "load", "memory", "models", "modes", "optimize", "paths", "pipeline", "plots", "precision",
+    "profiling", "pruning", "quant", "results", "server_guard", "server_process", "streamcheck", "timing",
     "triton",
 }  # fmt: skip
 # Shortcuts for the most used functions: cu.measure, cu.record, ...

@@ -1,22 +1,30 @@
-"""Run every lesson's GPU paths on a CUDA machine in strict GPU mode, and save reference results.
+"""Run the lessons' GPU sections on a CUDA machine (no network, no Jupyter needed) and save what completed.
 
-Works on a GPU machine WITHOUT network access and without Jupyter: each lesson's text copy
-(``lessons/NN_slug.py``, plain Python in percent format) runs as a script with ``COURSE_STRICT_GPU=1``, so a
-GPU-only section that cannot run fails the lesson. Missing packages can be carried as wheels in a folder
-(``--wheels DIR``: installed with ``pip install --no-index --find-links DIR``).
+Each lesson's text copy runs cell by cell (``scripts/run_cells.py``, no Jupyter or IPython needed: a minimal
+``display`` stands in when IPython is missing). A GPU section counts only when its cell **completed**
+(``sections.jsonl``: entered -> completed / failed / skipped). The most valuable lessons run first within
+``--budget`` seconds: 01, 04, 06, 11, 03, 02, 10, then 15 and 16, then the rest; a lesson is not started with
+less than 20 s left.
 
-    python -m scripts.gpu_check                  # smoke sizes, 10-minute budget (fits one H200 lease)
-    python -m scripts.gpu_check --size full      # full sizes (make gpu-test)
-    python -m scripts.gpu_check --lessons 01,04,08 --wheels /path/to/wheels
+    python -m scripts.gpu_check --allow-missing --out /tmp/gpu          # the lent machine: skip what is missing
+    python -m scripts.gpu_check --size full --budget 3600               # make gpu-test: strict, full sizes
+    python -m scripts.gpu_check --wheels DIR ...                        # install carried wheels first (--no-deps)
 
-At the end it prints a table (lesson, section, ran/skipped, key figures) and, unless ``--no-save``, writes
-``data/reference/<gpu>_<date>.csv`` (the result rows) and ``.env.json`` (GPU, driver, CUDA, torch, TensorRT,
-ONNX Runtime versions, date) so lessons can show them to learners without a GPU.
+It never installs torch (a carried torch/torchvision/triton wheel is refused). ``--allow-missing`` turns strict
+GPU mode off, so a section whose package is missing here (TensorRT, torchao, ...) skips with the reason and
+the lesson goes on; a lesson that cannot even start for a missing package is reported "skipped: missing X".
+Into ``--out`` it writes, after every lesson (so a killed run keeps what it had): ``log/NN.log``,
+``results/`` (rows, sections.jsonl), ``sections.md`` and ``sections.csv`` (one row per section: lesson,
+status, reason, checks), ``lessons.csv`` and ``summary.json``. On a real GPU, unless ``--no-save``, the rows
+and an ``.env.json`` naming GPU, driver, versions, date and the completed sections (``sections_ran``) go to
+``data/reference/``, which ``scripts/gpu_levels.py`` turns into "executed". ``--allow-cpu`` runs it on a CPU
+machine in rehearsal mode (``COURSE_REHEARSE=1``), to test this script (tests/test_gpu_check.py).
 """
 
 from __future__ import annotations
 
 import argparse
+import csv
 import json
 import os
 import re
@@ -27,16 +35,24 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+PRIORITY = ["01", "04", "06", "11", "03", "02", "10", "15", "16"]
+NEVER_INSTALL = re.compile(r"^(torch|torchvision|torchaudio|triton|nvidia_)[-_]", re.IGNORECASE)
 
 
-def install_wheels(folder: Path) -> None:
-    wheels = sorted(str(p) for p in folder.glob("*.whl"))
+def install_wheels(folder: Path) -> list[str]:
+    """Install the small wheels carried in ``folder`` with --no-deps (never torch); return their names."""
+    wheels = sorted(folder.glob("*.whl"))
+    refused = [w.name for w in wheels if NEVER_INSTALL.match(w.name)]
+    for name in refused:
+        print(f"refusing to install {name}: the machine's own torch stays")
+    wheels = [w for w in wheels if w.name not in refused]
     if not wheels:
-        print(f"no wheels in {folder}")
-        return
-    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(folder), *wheels]
-    print("installing carried wheels:", ", ".join(Path(w).name.split("-")[0] for w in wheels))
+        print(f"no wheels to install in {folder}")
+        return []
+    cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *map(str, wheels)]
+    print("installing carried wheels:", ", ".join(f"{w.name} ({w.stat().st_size / 2**20:.1f} MiB)" for w in wheels))
     subprocess.run(cmd, check=False)
+    return [w.name for w in wheels]
 
 
 def environment() -> dict[str, str]:
@@ -60,97 +76,146 @@ def environment() -> dict[str, str]:
     return env
 
 
-def run_lesson(path: Path, env: dict[str, str], timeout_s: float) -> tuple[str, float, str]:
-    """Run one lesson script; return (status, wall seconds, last lines of output)."""
+def order(lessons: list[Path]) -> list[Path]:
+    """Most valuable first (PRIORITY), then the rest in lesson order."""
+    rank = {n: i for i, n in enumerate(PRIORITY)}
+    return sorted(lessons, key=lambda p: (rank.get(p.name[:2], len(rank)), p.name))
+
+
+def run_lesson(path: Path, env: dict[str, str], timeout_s: float, log: Path) -> tuple[str, float, str]:
+    """Run one lesson cell by cell; return (status, wall seconds, last lines). The whole output goes to ``log``."""
     t0 = time.perf_counter()
+    cmd = [sys.executable, "-m", "scripts.run_cells", path.name]
     try:
-        proc = subprocess.run(
-            [sys.executable, path.name], cwd=path.parent, env=env, capture_output=True, text=True, timeout=timeout_s
+        proc = subprocess.run(cmd, cwd=path.parent, env=env, capture_output=True, text=True, timeout=timeout_s)
+        text, code = proc.stdout + proc.stderr, proc.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, code = f"{exc.stdout or ''}{exc.stderr or ''}\nTIMEOUT after {timeout_s:.0f} s", None
+        text = text if isinstance(text, str) else text.decode(errors="replace")
+    log.write_text(text)
+    tail = "\n".join(text.strip().splitlines()[-6:])
+    missing = re.findall(r"ModuleNotFoundError: No module named '([\w.]+)'", text)
+    if code is None:
+        status = "timeout"
+    elif code == 0:
+        status = "ok"
+    elif missing:
+        status = f"skipped: missing {missing[-1]}"
+    else:
+        status = "failed"
+    return status, time.perf_counter() - t0, tail
+
+
+def section_table(results_dir: Path) -> list[dict]:
+    """One row per section and run: its final status (completed only when its cell completed)."""
+    sys.path.insert(0, str(ROOT))
+    from course_utils import modes
+
+    rows = []
+    for r in modes.read_sections(results_dir / "sections.jsonl"):  # a torn line is warned about, not fatal
+        checks = r.get("checks") or {}
+        rows.append({"lesson": r["section"][:2], "section": r["section"], "status": r.get("status", "?"),
+                     "mode": r.get("mode", ""), "reason": r.get("reason", ""),
+                     "checks": "; ".join(f"{k} {v}" for k, v in sorted(checks.items()))})  # fmt: skip
+    return rows
+
+
+def write_outputs(out: Path, runs: list[dict], sections: list[dict], info: dict) -> None:
+    """lessons.csv, sections.csv, sections.md and summary.json in ``out`` (rewritten after every lesson)."""
+    tables = {
+        "lessons.csv": (runs, ["lesson", "stem", "status", "seconds", "tail"]),
+        "sections.csv": (sections, ["lesson", "section", "status", "mode", "reason", "checks"]),
+    }
+    for name, (rows, fields) in tables.items():
+        with open(out / name, "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
+            w.writeheader()
+            w.writerows(rows)
+    lines = ["| lesson | section | status | reason / checks |", "|---|---|---|---|"]
+    status = {r["lesson"]: r["status"] for r in runs}
+    for s in sections:
+        note = (s["reason"] or s["checks"]).replace("|", "/")
+        lines.append(
+            f"| {s['lesson']} ({status.get(s['lesson'], 'not run')}) | {s['section']} | {s['status']} | {note} |"
         )
-    except subprocess.TimeoutExpired:
-        return "timeout", time.perf_counter() - t0, ""
-    tail = "\n".join((proc.stdout + proc.stderr).strip().splitlines()[-6:])
-    return ("ok" if proc.returncode == 0 else "failed"), time.perf_counter() - t0, tail
+    (out / "sections.md").write_text("\n".join(lines) + "\n")
+    counts: dict[str, int] = {}
+    for s in sections:
+        counts[s["status"]] = counts.get(s["status"], 0) + 1
+    summary = {"environment": info, "lessons": runs, "section_counts": counts,
+               "completed": sorted({s["section"] for s in sections if s["status"] == "completed"})}  # fmt: skip
+    (out / "summary.json").write_text(json.dumps(summary, indent=2))
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=["smoke", "full"], default="smoke")
-    ap.add_argument("--lessons", default="", help="comma-separated lesson numbers (default: all)")
-    ap.add_argument("--budget", type=float, default=540, help="total seconds; later lessons are not started after")
-    ap.add_argument("--wheels", type=Path, help="folder of wheels to install first (offline machines)")
+    ap.add_argument("--lessons", default="", help="comma-separated lesson numbers (default: all, priority order)")
+    ap.add_argument("--budget", type=float, default=540, help="total seconds; no lesson starts with < 20 s left")
+    ap.add_argument("--wheels", type=Path, help="folder of small wheels to install first (--no-deps, never torch)")
+    ap.add_argument("--allow-missing", action="store_true", help="not strict: missing packages skip with the reason")
     ap.add_argument("--no-save", action="store_true", help="do not write data/reference/")
     ap.add_argument("--out", type=Path, default=ROOT / "build" / "gpu-check")
-    ap.add_argument("--allow-cpu", action="store_true", help="run even without a GPU (to test this script)")
+    ap.add_argument("--allow-cpu", action="store_true", help="run without a GPU, in rehearsal mode (tests this script)")
     args = ap.parse_args(argv)
 
     if args.wheels:
         install_wheels(args.wheels)
     import torch
 
-    if not torch.cuda.is_available() and not args.allow_cpu:
-        print("No CUDA GPU here (torch.cuda.is_available() is False): the GPU check needs one.")
+    gpu = torch.cuda.is_available()
+    if not gpu and not args.allow_cpu:
+        print("No CUDA GPU here (torch.cuda.is_available() is False): the GPU check needs one (--allow-cpu rehearses).")
         return 2
-    results_dir = args.out / "results"
+    results_dir, logs = args.out / "results", args.out / "log"
     shutil.rmtree(args.out, ignore_errors=True)
     results_dir.mkdir(parents=True)
-    env = dict(os.environ, COURSE_STRICT_GPU="1", COURSE_RESULTS_DIR=str(results_dir), MPLBACKEND="agg")
+    logs.mkdir()
+    env = dict(os.environ, COURSE_RESULTS_DIR=str(results_dir), MPLBACKEND="agg", HF_HUB_OFFLINE="1")
     env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(ROOT), env.get("PYTHONPATH", "")]))
-    env["HF_HUB_OFFLINE"] = "1"
+    env["COURSE_STRICT_GPU"] = "0" if args.allow_missing or not gpu else "1"
+    env["COURSE_REHEARSE"] = "0" if gpu else "1"
     if args.size == "smoke":
         env["COURSE_SMOKE"] = "1"
     else:
         env.pop("COURSE_SMOKE", None)
 
     wanted = {n.strip().zfill(2) for n in args.lessons.split(",") if n.strip()}
-    lessons = [p for p in sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py")) if not wanted or p.name[:2] in wanted]
+    lessons = order([p for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py") if not wanted or p.name[:2] in wanted])
+    info = environment()
     deadline = time.perf_counter() + args.budget
-    runs = []
+    runs: list[dict] = []
     for path in lessons:
         left = deadline - time.perf_counter()
         if left < 20:
-            runs.append((path.name[:2], path.stem, "not run (budget)", 0.0, ""))
+            runs.append({"lesson": path.name[:2], "stem": path.stem, "status": "not run (budget)", "seconds": 0})
             continue
-        status, wall, tail = run_lesson(path, env, left)
-        print(f"{path.stem:<28} {status:<8} {wall:7.1f} s", flush=True)
+        status, wall, tail = run_lesson(path, env, left, logs / f"{path.name[:2]}.log")
+        print(f"{path.stem:<28} {status:<24} {wall:7.1f} s", flush=True)
         if status != "ok":
             print("   " + tail.replace("\n", "\n   "))
-        runs.append((path.name[:2], path.stem, status, wall, tail))
+        runs.append({"lesson": path.name[:2], "stem": path.stem, "status": status, "seconds": round(wall, 1),
+                     "tail": tail})  # fmt: skip
+        write_outputs(args.out, runs, section_table(results_dir), info)
+    sections = section_table(results_dir)
+    write_outputs(args.out, runs, sections, info)
+    print("\n" + (args.out / "sections.md").read_text())
 
-    from course_utils import modes, results
+    csvs = sorted(p for p in results_dir.glob("*.csv"))
+    completed = sorted({s["section"] for s in sections if s["status"] == "completed"})
+    if not args.no_save and csvs and gpu:
+        from course_utils import results
 
-    sections = modes.read_sections(results_dir / "sections.jsonl")  # a torn line is warned about, not fatal
-    rows = []
-    csvs = sorted(results_dir.glob("*.csv"))
-    if csvs:
         rows_df = results.load_results(csvs)  # malformed rows skipped with a warning, good rows kept
-        rows = rows_df.to_dict("records")
-
-    print("\n| lesson | status | s | section | ran | key figures (GPU rows) |\n|---|---|---|---|---|---|")
-    for num, _stem, status, wall, _ in runs:
-        secs = [s for s in sections if s["section"].startswith(num + ".")]
-        figs = [r for r in rows if str(r.get("lesson")) == num and str(r.get("device", "")).startswith("cuda")]
-        fig_text = "; ".join(
-            f"{r['technique']}: {r['median_ms']:.3g} ms" for r in figs[:4] if r.get("median_ms") == r.get("median_ms")
-        )
-        if not secs:
-            print(f"| {num} | {status} | {wall:.0f} | (no GPU section) | | {fig_text} |")
-        for i, s in enumerate(secs):
-            ran = "ran" if s["ran"] else "SKIPPED: " + s["reason"]
-            print(f"| {num} | {status} | {wall:.0f} | {s['section']} | {ran} | {fig_text if i == 0 else ''} |")
-
-    info = environment()
-    if not args.no_save and csvs and torch.cuda.is_available():
         ref = ROOT / "data" / "reference"
         ref.mkdir(parents=True, exist_ok=True)
         stem = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{info['gpu']}_{info['date']}_{args.size}")
         rows_df.to_csv(ref / f"{stem}.csv", index=False)
-        ran = sorted({s["section"] for s in sections if s["ran"]})
-        extra = {"lessons": [r[:4] for r in runs], "sections_ran": ran}  # read by scripts/gpu_levels.py
-        (ref / f"{stem}.env.json").write_text(json.dumps(info | extra, indent=2))
-        print(f"\nreference results written to {ref / stem}.csv (+ .env.json)")
+        extra = {"lessons": [[r["lesson"], r["stem"], r["status"]] for r in runs], "sections_ran": completed}
+        (ref / f"{stem}.env.json").write_text(json.dumps(info | extra, indent=2))  # read by scripts/gpu_levels.py
+        print(f"reference results written to {ref / stem}.csv (+ .env.json)")
     print(json.dumps(info))
-    failed = [r for r in runs if r[2] not in {"ok"}]
+    failed = [r for r in runs if r["status"] not in {"ok"} and not r["status"].startswith("skipped")]
     return 1 if failed else 0
 
 

@@ -1,24 +1,29 @@
-"""The verification level of every GPU-only section, as a table for README.
+"""The verification level of every GPU-only section, generated from run records, as a table for README.
 
-Levels (COURSE.md, "GPU paths: how each is verified"):
+Levels (COURSE.md, "GPU paths: how each is verified"), strongest first:
 
-* **executed**: the section ran on a real GPU; a reference run in ``data/reference/*.env.json`` lists it
-  under ``sections_ran`` (written by ``scripts/gpu_check.py``), with the GPU's name and the date.
-* **contract-tested**: a file ``tests/gpu_contract/test_*.py`` names it in its literal dict ``COVERS``
-  (section -> what the file checks in CPU CI against the real packages' APIs).
-* **not contract-testable**: named in a ``NOT_TESTABLE`` dict of such a file, with the reason.
-* **unverified**: none of these.
+* **executed**: its body *completed* on a named real GPU: a reference run in ``data/reference/*.env.json``
+  (written by ``scripts/gpu_check.py``, which judges sections by completion) lists it under ``sections_ran``;
+* **rehearsed**: its body completed in this CI run's rehearsal (``COURSE_REHEARSE=1``, the lessons-as-scripts
+  tests) on the CPU stand-ins; the table names what the stand-ins enforced there, from the record's checks;
+* **API-checked**: a contract test ``tests/gpu_contract/test_*.py`` names it in its literal dict ``COVERS``
+  (names and signatures against the real packages, its code run against fakes);
+* **unverified**: none of these, with the reason (the rehearsal's "not rehearsable: ..." or failure, a
+  contract file's ``NOT_TESTABLE`` reason, or no record).
 
-Sections are found as ``gpu_section("NN.slug", ...)`` calls in ``lessons/*.py`` and in ``course_utils``
-(lesson 14's ``optimize()`` enters some itself; ``modes.py``, which defines ``gpu_section``, is skipped).
-``python -m scripts.gpu_levels --write`` rewrites the table in README.md between its markers;
-``tests/test_gpu_levels.py`` fails when README is stale or a section is unverified.
+No level string is written by hand: the rehearsal records are ``sections*.jsonl`` rows with ``mode:
+rehearsal`` in the records folder (``--records DIR``, default ``$COURSE_RESULTS_DIR`` or
+``build/test-results``). ``python -m scripts.gpu_levels --write --records DIR`` rewrites README's table between
+its markers; ``tests/after_run/test_run_record.py`` regenerates it from the test run's own records and fails
+when README differs. Sections are found as ``gpu_section("NN.slug", ...)`` calls in ``lessons/*.py`` and in
+``course_utils`` (``modes.py``, which defines ``gpu_section``, is skipped).
 """
 
 from __future__ import annotations
 
 import ast
 import json
+import os
 import re
 import sys
 from dataclasses import dataclass
@@ -91,21 +96,69 @@ def executed_runs(root: Path = ROOT) -> dict[str, str]:
     return out
 
 
-def levels(root: Path = ROOT) -> list[Level]:
-    """The level of every GPU-only section, in lesson order."""
+# what a rehearsal check counter means, in the words of the table (the counters come from course_utils.standins)
+ENFORCED = {
+    "placement checks": "placement", "stream-order checks": "stream order", "timing checks": "event timing",
+    "graph captures": "CUDA-graph capture rules", "TensorRT pointer checks": "TensorRT device pointers",
+    "ORT options validated": "ORT CUDA provider options", "ORT IOBinding pointer checks": "ORT IOBinding pointers",
+    "ORT CUDA graph replay checks": "ORT CUDA-graph shapes/addresses", "synchronizations": "synchronization",
+    "pinned host buffers": "pinned memory",
+}  # fmt: skip
+
+
+def records_dir() -> Path:
+    env = os.environ.get("COURSE_RESULTS_DIR")
+    return Path(env).expanduser() if env else ROOT / "build" / "test-results"
+
+
+def rehearsal_outcomes(folder: Path | None) -> dict[str, dict]:
+    """Section -> its final rehearsal row (completed beats not-rehearsable beats failed) in ``folder``."""
+    if folder is None or not folder.exists():
+        return {}
+    sys.path.insert(0, str(ROOT))
+    from course_utils.modes import read_sections
+
+    rank = {"completed": 3, "not-rehearsable": 2, "failed": 1, "entered": 0}
+    out: dict[str, dict] = {}
+    for path in sorted(folder.glob("sections*.jsonl")):
+        for row in read_sections(path):
+            if row.get("mode") != "rehearsal":
+                continue
+            old = out.get(row["section"])
+            if old is None or rank.get(row.get("status"), 0) > rank.get(old.get("status"), 0):
+                out[row["section"]] = row
+    return out
+
+
+def enforced(checks: dict[str, int]) -> str:
+    """The kinds of rule the stand-ins enforced (deterministic: kinds, not counts, so README stays stable)."""
+    kinds = sorted({ENFORCED[k] for k, n in checks.items() if k in ENFORCED and n})
+    return ", ".join(kinds) or "nothing beyond running the body"
+
+
+def levels(root: Path = ROOT, records: Path | None = None) -> list[Level]:
+    """The level of every GPU-only section, in lesson order (``records``: the folder of this run's records)."""
     covered, not_testable = contract_claims(root)
     executed = executed_runs(root)
+    rehearsed = rehearsal_outcomes(records)
     rows = []
     for key in sorted(lesson_sections(root)):
+        also = f"; API-checked: {covered[key]}" if key in covered else ""
+        r = rehearsed.get(key, {})
         if key in executed:
-            extra = f"; also {covered[key]}" if key in covered else ""
-            rows.append(Level(key, "executed", f"on {executed[key]}{extra}"))
+            rows.append(Level(key, "executed", f"completed on {executed[key]}{also}"))
+        elif r.get("status") == "completed":
+            rows.append(Level(key, "rehearsed", f"body completed on the CPU stand-ins, which enforced: "
+                              f"{enforced(r.get('checks', {}))}{also}"))  # fmt: skip
         elif key in covered:
-            rows.append(Level(key, "contract-tested", covered[key]))
+            why = f" (rehearsal: {r['reason']})" if r.get("reason") else ""
+            rows.append(Level(key, "API-checked", f"{covered[key]}{why}"))
+        elif r.get("reason"):
+            rows.append(Level(key, "unverified", f"rehearsal: {r['reason']}"))
         elif key in not_testable:
             rows.append(Level(key, "unverified", f"not contract-testable: {not_testable[key]}"))
         else:
-            rows.append(Level(key, "unverified", "no contract test names it"))
+            rows.append(Level(key, "unverified", "no run record and no contract test names it"))
     return rows
 
 
@@ -137,9 +190,14 @@ def render_readme(readme: str, rows: list[Level]) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    argv = sys.argv[1:] if argv is None else argv
-    rows = levels()
-    if "--write" in argv:
+    import argparse
+
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="rewrite README.md's table")
+    ap.add_argument("--records", type=Path, default=None, help="folder of this run's sections*.jsonl")
+    args = ap.parse_args(sys.argv[1:] if argv is None else argv)
+    rows = levels(records=args.records or records_dir())
+    if args.write:
         readme = ROOT / "README.md"
         readme.write_text(render_readme(readme.read_text(), rows))
         print(f"README.md: table of {len(rows)} GPU-only sections written")

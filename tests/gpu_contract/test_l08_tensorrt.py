@@ -265,3 +265,47 @@ def test_planted_api_breaks_fail_in_backends(label, shipped, planted, fake, digi
     with pytest.raises((AttributeError, TypeError, AssertionError, be.CourseError)) as err:
         backends_engine_step(planted_mod, fake, model, onnx_path)
     print(f"planted in backends {label}: {type(err.value).__name__}: {str(err.value).splitlines()[0][:160]}")
+
+
+STREAM_PLANTS = [
+    ("no wait before execute", "self.stream.wait_stream(dev.current_stream())", "pass"),
+    ("no wait after execute", "dev.current_stream().wait_stream(self.stream)", "pass"),
+]  # fmt: skip
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")
+@pytest.mark.parametrize("planted", [None, *STREAM_PLANTS], ids=lambda p: "shipped" if p is None else p[0])
+def test_runner_on_the_rehearsal_gpu_checks_pointers_and_stream_order(planted, spec, digits):
+    """The lesson's TrtRunner on the rehearsal's stand-in GPU: CUDA tensors' pointers, a real (stand-in) stream;
+    each of its two wait_stream calls removed makes the stream-order check fail; a host tensor is refused."""
+    from course_utils.standins import rehearsal
+
+    model, onnx_path = digits
+    source = "\n".join(lesson_code.tagged_cells("08"))
+    if planted:
+        assert source.count(planted[1]) == 1, f"the lesson's code changed: '{planted[1]}' should occur once"
+        source = source.replace(planted[1], planted[2])
+    ns = {"__name__": "rehearsed"}
+    exec(compile(source, "lessons/08_tensorrt.py", "exec"), ns)  # noqa: S102
+    trt = FakeTRT(spec, device_pointers=True)
+    rehearsal.activate()
+    try:
+        profile = eng.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
+        engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
+            ns["build_engine"](trt, onnx_path, profile, tf32=False)
+        )
+        runner = ns["TrtRunner"](trt, engine, torch.cuda.Stream())
+        x = torch.rand(4, 1, 8, 8)
+        with torch.inference_mode():
+            ref = model(x)
+            if planted is None:
+                assert compare_outputs(runner(x.cuda()).clone().cpu(), ref, "fp32").within
+                with pytest.raises(RuntimeError, match="not .* live CUDA memory"):
+                    runner(x)  # a host tensor's pointer given to TensorRT
+                assert rehearsal.checks()["TensorRT pointer checks"] >= 2
+            else:
+                with pytest.raises(rehearsal.RehearsalError, match="stream order") as err:
+                    runner(x.cuda()).clone()
+                print(f"planted {planted[0]}: {str(err.value)[:200]}")
+    finally:
+        rehearsal.deactivate()
