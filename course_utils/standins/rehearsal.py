@@ -44,6 +44,8 @@ NOT_REHEARSABLE = {
     "lives in this process only",
     "13.serve-gpu": "the LitServe server's worker processes would need the GPU; the stand-in lives in this "
     "process only",
+    "15.gpu-int4": "torchao's INT4 tile-packed format packs weights with a CUDA-only kernel "
+    "(aten._convert_weight_to_int4pack for tinygemm); the stand-in has no CPU equivalent",
 }
 MEMORY_MIB = 1024  # the stand-in GPU's memory (small, so that OOM sweeps stop early on a CPU)
 _PROVIDED = {"tensorrt"}  # packages the rehearsal provides stand-ins for (checked by gpu_section's needs=)
