@@ -175,18 +175,25 @@ plan = pd.DataFrame(
     [
         ("timing, profiling, batching, memory (all lessons' CPU parts)", True, "always"),
         ("CUDA events, streams, CUDA graphs, pinned memory", gpu, "needs a CUDA GPU"),
-        ("BF16 autocast on CPU", True, "runs; pays only with BF16 instructions: "
-         + ("this CPU has them" if caps["cpu_bf16"] else "this CPU has none")),
+        (
+            "BF16 autocast on CPU",
+            True,
+            "runs; pays only with BF16 instructions: "
+            + ("this CPU has them" if caps["cpu_bf16"] else "this CPU has none"),
+        ),
         ("TF32 / BF16 / FP8 on GPU", gpu, "needs a CUDA GPU of the right generation: the exercise below"),
         ("ONNX Runtime (CPU provider)", has["onnxruntime"], "needs onnxruntime"),
         ("ONNX Runtime CUDA provider", gpu and has["onnxruntime"], "needs a GPU and onnxruntime-gpu"),
         ("TensorRT engines", gpu and has["tensorrt"], "needs a GPU and the GPU extras (make setup on a GPU machine)"),
         ("Torch-TensorRT", gpu and has["torch_tensorrt"], "needs a GPU and torch-tensorrt"),
-        ("INT8 on CPU (dynamic, PT2E, torchao)", True, "runs; VNNI instructions "
-         + ("present" if caps["cpu_avx512_vnni"] else "absent: expect little gain")),
+        (
+            "INT8 on CPU (dynamic, PT2E, torchao)",
+            True,
+            "runs; VNNI instructions " + ("present" if caps["cpu_avx512_vnni"] else "absent: expect little gain"),
+        ),
     ],
     columns=["section", "runs here", "condition"],
-)  # fmt: skip
+)
 display(cu.device.capability_table(caps))
 display(plan)
 

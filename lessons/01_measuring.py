@@ -161,8 +161,9 @@ def summarize(times):
 
 # %%
 mine = summarize(time_calls(work, device, repeats=cu.pick(full=50, smoke=10)))
-print(f"time_calls: median {mine['median_ms']:.3f} ms (p10 {mine['p10_ms']:.3f}, p90 {mine['p90_ms']:.3f}, "
-      f"n={mine['n']})")  # fmt: skip
+print(
+    f"time_calls: median {mine['median_ms']:.3f} ms (p10 {mine['p10_ms']:.3f}, p90 {mine['p90_ms']:.3f}, n={mine['n']})"
+)
 print(f"The naive single call said {naive_ms:.3f} ms: {naive_ms / mine['median_ms']:.2f}x the median.")
 
 # %% [markdown]
@@ -228,9 +229,11 @@ one_bench = benchmark.Timer(stmt="work()", globals={"work": work}, num_threads=1
 )
 torch.set_num_threads(threads)
 agreement_1t = one_measure.median_ms / (one_bench.median * 1000)
-print(f"1 thread: cu.measure median {one_measure.median_ms:.3f} ms (mean {one_measure.mean_ms:.3f}, spread "
-      f"{one_measure.spread:.1%}), torch.utils.benchmark {one_bench.median * 1000:.3f} ms: "
-      f"ratio {agreement_1t:.3f}")  # fmt: skip
+print(
+    f"1 thread: cu.measure median {one_measure.median_ms:.3f} ms (mean {one_measure.mean_ms:.3f}, spread "
+    f"{one_measure.spread:.1%}), torch.utils.benchmark {one_bench.median * 1000:.3f} ms: "
+    f"ratio {agreement_1t:.3f}"
+)
 for label, r in [(f"{threads} threads", agreement), ("1 thread", agreement_1t)]:
     verdict = "within" if abs(r - 1) <= 0.10 else "outside"
     print(f"{label}: the timers are {verdict} 10% of each other here.")
@@ -261,8 +264,10 @@ for _ in range(calls):  # many launches ...
     small_op()
 sync()  # ... one synchronization
 pipelined = (time.perf_counter() - t0) * 1000 / calls
-print(f"{device}: per call, synchronized each time: {per_call:.4f} ms; pipelined ({calls} calls, one sync): "
-      f"{pipelined:.4f} ms per call ({per_call / pipelined:.2f}x).")  # fmt: skip
+print(
+    f"{device}: per call, synchronized each time: {per_call:.4f} ms; pipelined ({calls} calls, one sync): "
+    f"{pipelined:.4f} ms per call ({per_call / pipelined:.2f}x)."
+)
 if abs(per_call / pipelined - 1) <= 0.2:
     print("Within 20% of each other: nothing was queued ahead, so latency and throughput per call agree here.")
 elif per_call > pipelined:
@@ -292,10 +297,24 @@ if cu.gpu_section("01.gpu-sync"):
     gpu_good = summarize(time_calls(lambda: ag @ ag, "cuda"))
     print(f"without synchronize: {launch_ms:.3f} ms; with CUDA events: {gpu_good['median_ms']:.3f} ms")
     print(f"The unsynchronized timer reported {gpu_good['median_ms'] / launch_ms:.1f}x less than the real time.")
-    cu.record("01", "unsynchronized timer (wrong)", model=f"matmul{n_gpu}", device="cuda", dtype="fp32",
-              median_ms=launch_ms, notes="launch time only")  # fmt: skip
-    cu.record("01", "CUDA events (right)", model=f"matmul{n_gpu}", device="cuda", dtype="fp32",
-              median_ms=gpu_good["median_ms"], p90_ms=gpu_good["p90_ms"])  # fmt: skip
+    cu.record(
+        "01",
+        "unsynchronized timer (wrong)",
+        model=f"matmul{n_gpu}",
+        device="cuda",
+        dtype="fp32",
+        median_ms=launch_ms,
+        notes="launch time only",
+    )
+    cu.record(
+        "01",
+        "CUDA events (right)",
+        model=f"matmul{n_gpu}",
+        device="cuda",
+        dtype="fp32",
+        median_ms=gpu_good["median_ms"],
+        p90_ms=gpu_good["p90_ms"],
+    )
 else:
     cu.results.show_reference("01")
 
@@ -304,8 +323,10 @@ else:
 # A single number hides the tail, which is what the users of a service feel.
 
 # %%
-print(f"steady-state median {good.median_ms:.3f} ms, p10 {good.p10_ms:.3f}, p90 {good.p90_ms:.3f}, "
-      f"p99 {good.p99_ms:.3f} (spread IQR/median = {good.spread:.1%}, n = {good.n})")  # fmt: skip
+print(
+    f"steady-state median {good.median_ms:.3f} ms, p10 {good.p10_ms:.3f}, p90 {good.p90_ms:.3f}, "
+    f"p99 {good.p99_ms:.3f} (spread IQR/median = {good.spread:.1%}, n = {good.n})"
+)
 _ = cu.plots.latency_distribution({"steady state": good.times_ms}, title=f"{n}² matmul chain, {threads} threads")
 
 # %% [markdown]
@@ -329,8 +350,10 @@ ghz = psutil.cpu_freq().max / 1000 if psutil.cpu_freq() and psutil.cpu_freq().ma
 if not ghz:  # virtual machines often hide the maximum: use the current clock from /proc/cpuinfo
     ghz = float(next(line.split(":")[1] for line in open("/proc/cpuinfo") if line.startswith("cpu MHz"))) / 1000
 cpu_spec_flops = physical * ghz * 1e9 * lanes * 2 * 2
-print(f"CPU: {physical} physical cores x {ghz:.2f} GHz x {lanes} lanes ({cpu_capability}) x 2 (FMA) x 2 units "
-      f"= {cpu_spec_flops / 1e9:.0f} GFLOP/s FP32 (spec)")  # fmt: skip
+print(
+    f"CPU: {physical} physical cores x {ghz:.2f} GHz x {lanes} lanes ({cpu_capability}) x 2 (FMA) x 2 units "
+    f"= {cpu_spec_flops / 1e9:.0f} GFLOP/s FP32 (spec)"
+)
 
 # %% [markdown]
 # The GPU's datasheet is found from its name, by **whole model words**: a substring test would give an
@@ -340,14 +363,20 @@ print(f"CPU: {physical} physical cores x {ghz:.2f} GHz x {lanes} lanes ({cpu_cap
 
 # %% tags=["contract"]
 GPU_DATASHEET = {  # entry: (words that must all appear in the GPU's name, FP32 TFLOP/s without tensor cores, TB/s)
-    "H200": (("H200",), 67.0, 4.8), "H100 SXM": (("H100", "HBM3"), 67.0, 3.35),
-    "H100 PCIe": (("H100", "PCIE"), 51.0, 2.0), "A100 SXM4 80GB": (("A100", "SXM4", "80GB"), 19.5, 2.04),
+    "H200": (("H200",), 67.0, 4.8),
+    "H100 SXM": (("H100", "HBM3"), 67.0, 3.35),
+    "H100 PCIe": (("H100", "PCIE"), 51.0, 2.0),
+    "A100 SXM4 80GB": (("A100", "SXM4", "80GB"), 19.5, 2.04),
     "A100 SXM4 40GB": (("A100", "SXM4", "40GB"), 19.5, 1.555),
     "A100 PCIe 40GB": (("A100", "PCIE", "40GB"), 19.5, 1.555),
-    "A100 PCIe 80GB": (("A100", "PCIE", "80GB"), 19.5, 1.935), "L40S": (("L40S",), 91.6, 0.864),
-    "L40": (("L40",), 90.5, 0.864), "L4": (("L4",), 30.3, 0.3), "A10": (("A10",), 31.2, 0.6),
-    "T4": (("T4",), 8.1, 0.32), "RTX 4090": (("RTX", "4090"), 82.6, 1.008),
-}  # fmt: skip
+    "A100 PCIe 80GB": (("A100", "PCIE", "80GB"), 19.5, 1.935),
+    "L40S": (("L40S",), 91.6, 0.864),
+    "L40": (("L40",), 90.5, 0.864),
+    "L4": (("L4",), 30.3, 0.3),
+    "A10": (("A10",), 31.2, 0.6),
+    "T4": (("T4",), 8.1, 0.32),
+    "RTX 4090": (("RTX", "4090"), 82.6, 1.008),
+}
 
 
 def datasheet_entry(gpu_name, table=GPU_DATASHEET):
@@ -363,8 +392,14 @@ if device.type == "cuda":
     gpu_name = torch.cuda.get_device_name(0)
     key = datasheet_entry(gpu_name)
     spec = GPU_DATASHEET[key][1:] if key else None
-    print(f"GPU: {gpu_name}: " + (f"datasheet of the {key}: {spec[0]} TFLOP/s FP32, {spec[1]} TB/s" if spec else
-                                  "not in the datasheet table: add it (measured peaks only below)"))  # fmt: skip
+    print(
+        f"GPU: {gpu_name}: "
+        + (
+            f"datasheet of the {key}: {spec[0]} TFLOP/s FP32, {spec[1]} TB/s"
+            if spec
+            else "not in the datasheet table: add it (measured peaks only below)"
+        )
+    )
 
 # %% [markdown]
 # Now the measured peaks (best matmul over a few sizes; a large copy, read + write) and four workloads:
@@ -440,9 +475,11 @@ points = [  # name, FLOP per call, bytes per call (for the intensity), measureme
     ("transfer: add from host", numel, 8 * numel, m_h2d),
 ]
 roof = pd.DataFrame(
-    [{"name": name, "intensity": fl / by, "flops_per_s": fl / (m.median_ms / 1e3), "median_ms": m.median_ms}
-     for name, fl, by, m in points]
-)  # fmt: skip
+    [
+        {"name": name, "intensity": fl / by, "flops_per_s": fl / (m.median_ms / 1e3), "median_ms": m.median_ms}
+        for name, fl, by, m in points
+    ]
+)
 # With no datasheet bandwidth, the bandwidth roof is measured: the best of the copy and the add, so one of
 # them sits on it by construction (the compute roof, from the spec sheet, has no such guarantee).
 measured_bw = max(measured_bw, 12 * numel / (m_add.median_ms / 1e3))
@@ -472,13 +509,22 @@ if cu.gpu_section("01.transfer"):
     host = torch.randn(numel)
     pinned = host.pin_memory()
     dev_buf = torch.empty(numel, device="cuda")
-    bw = {"H2D pageable": copy_bandwidth(dev_buf, host, "cuda"),
-          "H2D pinned": copy_bandwidth(dev_buf, pinned, "cuda", non_blocking=True)}  # fmt: skip
+    bw = {
+        "H2D pageable": copy_bandwidth(dev_buf, host, "cuda"),
+        "H2D pinned": copy_bandwidth(dev_buf, pinned, "cuda", non_blocking=True),
+    }
     print(pd.Series(bw, name="GB/s").round(1).to_string())
     bus_bw = bw["H2D pinned"] * 1e9
     for name, gbs in bw.items():
-        cu.record("01", name, model=f"copy{numel}", device="cuda", dtype="fp32",
-                  median_ms=numel * 4 / (gbs * 1e9) * 1e3, notes=f"{gbs:.1f} GB/s")  # fmt: skip
+        cu.record(
+            "01",
+            name,
+            model=f"copy{numel}",
+            device="cuda",
+            dtype="fp32",
+            median_ms=numel * 4 / (gbs * 1e9) * 1e3,
+            notes=f"{gbs:.1f} GB/s",
+        )
 else:
     host_src, host_dst = torch.randn(numel), torch.empty(numel)
     bus_bw = copy_bandwidth(host_dst, host_src, "cpu") * 1e9
@@ -491,15 +537,25 @@ xs = np.logspace(-3, 3, 200)
 if spec_flops and spec_bw:
     ax.plot(xs, np.minimum(spec_flops, xs * spec_bw), color="black", lw=2, label="roof: spec sheet")
 elif spec_flops:
-    ax.plot(xs, np.minimum(spec_flops, xs * measured_bw), color="black", lw=2,
-            label="roof: spec compute, measured bandwidth")  # fmt: skip
+    ax.plot(
+        xs,
+        np.minimum(spec_flops, xs * measured_bw),
+        color="black",
+        lw=2,
+        label="roof: spec compute, measured bandwidth",
+    )
 ax.plot(xs, np.minimum(measured_flops, xs * measured_bw), color="gray", ls="--", label="roof: measured peaks")
 ax.plot(xs, xs * bus_bw, color="tab:red", ls=":", label="host→device copy bandwidth (bus roof)")
 for row in roof.itertuples():
     ax.scatter(row.intensity, row.flops_per_s, s=60, zorder=3)
     ax.annotate(row.name, (row.intensity, row.flops_per_s), textcoords="offset points", xytext=(6, 4), fontsize=8)
-ax.set(xscale="log", yscale="log", xlabel="arithmetic intensity (FLOP per byte)", ylabel="achieved FLOP/s",
-       title=f"Roofline on {device}")  # fmt: skip
+ax.set(
+    xscale="log",
+    yscale="log",
+    xlabel="arithmetic intensity (FLOP per byte)",
+    ylabel="achieved FLOP/s",
+    title=f"Roofline on {device}",
+)
 ax.legend(fontsize=8, loc="lower right")
 
 # %%
@@ -507,12 +563,18 @@ per_op_us = m_tiny.median_ms * 1000 / ops
 f = roof.set_index("name")["fraction_of_roof"]
 roof_kind = "spec-sheet" if spec_flops else "measured"
 print(f"compute-bound matmul reaches {f['compute: matmul']:.0%} of its {roof_kind} roof.")
-print(f"memory-bound add reaches {f['memory: add']:.0%} of its roof "
-      f"({12 * numel / (m_add.median_ms / 1e3) / 1e9:.1f} GB/s moved).")  # fmt: skip
-print(f"overhead-bound tiny adds reach {f['overhead: tiny adds']:.3%} of their roof: each add costs "
-      f"{per_op_us:.2f} µs whatever its size. Batching (03) and compilation (06) attack this.")  # fmt: skip
-print(f"the add with host inputs takes {m_h2d.median_ms / m_add.median_ms:.2f}x the add alone: "
-      f"the copies, not the arithmetic, set its time.")  # fmt: skip
+print(
+    f"memory-bound add reaches {f['memory: add']:.0%} of its roof "
+    f"({12 * numel / (m_add.median_ms / 1e3) / 1e9:.1f} GB/s moved)."
+)
+print(
+    f"overhead-bound tiny adds reach {f['overhead: tiny adds']:.3%} of their roof: each add costs "
+    f"{per_op_us:.2f} µs whatever its size. Batching (03) and compilation (06) attack this."
+)
+print(
+    f"the add with host inputs takes {m_h2d.median_ms / m_add.median_ms:.2f}x the add alone: "
+    f"the copies, not the arithmetic, set its time."
+)
 
 # %% [markdown]
 # ## What surprised us
@@ -522,8 +584,10 @@ print(f"the add with host inputs takes {m_h2d.median_ms / m_add.median_ms:.2f}x 
 surprises = pd.DataFrame(
     [
         ("naive single call vs time_calls median", naive_ms / mine["median_ms"]),
-        ("first vs last call of a fresh module on a new shape", cold["fresh conv module, new shape"][0]
-         / cold["fresh conv module, new shape"][-1]),
+        (
+            "first vs last call of a fresh module on a new shape",
+            cold["fresh conv module, new shape"][0] / cold["fresh conv module, new shape"][-1],
+        ),
         ("torch.utils.benchmark default (1 thread) vs same-thread median", bench_default.median / bench_threads.median),
         ("cu.measure vs torch.utils.benchmark, same threads", agreement),
         ("cu.measure vs torch.utils.benchmark, 1 thread", agreement_1t),
@@ -531,7 +595,7 @@ surprises = pd.DataFrame(
         ("p90 vs median (tail)", good.p90_ms / good.median_ms),
     ],
     columns=["comparison", "ratio"],
-)  # fmt: skip
+)
 surprises.round(3)
 
 # %% [markdown]
@@ -574,12 +638,28 @@ cu.exercises.check("01.classify", classify)
 # **02 · Profiling**, where the time goes inside a pipeline.
 
 # %%
-cu.record("01", "naive single call", model=f"matmul-chain{n}", device=str(device), dtype="fp32",
-          median_ms=naive_ms, notes="what not to do")  # fmt: skip
-cu.record("01", "measure (median)", model=f"matmul-chain{n}", device=str(device), dtype="fp32", measurement=good,
-          notes=f"{threads} threads; benchmark agreement {agreement:.3f} ({agreement_1t:.3f} at 1 thread)")  # fmt: skip
+cu.record(
+    "01",
+    "naive single call",
+    model=f"matmul-chain{n}",
+    device=str(device),
+    dtype="fp32",
+    median_ms=naive_ms,
+    notes="what not to do",
+)
+cu.record(
+    "01",
+    "measure (median)",
+    model=f"matmul-chain{n}",
+    device=str(device),
+    dtype="fp32",
+    measurement=good,
+    notes=f"{threads} threads; benchmark agreement {agreement:.3f} ({agreement_1t:.3f} at 1 thread)",
+)
 for name, _, _, m in points:
     cu.record("01", name, model="micro", device=str(device), dtype="fp32", measurement=m)
-print(f"measured peaks: {measured_flops / 1e9:.1f} GFLOP/s, {measured_bw / 1e9:.1f} GB/s"
-      + (f"; spec compute roof {spec_flops / 1e9:.0f} GFLOP/s" if spec_flops else "")
-      + f"; see {cu.results.results_dir()}")  # fmt: skip
+print(
+    f"measured peaks: {measured_flops / 1e9:.1f} GFLOP/s, {measured_bw / 1e9:.1f} GB/s"
+    + (f"; spec compute roof {spec_flops / 1e9:.0f} GFLOP/s" if spec_flops else "")
+    + f"; see {cu.results.results_dir()}"
+)

@@ -106,8 +106,9 @@ print(f"First results: {baseline_out[:3]} ... accuracy on these images: {acc:.1%
 
 # %%
 reps = dict(min_repeats=cu.pick(full=10, smoke=3))  # the slow pipeline is slow: fewer repeats suffice
-m_slow = cu.measure(lambda: run_pipeline(images, **slow), device=device, batch_size=n_images,
-                    label="slow pipeline", **reps)  # fmt: skip
+m_slow = cu.measure(
+    lambda: run_pipeline(images, **slow), device=device, batch_size=n_images, label="slow pipeline", **reps
+)
 print(m_slow)
 
 # %% [markdown]
@@ -146,8 +147,13 @@ def profile_pipeline(fn, device, trace_path, active=2, **options):
     return prof
 
 
-SYNC_CALLS = {"cudaStreamSynchronize", "cudaDeviceSynchronize", "cudaEventSynchronize", "cudaMemcpy",
-              "cudaMemcpyAsync"}  # CUDA runtime calls in which the host may wait for the device  # fmt: skip
+SYNC_CALLS = {
+    "cudaStreamSynchronize",
+    "cudaDeviceSynchronize",
+    "cudaEventSynchronize",
+    "cudaMemcpy",
+    "cudaMemcpyAsync",
+}  # CUDA runtime calls in which the host may wait for the device
 
 
 def stage_table(prof, stages, steps=2):
@@ -303,8 +309,11 @@ def infer_batched(x):
     return cnn(x)  # one call for the whole batch
 
 
-fixes = {"preprocess": solved("02.vectorize", preprocess_vectorized), "model": infer_batched,
-         "postprocess": solved("02.one-sync", postprocess_batched)}  # fmt: skip
+fixes = {
+    "preprocess": solved("02.vectorize", preprocess_vectorized),
+    "model": infer_batched,
+    "postprocess": solved("02.one-sync", postprocess_batched),
+}
 print({stage: f"{fn.__module__}.{fn.__name__}" for stage, fn in fixes.items()})
 
 # %% [markdown]
@@ -323,15 +332,22 @@ while any(current[s] is slow[s] for s in stages):
     current[hot] = fixes[hot]
     out = run_pipeline(images, **current)
     assert [lab for lab, _ in out] == [lab for lab, _ in baseline_out], f"labels changed after fixing {hot}"
-    cu.check_outputs(torch.tensor([c for _, c in out]), torch.tensor([c for _, c in baseline_out]), "fp32",
-                     label=f"confidences after fixing {hot}")  # fmt: skip
-    m = cu.measure(lambda: run_pipeline(images, **current), device=device, batch_size=n_images,
-                   label=f"fixed {hot}", **reps)  # fmt: skip
+    cu.check_outputs(
+        torch.tensor([c for _, c in out]),
+        torch.tensor([c for _, c in baseline_out]),
+        "fp32",
+        label=f"confidences after fixing {hot}",
+    )
+    m = cu.measure(
+        lambda: run_pipeline(images, **current), device=device, batch_size=n_images, label=f"fixed {hot}", **reps
+    )
     prof_now = profile_pipeline(lambda: run_pipeline(images, **current), device, traces / "02_fixed.json")
     table = stage_table(prof_now, stages)
     steps.append((f"+ fixed {hot}", m, table))
-    print(f"fixed {hot}: {m.median_ms:.2f} ms ({m_slow.median_ms / m.median_ms:.2f}x the slow pipeline's speed); "
-          f"largest stage now '{table.index[0]}' ({table['share'].iloc[0]:.0%})")  # fmt: skip
+    print(
+        f"fixed {hot}: {m.median_ms:.2f} ms ({m_slow.median_ms / m.median_ms:.2f}x the slow pipeline's speed); "
+        f"largest stage now '{table.index[0]}' ({table['share'].iloc[0]:.0%})"
+    )
 
 # %% [markdown]
 # ## Results: table and plot
@@ -339,11 +355,18 @@ while any(current[s] is slow[s] for s in stages):
 # %%
 summary = pd.DataFrame(
     [
-        {"pipeline": name, "median_ms": m.median_ms, "p90_ms": m.p90_ms, "images_per_s": m.throughput,
-         "speedup": m_slow.median_ms / m.median_ms, "largest stage": t.index[0], "its share": t["share"].iloc[0]}
+        {
+            "pipeline": name,
+            "median_ms": m.median_ms,
+            "p90_ms": m.p90_ms,
+            "images_per_s": m.throughput,
+            "speedup": m_slow.median_ms / m.median_ms,
+            "largest stage": t.index[0],
+            "its share": t["share"].iloc[0],
+        }
         for name, m, t in steps
     ]
-)  # fmt: skip
+)
 display(summary.round(3))
 _ = cu.plots.speedup_bars(summary.set_index("pipeline")["speedup"], title=f"Pipeline speed-up on {device}")
 
@@ -360,8 +383,9 @@ _ = ax.set_title("Time per stage, before and after")
 # present). It makes profiling slower and traces larger: switch it on when you need it.
 
 # %%
-prof_mem = profile_pipeline(lambda: run_pipeline(images, **current), device, traces / "02_fixed_memory.json",
-                            active=1, profile_memory=True)  # fmt: skip
+prof_mem = profile_pipeline(
+    lambda: run_pipeline(images, **current), device, traces / "02_fixed_memory.json", active=1, profile_memory=True
+)
 print(prof_mem.key_averages().table(sort_by="self_cpu_memory_usage", row_limit=6, max_name_column_width=30))
 
 # %% [markdown]
@@ -380,16 +404,25 @@ if cu.gpu_section("02.cuda-profile"):
     prof_gpu_fixed = profile_pipeline(lambda: run_pipeline(images, **current), "cuda", traces / "02_fixed_cuda.json")
     print(prof_gpu.key_averages().table(sort_by="self_device_time_total", row_limit=10, max_name_column_width=30))
     for api in ("cudaStreamSynchronize", "cudaMemcpyAsync", "cudaLaunchKernel"):
-        print(f"{api}: {cu.profiling.op_calls(prof_gpu, api) / 2:,.0f} calls per pipeline call (slow) vs "
-              f"{cu.profiling.op_calls(prof_gpu_fixed, api) / 2:,.0f} (fixed)")  # fmt: skip
+        print(
+            f"{api}: {cu.profiling.op_calls(prof_gpu, api) / 2:,.0f} calls per pipeline call (slow) vs "
+            f"{cu.profiling.op_calls(prof_gpu_fixed, api) / 2:,.0f} (fixed)"
+        )
     display(stage_table(prof_gpu_fixed, stages).round(4))
     m_gpu_slow = cu.measure(lambda: run_pipeline(images, **slow), device="cuda", batch_size=n_images)
     m_gpu_fixed = cu.measure(lambda: run_pipeline(images, **current), device="cuda", batch_size=n_images)
     gpu_speedup = m_gpu_slow.median_ms / m_gpu_fixed.median_ms
     print(f"On {torch.cuda.get_device_name(0)} the fixed pipeline runs at {gpu_speedup:.2f}x the slow one's speed.")
     cu.record("02", "slow pipeline (CUDA)", model="digits_cnn", device="cuda", dtype="fp32", measurement=m_gpu_slow)
-    cu.record("02", "fixed pipeline (CUDA)", model="digits_cnn", device="cuda", dtype="fp32",
-              measurement=m_gpu_fixed, speedup_vs_baseline=gpu_speedup)  # fmt: skip
+    cu.record(
+        "02",
+        "fixed pipeline (CUDA)",
+        model="digits_cnn",
+        device="cuda",
+        dtype="fp32",
+        measurement=m_gpu_fixed,
+        speedup_vs_baseline=gpu_speedup,
+    )
 else:
     cu.results.show_reference("02")
 
@@ -416,29 +449,46 @@ print(cu.profiling.nsys_command("my_pipeline.py"))
 # %%
 prof_ms = float(times_slow["ms"].sum())
 overhead = prof_ms / m_slow.median_ms
-print(f"1. Under the profiler the slow pipeline's stages took {prof_ms:.2f} ms per call, {overhead:.2f}x the "
-      f"{m_slow.median_ms:.2f} ms measured without it. "
-      + ("The profiler adds a cost to every operator call, so code with many tiny ops looks worse under it."
-         if overhead > 1 else "Here the profiler's own cost was lost in the run-to-run noise of this machine.")
-      + " Use the profiler to find where the time goes, and a timer (cu.measure) for how much.")  # fmt: skip
+print(
+    f"1. Under the profiler the slow pipeline's stages took {prof_ms:.2f} ms per call, {overhead:.2f}x the "
+    f"{m_slow.median_ms:.2f} ms measured without it. "
+    + (
+        "The profiler adds a cost to every operator call, so code with many tiny ops looks worse under it."
+        if overhead > 1
+        else "Here the profiler's own cost was lost in the run-to-run noise of this machine."
+    )
+    + " Use the profiler to find where the time goes, and a timer (cu.measure) for how much."
+)
 item = next((e for e in prof_slow.key_averages() if e.key == "aten::item"), None)
 if item is not None:
-    print(f"2. On {device}, the {item.count / 2:.0f} `.item()` calls per pipeline call cost "
-          f"{item.cpu_time_total / item.count:.1f} us each (profiled). "
-          + ("On a CPU there is no device queue to wait for, so the sync itself is cheap here; on a GPU each one "
-             "stalls until all queued kernels finish." if device.type == "cpu" else
-             "Each one waits for the GPU queue to drain."))  # fmt: skip
+    print(
+        f"2. On {device}, the {item.count / 2:.0f} `.item()` calls per pipeline call cost "
+        f"{item.cpu_time_total / item.count:.1f} us each (profiled). "
+        + (
+            "On a CPU there is no device queue to wait for, so the sync itself is cheap here; on a GPU each one "
+            "stalls until all queued kernels finish."
+            if device.type == "cpu"
+            else "Each one waits for the GPU queue to drain."
+        )
+    )
 model_share = float(times_fixed.loc["model", "share"])
-print(f"3. After the fixes the model takes {model_share:.0%} of the pipeline time "
-      f"(it was {float(times_slow.loc['model', 'share']):.0%}): "
-      + ("now the model is what to optimize (lessons 04-08)." if model_share >= 0.5 else
-         "the code around the model still dominates; profile again before touching the model."))  # fmt: skip
+print(
+    f"3. After the fixes the model takes {model_share:.0%} of the pipeline time "
+    f"(it was {float(times_slow.loc['model', 'share']):.0%}): "
+    + (
+        "now the model is what to optimize (lessons 04-08)."
+        if model_share >= 0.5
+        else "the code around the model still dominates; profile again before touching the model."
+    )
+)
 ops_slow = sum(e.count for e in prof_slow.key_averages() if e.key.startswith("aten::")) / 2
 ops_fixed = sum(e.count for e in prof_mem.key_averages() if e.key.startswith("aten::"))
 print(f"4. Operator calls per pipeline call: {ops_slow:,.0f} slow vs {ops_fixed:,.0f} fixed.")
 trace_mib = (traces / "02_slow.json").stat().st_size / 2**20
-print(f"5. The Chrome trace of the slow pipeline is {trace_mib:.1f} MiB for 2 profiled calls: every tiny op is an "
-      "event. Profile a few steps, not a whole run.")  # fmt: skip
+print(
+    f"5. The Chrome trace of the slow pipeline is {trace_mib:.1f} MiB for 2 profiled calls: every tiny op is an "
+    "event. Profile a few steps, not a whole run."
+)
 
 # %% [markdown]
 # ## Summary
@@ -448,10 +498,24 @@ print(f"5. The Chrome trace of the slow pipeline is {trace_mib:.1f} MiB for 2 pr
 # **03 · Batching**.
 
 # %%
-cu.record("02", "slow pipeline", model="digits_cnn", device=str(device), dtype="fp32", measurement=m_slow,
-          notes="python-loop preprocessing, per-row .item()/.cpu()")  # fmt: skip
+cu.record(
+    "02",
+    "slow pipeline",
+    model="digits_cnn",
+    device=str(device),
+    dtype="fp32",
+    measurement=m_slow,
+    notes="python-loop preprocessing, per-row .item()/.cpu()",
+)
 for name, m, t in steps[1:]:
-    cu.record("02", name.replace("+ ", ""), model="digits_cnn", device=str(device), dtype="fp32", measurement=m,
-              speedup_vs_baseline=m_slow.median_ms / m.median_ms,
-              notes=f"largest stage after: {t.index[0]} ({t['share'].iloc[0]:.0%})")  # fmt: skip
+    cu.record(
+        "02",
+        name.replace("+ ", ""),
+        model="digits_cnn",
+        device=str(device),
+        dtype="fp32",
+        measurement=m,
+        speedup_vs_baseline=m_slow.median_ms / m.median_ms,
+        notes=f"largest stage after: {t.index[0]} ({t['share'].iloc[0]:.0%})",
+    )
 summary.round(3)

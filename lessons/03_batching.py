@@ -35,7 +35,7 @@ import torch
 from IPython.display import display
 
 import course_utils as cu
-import course_utils.batching
+import course_utils.techniques.batching_sim
 
 device = cu.lesson.start("03", "Batching")
 # The batch-vs-single checks below compare FP32 outputs at the FP32 tolerance. On a GPU, cuDNN convolutions
@@ -143,8 +143,15 @@ def batch_sweep(model, make_input, batch_sizes, device, cap_mb=None, **timing):
                 stopped = f"{type(exc).__name__} at batch {b}: {str(exc)[:200]}"
             if stopped:
                 break
-            rows.append({"batch_size": b, "median_ms": m.median_ms, "p90_ms": m.p90_ms,
-                         "throughput": b / (m.median_ms / 1e3), "ms_per_item": m.median_ms / b})  # fmt: skip
+            rows.append(
+                {
+                    "batch_size": b,
+                    "median_ms": m.median_ms,
+                    "p90_ms": m.p90_ms,
+                    "throughput": b / (m.median_ms / 1e3),
+                    "ms_per_item": m.median_ms / b,
+                }
+            )
     if stopped:  # out of the except block, the traceback (and the failed batch it holds) is gone: free now
         x = None  # drop our own reference to the failed batch's input
         gc.collect()
@@ -168,8 +175,9 @@ table["speedup_vs_b1"] = table["throughput"] / table.groupby("variant")["through
 table[["variant", "batch_size", "median_ms", "p90_ms", "throughput", "ms_per_item", "speedup_vs_b1"]].round(3)
 
 # %%
-_ = cu.plots.batch_curve(sweeps[f"resnet18@{res}"], label=f"resnet18@{res}",
-                         title=f"ResNet-18 at {res}x{res} on {device}")  # fmt: skip
+_ = cu.plots.batch_curve(
+    sweeps[f"resnet18@{res}"], label=f"resnet18@{res}", title=f"ResNet-18 at {res}x{res} on {device}"
+)
 
 # %%
 _ = cu.plots.batch_curve(table[table["variant"] != f"resnet18@{res}"], title=f"Digits models on {device}")
@@ -189,19 +197,26 @@ for name, df in sweeps.items():
     knee = int(df.loc[df["throughput"] >= 0.9 * df["throughput"].max(), "batch_size"].min())
     fits = df[df["p90_ms"] <= budget]
     best = None if fits.empty else fits.loc[fits["throughput"].idxmax()]
-    rows.append({
-        "model": name, "knee": knee, "max_throughput": float(df["throughput"].max()), "budget_ms": budget,
-        "best_batch": None if best is None else int(best["batch_size"]),
-        "best_p90_ms": None if best is None else float(best["p90_ms"]),
-        "best_speedup_vs_b1": None if best is None else float(best["throughput"] / df.iloc[0]["throughput"]),
-    })  # fmt: skip
+    rows.append(
+        {
+            "model": name,
+            "knee": knee,
+            "max_throughput": float(df["throughput"].max()),
+            "budget_ms": budget,
+            "best_batch": None if best is None else int(best["batch_size"]),
+            "best_p90_ms": None if best is None else float(best["p90_ms"]),
+            "best_speedup_vs_b1": None if best is None else float(best["throughput"] / df.iloc[0]["throughput"]),
+        }
+    )
 choice = pd.DataFrame(rows)
 for r in choice.itertuples():
     if r.best_batch is None:
         print(f"{r.model}: no batch size meets {r.budget_ms:.2f} ms at p90; raise the budget or use a faster model.")
     else:
-        print(f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is {r.best_batch} "
-              f"(p90 {r.best_p90_ms:.2f} ms, {r.best_speedup_vs_b1:.2f}x the batch-1 throughput).")  # fmt: skip
+        print(
+            f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is {r.best_batch} "
+            f"(p90 {r.best_p90_ms:.2f} ms, {r.best_speedup_vs_b1:.2f}x the batch-1 throughput)."
+        )
 choice.round(3)
 
 # %%
@@ -209,10 +224,19 @@ fig, ax = plt.subplots()
 for r in choice.itertuples():
     df = sweeps[r.model]
     (line,) = ax.plot(df["batch_size"], df["throughput"] / df.iloc[0]["throughput"], marker="o", label=r.model)
-    ax.scatter([r.knee], [df.set_index("batch_size").loc[r.knee, "throughput"] / df.iloc[0]["throughput"]], s=150,
-               facecolors="none", edgecolors=line.get_color())  # fmt: skip
-ax.set(xscale="log", xlabel="batch size", ylabel="throughput relative to batch 1",
-       title="Throughput gain from batching (circles: knee)")  # fmt: skip
+    ax.scatter(
+        [r.knee],
+        [df.set_index("batch_size").loc[r.knee, "throughput"] / df.iloc[0]["throughput"]],
+        s=150,
+        facecolors="none",
+        edgecolors=line.get_color(),
+    )
+ax.set(
+    xscale="log",
+    xlabel="batch size",
+    ylabel="throughput relative to batch 1",
+    title="Throughput gain from batching (circles: knee)",
+)
 _ = ax.legend()
 
 # %% [markdown]
@@ -224,8 +248,10 @@ _ = ax.legend()
 once = dict(warmup=0, min_repeats=1, min_time_s=0.0, warn_spread=False)
 cap_mb = 1.0
 oom_df = batch_sweep(digits_cnn, models["digits_cnn"][1], [2**k for k in range(6, 20)], device, cap_mb=cap_mb, **once)
-print(f"With a {cap_mb:g} MiB cap the largest batch that fit was {oom_df.attrs['max_fit']} "
-      f"({oom_df.attrs['stopped']}); the notebook goes on.")  # fmt: skip
+print(
+    f"With a {cap_mb:g} MiB cap the largest batch that fit was {oom_df.attrs['max_fit']} "
+    f"({oom_df.attrs['stopped']}); the notebook goes on."
+)
 
 # %% [markdown]
 # ### On a GPU: a real out-of-memory, and the GPU still works after it
@@ -240,19 +266,31 @@ print(f"With a {cap_mb:g} MiB cap the largest batch that fit was {oom_df.attrs['
 # %%
 if cu.gpu_section("03.real-oom"):
     resnet_gpu = copy.deepcopy(resnet).to("cuda")  # its own copy on the GPU, wherever `device` put the lesson's
-    gpu_oom = batch_sweep(resnet_gpu, lambda b: torch.randn(b, 3, 224, 224, device="cuda"),
-                          [2**k for k in range(6, 19)], "cuda", **once)  # fmt: skip
+    gpu_oom = batch_sweep(
+        resnet_gpu, lambda b: torch.randn(b, 3, 224, 224, device="cuda"), [2**k for k in range(6, 19)], "cuda", **once
+    )
     total_gib = torch.cuda.get_device_properties(0).total_memory / 2**30
-    print(f"{torch.cuda.get_device_name(0)} ({total_gib:.0f} GiB): largest batch that fit "
-          f"{gpu_oom.attrs['max_fit']} ({gpu_oom.attrs['stopped']}).")  # fmt: skip
+    print(
+        f"{torch.cuda.get_device_name(0)} ({total_gib:.0f} GiB): largest batch that fit "
+        f"{gpu_oom.attrs['max_fit']} ({gpu_oom.attrs['stopped']})."
+    )
     with torch.inference_mode():
         still_ok = resnet_gpu(torch.randn(8, 3, 224, 224, device="cuda"))
     torch.cuda.synchronize()
     alloc, reserved = torch.cuda.memory_allocated() / 2**20, torch.cuda.memory_reserved() / 2**20
-    print(f"After the sweep the GPU still runs a batch of 8: output {tuple(still_ok.shape)}; "
-          f"{alloc:.0f} MiB allocated, {reserved:.0f} MiB reserved.")  # fmt: skip
-    cu.record("03", "largest batch before OOM", model="resnet18@224", device="cuda", dtype="fp32",
-              batch_size=gpu_oom.attrs["max_fit"], notes=str(gpu_oom.attrs["stopped"]))  # fmt: skip
+    print(
+        f"After the sweep the GPU still runs a batch of 8: output {tuple(still_ok.shape)}; "
+        f"{alloc:.0f} MiB allocated, {reserved:.0f} MiB reserved."
+    )
+    cu.record(
+        "03",
+        "largest batch before OOM",
+        model="resnet18@224",
+        device="cuda",
+        dtype="fp32",
+        batch_size=gpu_oom.attrs["max_fit"],
+        notes=str(gpu_oom.attrs["stopped"]),
+    )
     display(gpu_oom.round(2))
 else:
     cu.results.show_reference("03")
@@ -292,8 +330,11 @@ def cudnn_benchmark_effect(model, x, device):
                 sync()
                 first_ms = (time.perf_counter() - t0) * 1e3
                 m = cu.measure(lambda xs=xs: model(xs), device=device, warn_spread=False)
-            out[f"benchmark={flag}"] = {"input": "x".join(map(str, xs.shape)), "first call ms": first_ms,
-                                        "median ms": m.median_ms}  # fmt: skip
+            out[f"benchmark={flag}"] = {
+                "input": "x".join(map(str, xs.shape)),
+                "first call ms": first_ms,
+                "median ms": m.median_ms,
+            }
     finally:
         torch.backends.cudnn.benchmark = old
     return pd.DataFrame(out).T
@@ -306,10 +347,20 @@ if cu.gpu_section("03.cudnn-benchmark"):
     display(effect)
     gain = effect.loc["benchmark=False", "median ms"] / effect.loc["benchmark=True", "median ms"]
     cost = effect.loc["benchmark=True", "first call ms"] / effect.loc["benchmark=False", "first call ms"]
-    print(f"benchmark=True: steady state {gain:.2f}x the speed of the heuristic's choice; its first call took "
-          f"{cost:.1f}x as long (the search).")  # fmt: skip
-    cu.record("03", "cudnn.benchmark=True", model="resnet18@224x232", device="cuda", dtype="fp32", batch_size=32,
-              median_ms=effect.loc["benchmark=True", "median ms"], speedup_vs_baseline=gain)  # fmt: skip
+    print(
+        f"benchmark=True: steady state {gain:.2f}x the speed of the heuristic's choice; its first call took "
+        f"{cost:.1f}x as long (the search)."
+    )
+    cu.record(
+        "03",
+        "cudnn.benchmark=True",
+        model="resnet18@224x232",
+        device="cuda",
+        dtype="fp32",
+        batch_size=32,
+        median_ms=effect.loc["benchmark=True", "median ms"],
+        speedup_vs_baseline=gain,
+    )
 
 # %% [markdown]
 # ## Dynamic batching, simulated with this run's service times
@@ -318,7 +369,7 @@ if cu.gpu_section("03.cudnn-benchmark"):
 # waited `max_wait_ms` (the knobs of Triton's `dynamic_batching`, LitServe's `max_batch_size` /
 # `batch_timeout`, Ray Serve's `@serve.batch`). Without batching, one request runs at a time.
 #
-# `cu.batching.simulate` plays this out for Poisson arrivals (independent requests at a mean rate), with the
+# `cu.batching_sim.simulate` plays this out for Poisson arrivals (independent requests at a mean rate), with the
 # time to serve a batch of *b* taken from the ResNet sweep above (interpolated). One model instance serves
 # everything. Lesson 13 does the same with a real server.
 #
@@ -328,19 +379,20 @@ if cu.gpu_section("03.cudnn-benchmark"):
 
 # %%
 sweep_cnn = sweeps[f"resnet18@{res}"]
-service = cu.batching.service_time_fn(sweep_cnn)
+service = cu.batching_sim.service_time_fn(sweep_cnn)
 max_batch_size = int(min(32, sweep_cnn["batch_size"].max()))
 max_wait_ms = service(1)  # a knob: here, wait at most as long as one single-request inference takes
 dynamic = f"dynamic (max {max_batch_size}, wait {max_wait_ms:.2f} ms)"
 policies = {"no batching": (1, 0.0), dynamic: (max_batch_size, max_wait_ms)}
-capacity = {p: cu.batching.capacity(service, b) for p, (b, _) in policies.items()}
+capacity = {p: cu.batching_sim.capacity(service, b) for p, (b, _) in policies.items()}
 n_requests = cu.pick(full=4000, smoke=800)
 
 
 def run(rate, policy, n=n_requests, seed=1):
     b, w = policies[policy]
-    return cu.batching.simulate(cu.batching.poisson_arrivals(rate, n, seed=seed), service, max_batch_size=b,
-                                max_wait_ms=w)  # fmt: skip
+    return cu.batching_sim.simulate(
+        cu.batching_sim.poisson_arrivals(rate, n, seed=seed), service, max_batch_size=b, max_wait_ms=w
+    )
 
 
 def sustainable(rate, policy):
@@ -350,8 +402,10 @@ def sustainable(rate, policy):
 
 
 fractions = np.arange(0.5, 1.3, 0.05)
-max_rate = {p: max([f * capacity[p] for f in fractions if sustainable(f * capacity[p], p)], default=float("nan"))
-            for p in policies}  # fmt: skip
+max_rate = {
+    p: max([f * capacity[p] for f in fractions if sustainable(f * capacity[p], p)], default=float("nan"))
+    for p in policies
+}
 limits = pd.DataFrame({"capacity b/service(b), req/s": capacity, "max sustainable (simulated), req/s": max_rate})
 display(limits.round(1))
 p_none, p_dyn = list(policies)
@@ -367,9 +421,11 @@ fair_rate = 0.9 * max_rate[p_none]
 fair = pd.DataFrame({p: run(fair_rate, p).summary() for p in policies}).T
 display(fair.round(2))
 p99_ratio = fair.loc[p_none, "p99_ms"] / fair.loc[p_dyn, "p99_ms"]
-print(f"At {fair_rate:.1f} req/s (90% of no batching's limit) p99 is {fair.loc[p_none, 'p99_ms']:.2f} ms without "
-      f"batching and {fair.loc[p_dyn, 'p99_ms']:.2f} ms with it ({p99_ratio:.2f}x); "
-      f"mean batch {fair.loc[p_dyn, 'mean_batch']:.1f}.")  # fmt: skip
+print(
+    f"At {fair_rate:.1f} req/s (90% of no batching's limit) p99 is {fair.loc[p_none, 'p99_ms']:.2f} ms without "
+    f"batching and {fair.loc[p_dyn, 'p99_ms']:.2f} ms with it ({p99_ratio:.2f}x); "
+    f"mean batch {fair.loc[p_dyn, 'mean_batch']:.1f}."
+)
 
 # %% [markdown]
 # The curves against the arrival rate, each policy drawn only where it is sustainable (past its limit its
@@ -379,7 +435,7 @@ print(f"At {fair_rate:.1f} req/s (90% of no batching's limit) p99 is {fair.loc[p
 rates = np.geomspace(0.1 * max_rate[p_none], 0.95 * max_rate[p_dyn], cu.pick(full=10, smoke=6))
 sim = pd.DataFrame([{"rate": r, "policy": p, **run(r, p).summary()} for r in rates for p in policies])
 sim = sim[sim["rate"] <= sim["policy"].map(max_rate)]
-_ = cu.batching.plot_rate_sweep(sim, title=f"resnet18@{res} on {device}: sustainable rates only")
+_ = cu.batching_sim.plot_rate_sweep(sim, title=f"resnet18@{res} on {device}: sustainable rates only")
 
 # %% [markdown]
 # **What not to do:** compare the policies past saturation. The same overloaded rate, run for twice as long:
@@ -387,15 +443,17 @@ _ = cu.batching.plot_rate_sweep(sim, title=f"resnet18@{res} on {device}: sustain
 # %%
 over = 1.5 * max_rate[p_none]
 short, long = run(over, p_none), run(over, p_none, n=2 * n_requests)
-print(f"No batching at {over:.1f} req/s: p99 {short.p99_ms:.0f} ms after {n_requests} requests, "
-      f"{long.p99_ms:.0f} ms after {2 * n_requests}: {long.p99_ms / short.p99_ms:.2f}x, "
-      "for the same server.")  # fmt: skip
+print(
+    f"No batching at {over:.1f} req/s: p99 {short.p99_ms:.0f} ms after {n_requests} requests, "
+    f"{long.p99_ms:.0f} ms after {2 * n_requests}: {long.p99_ms / short.p99_ms:.2f}x, "
+    "for the same server."
+)
 
 # %% [markdown]
 # ## Exercise
 # **03.max-wait.** The knob you tune in every batching server. Write `choose_max_wait(arrivals_ms, service_ms,
 # max_batch_size, p99_target_ms, candidates)`: simulate each candidate `max_wait_ms` with
-# `cu.batching.simulate(arrivals_ms, service_ms, max_batch_size=..., max_wait_ms=...)` and return the
+# `cu.batching_sim.simulate(arrivals_ms, service_ms, max_batch_size=..., max_wait_ms=...)` and return the
 # **largest** candidate whose p99 latency meets the target (more waiting means fuller batches: more
 # throughput per instance), or `None` if none does. The self-check draws service times, arrival rates and targets
 # at random.
@@ -421,12 +479,19 @@ for r in choice.itertuples():
     )
 mlp_df = sweeps["digits_mlp"]
 per_item = mlp_df["ms_per_item"].iloc[0] / mlp_df["ms_per_item"].min()
-print(f"2. For the tiny MLP one item costs {per_item:.1f}x more time at batch 1 than at its best batch: "
-      + ("most of a batch-1 call is fixed overhead (dispatch, weight reads), the overhead-bound case from lesson 01."
-         if per_item >= 2 else "on this run the fixed cost per call did not dominate."))  # fmt: skip
-print(f"3. Dynamic batching sustained {tp_ratio:.2f}x the request rate of no batching; where both kept up, its p99 "
-      f"was {'lower' if p99_ratio > 1 else 'higher'} ({fair.loc[p_dyn, 'p99_ms']:.2f} vs "
-      f"{fair.loc[p_none, 'p99_ms']:.2f} ms).")  # fmt: skip
+print(
+    f"2. For the tiny MLP one item costs {per_item:.1f}x more time at batch 1 than at its best batch: "
+    + (
+        "most of a batch-1 call is fixed overhead (dispatch, weight reads), the overhead-bound case from lesson 01."
+        if per_item >= 2
+        else "on this run the fixed cost per call did not dominate."
+    )
+)
+print(
+    f"3. Dynamic batching sustained {tp_ratio:.2f}x the request rate of no batching; where both kept up, its p99 "
+    f"was {'lower' if p99_ratio > 1 else 'higher'} ({fair.loc[p_dyn, 'p99_ms']:.2f} vs "
+    f"{fair.loc[p_none, 'p99_ms']:.2f} ms)."
+)
 
 # %% [markdown]
 # ## Summary
@@ -437,17 +502,44 @@ print(f"3. Dynamic batching sustained {tp_ratio:.2f}x the request rate of no bat
 for r in choice.itertuples():
     df = sweeps[r.model].set_index("batch_size")
     b1 = df.loc[1]
-    cu.record("03", "batch 1", model=r.model, device=str(device), dtype="fp32", batch_size=1,
-              median_ms=b1.median_ms, p90_ms=b1.p90_ms, throughput=b1.throughput)  # fmt: skip
+    cu.record(
+        "03",
+        "batch 1",
+        model=r.model,
+        device=str(device),
+        dtype="fp32",
+        batch_size=1,
+        median_ms=b1.median_ms,
+        p90_ms=b1.p90_ms,
+        throughput=b1.throughput,
+    )
     if r.best_batch is not None:
         bb = df.loc[r.best_batch]
-        cu.record("03", "best batch under budget", model=r.model, device=str(device), dtype="fp32",
-                  batch_size=r.best_batch, median_ms=bb.median_ms, p90_ms=bb.p90_ms, throughput=bb.throughput,
-                  speedup_vs_baseline=bb.throughput / b1.throughput,
-                  notes=f"budget {r.budget_ms:.2f} ms p90; knee {r.knee}")  # fmt: skip
-cu.record("03", "dynamic batching (simulated)", model=f"resnet18@{res}", device=str(device), dtype="fp32",
-          batch_size=max_batch_size, median_ms=fair.loc[p_dyn, "p50_ms"], p90_ms=None,
-          throughput=max_rate[p_dyn], speedup_vs_baseline=tp_ratio,
-          notes=f"max sustainable {max_rate[p_dyn]:.1f} vs {max_rate[p_none]:.1f} req/s; at {fair_rate:.1f} req/s "
-          f"p99 {fair.loc[p_dyn, 'p99_ms']:.1f} vs {fair.loc[p_none, 'p99_ms']:.1f} ms")  # fmt: skip
+        cu.record(
+            "03",
+            "best batch under budget",
+            model=r.model,
+            device=str(device),
+            dtype="fp32",
+            batch_size=r.best_batch,
+            median_ms=bb.median_ms,
+            p90_ms=bb.p90_ms,
+            throughput=bb.throughput,
+            speedup_vs_baseline=bb.throughput / b1.throughput,
+            notes=f"budget {r.budget_ms:.2f} ms p90; knee {r.knee}",
+        )
+cu.record(
+    "03",
+    "dynamic batching (simulated)",
+    model=f"resnet18@{res}",
+    device=str(device),
+    dtype="fp32",
+    batch_size=max_batch_size,
+    median_ms=fair.loc[p_dyn, "p50_ms"],
+    p90_ms=None,
+    throughput=max_rate[p_dyn],
+    speedup_vs_baseline=tp_ratio,
+    notes=f"max sustainable {max_rate[p_dyn]:.1f} vs {max_rate[p_none]:.1f} req/s; at {fair_rate:.1f} req/s "
+    f"p99 {fair.loc[p_dyn, 'p99_ms']:.1f} vs {fair.loc[p_none, 'p99_ms']:.1f} ms",
+)
 choice.round(3)

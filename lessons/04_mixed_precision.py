@@ -51,8 +51,10 @@ def set_tf32(enabled: bool) -> None:
 
 
 # %%
-print(f"CPU kernels: {torch.backends.cpu.get_cpu_capability()}; BF16 instructions (AVX-512 BF16 / AMX): "
-      f"{cu.device.capabilities()['cpu_bf16']}; threads: {torch.get_num_threads()}")  # fmt: skip
+print(
+    f"CPU kernels: {torch.backends.cpu.get_cpu_capability()}; BF16 instructions (AVX-512 BF16 / AMX): "
+    f"{cu.device.capabilities()['cpu_bf16']}; threads: {torch.get_num_threads()}"
+)
 
 
 def tf32_state() -> str:
@@ -132,13 +134,19 @@ x_cl = x_test.to(memory_format=torch.channels_last)
 with torch.inference_mode():
     out_cl = cnn_cl(x_cl)
 
-made = [("autocast bf16", out_autocast, cnn), ("cast bf16", out_bf16, cnn_bf16),
-        ("cast fp16 (.half())", out_fp16, cnn_fp16), ("channels_last fp32", out_cl, cnn_cl)]  # fmt: skip
+made = [
+    ("autocast bf16", out_autocast, cnn),
+    ("cast bf16", out_bf16, cnn_bf16),
+    ("cast fp16 (.half())", out_fp16, cnn_fp16),
+    ("channels_last fp32", out_cl, cnn_cl),
+]
 for name, out, model in made:
     print(f"{name:22s} output dtype {str(out.dtype):15s} weights {next(model.parameters()).dtype}")
 cl_input = x_cl.is_contiguous(memory_format=torch.channels_last)
-print(f"channels_last: first conv weight strides {cnn_cl.features[0].weight.stride()} (NCHW was "
-      f"{cnn.features[0].weight.stride()}); input is channels_last: {cl_input}")  # fmt: skip
+print(
+    f"channels_last: first conv weight strides {cnn_cl.features[0].weight.stride()} (NCHW was "
+    f"{cnn.features[0].weight.stride()}); input is channels_last: {cl_input}"
+)
 
 # %% [markdown]
 # ### What dtype did each layer run in?
@@ -160,8 +168,10 @@ for h in hooks:
     h.remove()
 inside = pd.DataFrame(seen)
 display(inside)
-print(f"Under autocast the first Conv2d received {inside.input[0]} and returned {inside.output[0]}; the weights "
-      f"stayed {next(cnn.parameters()).dtype}.")  # fmt: skip
+print(
+    f"Under autocast the first Conv2d received {inside.input[0]} and returned {inside.output[0]}; the weights "
+    f"stayed {next(cnn.parameters()).dtype}."
+)
 
 # %% [markdown]
 # ### What autocast keeps in FP32
@@ -269,8 +279,16 @@ with torch.inference_mode():
         out = run(x_test)
         cmp = cu.check_outputs(out, ref, name.split()[0], label=name)
         acc = float((out.argmax(-1) == y_test).float().mean())
-        acc_rows.append({"variant": name, "max abs err": cmp.max_abs, "cosine": cmp.cosine, "top-1 agreement": cmp.top1,
-                         "accuracy": acc, "flag": cu.quant.accuracy_flag(acc, base_acc, THRESHOLD)})  # fmt: skip
+        acc_rows.append(
+            {
+                "variant": name,
+                "max abs err": cmp.max_abs,
+                "cosine": cmp.cosine,
+                "top-1 agreement": cmp.top1,
+                "accuracy": acc,
+                "flag": cu.quantization.accuracy_flag(acc, base_acc, THRESHOLD),
+            }
+        )
 acc_df = pd.DataFrame(acc_rows)
 display(acc_df)
 
@@ -281,8 +299,10 @@ weight_kib = {
     "fp16 cast": cu.precision.param_bytes(cnn_fp16) / 1024,
 }
 print("weight memory (KiB):", {k: round(v, 1) for k, v in weight_kib.items()})
-print(f"Casting keeps {weight_kib['bf16 cast'] / weight_kib['fp32']:.0%} of the FP32 weight bytes; autocast keeps "
-      "the FP32 weights (and makes low-precision copies on the fly).")  # fmt: skip
+print(
+    f"Casting keeps {weight_kib['bf16 cast'] / weight_kib['fp32']:.0%} of the FP32 weight bytes; autocast keeps "
+    "the FP32 weights (and makes low-precision copies on the fly)."
+)
 
 # %% [markdown]
 # ## Speed: batch 1 and a large batch, digits CNN and ResNet-18
@@ -292,8 +312,17 @@ print(f"Casting keeps {weight_kib['bf16 cast'] / weight_kib['fp32']:.0%} of the 
 
 
 # %% tags=["contract"]
-def precision_grid(model, device, batches, *, image_size=224, dtypes=(torch.bfloat16, torch.float16), tf32=None,
-                   memory=None, **measure_kw):  # fmt: skip
+def precision_grid(
+    model,
+    device,
+    batches,
+    *,
+    image_size=224,
+    dtypes=(torch.bfloat16, torch.float16),
+    tf32=None,
+    memory=None,
+    **measure_kw,
+):
     """One row per distinct variant and batch: checked against true FP32 first, then timed.
 
     The baseline is plain FP32 (contiguous, TF32 off). On CUDA (or tf32=True) two TF32 rows are added.
@@ -326,8 +355,18 @@ def precision_grid(model, device, batches, *, image_size=224, dtypes=(torch.bflo
                     lambda run=run, x=x: run(x), device=device, batch_size=b, label=f"{name} b{b}", **measure_kw
                 )
             peak = None if memory is None else own_peak_mib(run, x, memory, resident)
-            rows.append({"variant": name, "batch": b, "precision": precision, "median_ms": m.median_ms,
-                         "iqr_ms": m.iqr_ms, "max_rel_err": cmp.max_rel, "peak_MiB": peak, "m": m})  # fmt: skip
+            rows.append(
+                {
+                    "variant": name,
+                    "batch": b,
+                    "precision": precision,
+                    "median_ms": m.median_ms,
+                    "iqr_ms": m.iqr_ms,
+                    "max_rel_err": cmp.max_rel,
+                    "peak_MiB": peak,
+                    "m": m,
+                }
+            )
         set_tf32(False)
     df = pd.DataFrame(rows)
     base = df[df.variant == "fp32"].set_index("batch")["median_ms"]
@@ -344,8 +383,16 @@ with torch.inference_mode(), warnings.catch_warnings():
         xb = x_test[:b]
         for name, run in cnn_variants.items():
             m = cu.measure(lambda run=run, xb=xb: run(xb), device=device, batch_size=b, label=f"digits CNN {name} b{b}")
-            speed_rows.append({"variant": name, "batch": b, "precision": name.split()[0], "median_ms": m.median_ms,
-                               "iqr_ms": m.iqr_ms, "m": m})  # fmt: skip
+            speed_rows.append(
+                {
+                    "variant": name,
+                    "batch": b,
+                    "precision": name.split()[0],
+                    "median_ms": m.median_ms,
+                    "iqr_ms": m.iqr_ms,
+                    "m": m,
+                }
+            )
 cnn_speed = pd.DataFrame(speed_rows)
 cnn_base = cnn_speed[cnn_speed.variant == "fp32"].set_index("batch")["median_ms"]
 cnn_speed["speedup"] = [cnn_base[r.batch] / r.median_ms for r in cnn_speed.itertuples()]
@@ -359,15 +406,18 @@ res_size = cu.pick(full=96, smoke=64) if device.type == "cpu" else 224
 cpu_dtypes = (torch.bfloat16,) if device.type == "cpu" else (torch.bfloat16, torch.float16)
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", cu.timing.HighSpreadWarning)
-    res_speed = precision_grid(resnet, device, (1, res_batch), image_size=res_size, dtypes=cpu_dtypes,
-                               warmup=1, min_repeats=3, min_time_s=0.05)  # fmt: skip
+    res_speed = precision_grid(
+        resnet, device, (1, res_batch), image_size=res_size, dtypes=cpu_dtypes, warmup=1, min_repeats=3, min_time_s=0.05
+    )
 display(res_speed.drop(columns=["m", "peak_MiB"]).round(3))
 
 # %%
 for model_name, df in (("digits CNN", cnn_speed), (f"ResNet-18 {res_size}px", res_speed)):
     for b, grp in df[df.variant != "fp32"].groupby("batch"):
-        cu.plots.speedup_bars(dict(zip(grp.variant, grp["speedup"], strict=True)),
-                              title=f"{model_name}, batch {b}: speed vs FP32 on {device}")  # fmt: skip
+        cu.plots.speedup_bars(
+            dict(zip(grp.variant, grp["speedup"], strict=True)),
+            title=f"{model_name}, batch {b}: speed vs FP32 on {device}",
+        )
 
 # %% [markdown]
 # ## What surprised us
@@ -384,20 +434,30 @@ for model_name, df in (("digits CNN", cnn_speed), ("ResNet-18", res_speed)):
             verdict += f" (unreliable: IQR {max(r.m.spread, base_m.spread):.0%} of the median, the machine was busy)"
         print(f"{model_name}, batch {b}: best variant '{r.variant}' runs {r.speedup:.2f}x the FP32 speed: {verdict}.")
 rb = res_speed[res_speed.batch == res_batch].set_index("variant")
-print(f"ResNet-18 batch {res_batch}: BF16 autocast {rb.loc['bf16 autocast', 'speedup']:.2f}x, BF16 cast "
-      f"{rb.loc['bf16 cast', 'speedup']:.2f}x, FP32 channels_last {rb.loc['fp32 channels_last', 'speedup']:.2f}x. "
-      f"CPU kernels here: {torch.backends.cpu.get_cpu_capability()}, BF16 instructions: "
-      f"{cu.device.capabilities()['cpu_bf16']}" + ("" if device.type == "cuda" else
-      " (without them BF16 math is converted back and forth in software, so it rarely pays)."))  # fmt: skip
+print(
+    f"ResNet-18 batch {res_batch}: BF16 autocast {rb.loc['bf16 autocast', 'speedup']:.2f}x, BF16 cast "
+    f"{rb.loc['bf16 cast', 'speedup']:.2f}x, FP32 channels_last {rb.loc['fp32 channels_last', 'speedup']:.2f}x. "
+    f"CPU kernels here: {torch.backends.cpu.get_cpu_capability()}, BF16 instructions: "
+    f"{cu.device.capabilities()['cpu_bf16']}"
+    + (
+        ""
+        if device.type == "cuda"
+        else " (without them BF16 math is converted back and forth in software, so it rarely pays)."
+    )
+)
 noisy = [r.m.label for df in (cnn_speed, res_speed) for r in df.itertuples() if r.m.spread > cu.timing.HIGH_SPREAD]
 if noisy:
-    print(f"Careful: {len(noisy)} timings had a high spread (IQR > {cu.timing.HIGH_SPREAD:.0%} of the median), e.g. "
-          f"{noisy[:3]}: the machine was busy; rerun before trusting a ratio that rests on them.")  # fmt: skip
+    print(
+        f"Careful: {len(noisy)} timings had a high spread (IQR > {cu.timing.HIGH_SPREAD:.0%} of the median), e.g. "
+        f"{noisy[:3]}: the machine was busy; rerun before trusting a ratio that rests on them."
+    )
 if "fp16 cast" in rb.index:
     print(f"FP16 cast on {device.type}: {rb.loc['fp16 cast', 'speedup']:.2f}x the FP32 speed on ResNet-18.")
 worst = acc_df[~acc_df.variant.str.startswith("fp32")].sort_values("accuracy").iloc[0]
-print(f"Accuracy: the lowest variant is '{worst.variant}' at {worst.accuracy:.2%} vs {base_acc:.2%} in FP32 "
-      f"(top-1 agreement with FP32 {worst['top-1 agreement']:.2%}).")  # fmt: skip
+print(
+    f"Accuracy: the lowest variant is '{worst.variant}' at {worst.accuracy:.2%} vs {base_acc:.2%} in FP32 "
+    f"(top-1 agreement with FP32 {worst['top-1 agreement']:.2%})."
+)
 
 # %% [markdown]
 # ### Pitfall: FP16 overflow
@@ -437,12 +497,22 @@ if cu.gpu_section("04.gpu-precisions"):
     big_gpu = cu.pick(full=256, smoke=16)
     gpu = precision_grid(resnet, "cuda", (1, big_gpu), image_size=cu.pick(full=224, smoke=64))
     for r in gpu.itertuples():
-        cu.record("04", f"gpu {r.variant} b{r.batch}", model="resnet18", device="cuda", dtype=r.precision,
-                  measurement=r.m, speedup_vs_baseline=r.speedup, error_vs_baseline=r.max_rel_err)  # fmt: skip
+        cu.record(
+            "04",
+            f"gpu {r.variant} b{r.batch}",
+            model="resnet18",
+            device="cuda",
+            dtype=r.precision,
+            measurement=r.m,
+            speedup_vs_baseline=r.speedup,
+            error_vs_baseline=r.max_rel_err,
+        )
     display(gpu.drop(columns="m").round(3))
     large = gpu[gpu.batch == big_gpu].sort_values("speedup", ascending=False).iloc[0]
-    print(f"Best at batch {big_gpu}: {large.variant}, {large.speedup:.2f}x true FP32 "
-          "(course target for FP16/BF16 at batch 256: >= 2.5x)")  # fmt: skip
+    print(
+        f"Best at batch {big_gpu}: {large.variant}, {large.speedup:.2f}x true FP32 "
+        "(course target for FP16/BF16 at batch 256: >= 2.5x)"
+    )
 else:
     cu.results.show_reference("04")
 
@@ -456,6 +526,14 @@ accs = acc_df.set_index("variant")
 for model_name, df in (("digits CNN", cnn_speed), ("resnet18", res_speed)):
     for r in df.itertuples():
         err = float(accs.loc[r.variant, "max abs err"]) if model_name == "digits CNN" else float(r.max_rel_err)
-        cu.record("04", f"{r.variant} b{r.batch}", model=model_name, device=str(device), dtype=r.precision,
-                  measurement=r.m, speedup_vs_baseline=r.speedup, error_vs_baseline=err)  # fmt: skip
+        cu.record(
+            "04",
+            f"{r.variant} b{r.batch}",
+            model=model_name,
+            device=str(device),
+            dtype=r.precision,
+            measurement=r.m,
+            speedup_vs_baseline=r.speedup,
+            error_vs_baseline=err,
+        )
 print(f"{len(cnn_speed) + len(res_speed)} rows recorded.")

@@ -40,15 +40,17 @@ import pandas as pd
 import torch
 from IPython.display import display
 
-from course_utils import quant
+from course_utils.techniques import quantization
 
 warnings.filterwarnings("ignore", category=cu.timing.HighSpreadWarning)
 THRESHOLD = 1.0  # accuracy points a variant may lose before it is flagged
 COSINE_TARGET = 0.99  # the output cosine an INT8 variant must keep
 caps = cu.device.capabilities()
 HAS_INT8_DOT = caps["cpu_avx512_vnni"] or caps["cpu_amx"]
-print(f"CPU: {caps['cpu']} | ISA level torch uses: {torch.backends.cpu.get_cpu_capability()} | "
-      f"VNNI: {caps['cpu_avx512_vnni']} | AMX: {caps['cpu_amx']} | threads: {torch.get_num_threads()}")  # fmt: skip
+print(
+    f"CPU: {caps['cpu']} | ISA level torch uses: {torch.backends.cpu.get_cpu_capability()} | "
+    f"VNNI: {caps['cpu_avx512_vnni']} | AMX: {caps['cpu_amx']} | threads: {torch.get_num_threads()}"
+)
 summary = []  # one row per method for the table at the end
 digits = cu.data.load_digits_split()
 
@@ -91,12 +93,16 @@ by_hand = torch.clamp(torch.round(w / scale) + zero_point, -128, 127).to(torch.i
 print("int_repr():\n", qw.int_repr())
 print("same as by hand:", torch.equal(qw.int_repr(), by_hand))
 err = (qw.dequantize() - w).abs().max().item()
-print(f"scale {scale:.5f}, zero point {zero_point}; max |dequantize(q) - w| = {err:.5f} <= scale/2 = {scale / 2:.5f}:"
-      f" {err <= scale / 2 + 1e-7}")  # fmt: skip
+print(
+    f"scale {scale:.5f}, zero point {zero_point}; max |dequantize(q) - w| = {err:.5f} <= scale/2 = {scale / 2:.5f}:"
+    f" {err <= scale / 2 + 1e-7}"
+)
 outlier = torch.cat([w.flatten(), torch.tensor([40.0])])
 s_out = float(outlier.max() - outlier.min()) / 255
-print(f"One outlier (40.0) stretches the range: scale {s_out:.4f} ({s_out / scale:.0f}x larger), so every "
-      "ordinary weight loses that much resolution. Real quantizers keep one scale per channel or group.")  # fmt: skip
+print(
+    f"One outlier (40.0) stretches the range: scale {s_out:.4f} ({s_out / scale:.0f}x larger), so every "
+    "ordinary weight loses that much resolution. Real quantizers keep one scale per channel or group."
+)
 
 # %% [markdown]
 # (`torch.quantize_per_tensor` itself now prints a deprecation warning: the `qint8` tensor type is on its way
@@ -118,22 +124,34 @@ named = re.search(r"removed in (\d+)\.(\d+)", " ".join(deprecations))
 torch_mm = tuple(int(v) for v in torch.__version__.split(".")[:2])
 if named:
     gone = tuple(int(v) for v in named.groups())
-    print(f"The warning names release {gone[0]}.{gone[1]}; this is torch {torch.__version__}: "
-          + ("that release has passed and the API is still here. Treat it as 'will go, date unknown': "
-             "new code uses torchao (below)." if torch_mm >= gone else "not reached yet."))  # fmt: skip
+    print(
+        f"The warning names release {gone[0]}.{gone[1]}; this is torch {torch.__version__}: "
+        + (
+            "that release has passed and the API is still here. Treat it as 'will go, date unknown': "
+            "new code uses torchao (below)."
+            if torch_mm >= gone
+            else "not reached yet."
+        )
+    )
 
 # %%
 acc_fp32 = cu.models.accuracy(mlp, digits.x_test, digits.y_test)
 acc_q = cu.models.accuracy(mlp_q, digits.x_test, digits.y_test)
 with torch.inference_mode():
     cu.check_outputs(mlp_q(digits.x_test), mlp(digits.x_test), "int8", label="MLP dynamic INT8 vs FP32")
-flag_q = quant.accuracy_flag(acc_q, acc_fp32, THRESHOLD)
+flag_q = quantization.accuracy_flag(acc_q, acc_fp32, THRESHOLD)
 print(f"digits accuracy: FP32 {acc_fp32:.2%}, dynamic INT8 {acc_q:.2%} -> {flag_q}")
-lin_ratio_mlp = quant.linear_weight_bytes(mlp) / quant.linear_weight_bytes(mlp_q)
-mib = {"lin": quant.linear_weight_bytes(mlp) / 2**20, "lin_q": quant.linear_weight_bytes(mlp_q) / 2**20,
-       "sd": quant.state_dict_bytes(mlp) / 2**20, "sd_q": quant.state_dict_bytes(mlp_q) / 2**20}  # fmt: skip
-print(f"Linear weights: {mib['lin']:.2f} MiB -> {mib['lin_q']:.2f} MiB ({lin_ratio_mlp:.2f}x smaller; course target "
-      f"3.5x); whole state dict {mib['sd']:.2f} -> {mib['sd_q']:.2f} MiB")  # fmt: skip
+lin_ratio_mlp = quantization.linear_weight_bytes(mlp) / quantization.linear_weight_bytes(mlp_q)
+mib = {
+    "lin": quantization.linear_weight_bytes(mlp) / 2**20,
+    "lin_q": quantization.linear_weight_bytes(mlp_q) / 2**20,
+    "sd": quantization.state_dict_bytes(mlp) / 2**20,
+    "sd_q": quantization.state_dict_bytes(mlp_q) / 2**20,
+}
+print(
+    f"Linear weights: {mib['lin']:.2f} MiB -> {mib['lin_q']:.2f} MiB ({lin_ratio_mlp:.2f}x smaller; course target "
+    f"3.5x); whole state dict {mib['sd']:.2f} -> {mib['sd_q']:.2f} MiB"
+)
 
 # %% [markdown]
 # Correct first (above), then fast: latency at a few batch sizes, both on the CPU.
@@ -152,8 +170,15 @@ display(mlp_lat.drop(columns="m").round(3))
 s_mlp = mlp_lat[mlp_lat.variant == "dynamic int8"].set_index("batch")["speedup"]
 for b, s in s_mlp.items():
     print(f"MLP batch {b}: dynamic INT8 is {s:.2f}x the FP32 speed ({'faster' if s > 1 else 'slower'})")
-summary.append({"method": "dynamic INT8 (quantize_dynamic)", "model": "digits MLP", "size ratio": lin_ratio_mlp,
-                "speed-up": s_mlp.iloc[-1], "accuracy change (points)": (acc_q - acc_fp32) * 100})  # fmt: skip
+summary.append(
+    {
+        "method": "dynamic INT8 (quantize_dynamic)",
+        "model": "digits MLP",
+        "size ratio": lin_ratio_mlp,
+        "speed-up": s_mlp.iloc[-1],
+        "accuracy change (points)": (acc_q - acc_fp32) * 100,
+    }
+)
 
 # %% [markdown]
 # ## 3. A real transformer: all-MiniLM-L6-v2, with `quantize_dynamic` and torchao
@@ -165,21 +190,24 @@ summary.append({"method": "dynamic INT8 (quantize_dynamic)", "model": "digits ML
 # %%
 st = cu.models.minilm()
 sentences = [s for s in cu.data.verified_path("sentences.txt").read_text().splitlines() if s.strip()]
-features = quant.fixed_length_features(st, sentences)
+features = quantization.fixed_length_features(st, sentences)
 B = 32
 batch32 = {k: v[torch.arange(B) % len(sentences)] for k, v in features.items()}
-ref_emb = quant.embed_batched(st, features, B)
+ref_emb = quantization.embed_batched(st, features, B)
 print(
-    f"{len(sentences)} sentences, length {features['input_ids'].shape[1]}; {len(quant.linear_names(st))} Linear layers"
+    f"{len(sentences)} sentences, length {features['input_ids'].shape[1]}; "
+    f"{len(quantization.linear_names(st))} Linear layers"
 )
 
 
 def judge(name: str, model) -> dict:
-    emb = quant.embed_batched(model, features, B)
-    agree = quant.neighbour_agreement(emb, ref_emb, k=3)
-    cos = quant.mean_cosine(emb, ref_emb)
-    print(f"{name}: cosine to FP32 {cos:.4f}, nearest-neighbour agreement {agree['top1']:.0%} -> "
-          + ("OK" if cos >= COSINE_TARGET else f"FLAG: below {COSINE_TARGET}"))  # fmt: skip
+    emb = quantization.embed_batched(model, features, B)
+    agree = quantization.neighbour_agreement(emb, ref_emb, k=3)
+    cos = quantization.mean_cosine(emb, ref_emb)
+    print(
+        f"{name}: cosine to FP32 {cos:.4f}, nearest-neighbour agreement {agree['top1']:.0%} -> "
+        + ("OK" if cos >= COSINE_TARGET else f"FLAG: below {COSINE_TARGET}")
+    )
     return {"cosine": cos, **agree}
 
 
@@ -203,8 +231,10 @@ from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize
 st_ao = copy.deepcopy(st)
 quantize_(st_ao, Int8DynamicActivationInt8WeightConfig())
 layer0 = st_ao[0].auto_model.encoder.layer[0].intermediate.dense
-print(f"{type(layer0.weight).__name__}: qdata {layer0.weight.qdata.dtype} {tuple(layer0.weight.qdata.shape)}, "
-      f"scale {tuple(layer0.weight.scale.shape)} (one per output row)")  # fmt: skip
+print(
+    f"{type(layer0.weight).__name__}: qdata {layer0.weight.qdata.dtype} {tuple(layer0.weight.qdata.shape)}, "
+    f"scale {tuple(layer0.weight.scale.shape)} (one per output row)"
+)
 acc_ao = judge("torchao INT8 dynamic (eager)", st_ao)
 
 COMPILE = not cu.is_smoke()  # compiling costs a minute or more per model on a small CPU: smoke mode skips it
@@ -214,10 +244,13 @@ if COMPILE:
         inner = model[0].auto_model
         inner.forward = torch.compile(inner.forward)
         t0 = time.perf_counter()
-        quant.embed(model, batch32)  # the first call compiles
+        quantization.embed(model, batch32)  # the first call compiles
         print(f"{name}: compile + first call {time.perf_counter() - t0:.0f} s")
     cu.check_outputs(
-        quant.embed(st_fp32c, batch32), quant.embed(st, batch32), "fp32", label="compiled FP32 vs eager FP32"
+        quantization.embed(st_fp32c, batch32),
+        quantization.embed(st, batch32),
+        "fp32",
+        label="compiled FP32 vs eager FP32",
     )
     acc_ao = judge("torchao INT8 dynamic (compiled)", st_ao)
 else:
@@ -235,7 +268,7 @@ variants = [("fp32 eager", st), ("quantize_dynamic eager", st_dyn)]
 variants += [("fp32 compiled", st_fp32c), ("torchao int8 compiled", st_ao)] if COMPILE else []
 lm_rows = []
 for name, model in variants:
-    m = time_model(lambda f, model=model: quant.embed(model, f), xb_lm, f"MiniLM {name}")
+    m = time_model(lambda f, model=model: quantization.embed(model, f), xb_lm, f"MiniLM {name}")
     lm_rows.append({"variant": name, "median_ms": m.median_ms, "spread": m.spread, "m": m})
 lm = pd.DataFrame(lm_rows).set_index("variant")
 lm["baseline"] = ["fp32 compiled" if "compiled" in v else "fp32 eager" for v in lm.index]
@@ -247,19 +280,42 @@ print(f"quantize_dynamic (eager) vs FP32 eager, batch {TB}: {s_dyn:.2f}x at cosi
 bars = {"quantize_dynamic (eager vs eager)": s_dyn}
 if COMPILE:
     met = s_ao >= 1.5 and acc_ao["cosine"] >= COSINE_TARGET
-    print(f"torchao INT8 compiled vs FP32 compiled, batch {TB}: {s_ao:.2f}x at cosine {acc_ao['cosine']:.4f} "
-          f"(course target 1.5x at cosine {COSINE_TARGET}: {'met' if met else 'missed'}"
-          + ("" if HAS_INT8_DOT else "; this CPU has no VNNI/AMX INT8 dot-product instructions") + ")")  # fmt: skip
+    print(
+        f"torchao INT8 compiled vs FP32 compiled, batch {TB}: {s_ao:.2f}x at cosine {acc_ao['cosine']:.4f} "
+        f"(course target 1.5x at cosine {COSINE_TARGET}: {'met' if met else 'missed'}"
+        + ("" if HAS_INT8_DOT else "; this CPU has no VNNI/AMX INT8 dot-product instructions")
+        + ")"
+    )
     bars["torchao int8 (compiled vs compiled)"] = s_ao
 cu.plots.speedup_bars(bars, title=f"MiniLM batch {TB}: INT8 vs FP32 on this CPU")
-lw = {"fp32": quant.linear_weight_bytes(st), "quantize_dynamic": quant.linear_weight_bytes(st_dyn),
-      "torchao int8": quant.linear_weight_bytes(st_ao)}  # fmt: skip
-print("Linear weights: " + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in lw.items())
-      + f" (torchao {lw['fp32'] / lw['torchao int8']:.2f}x smaller: its per-row scales take some bytes)")  # fmt: skip
-summary.append({"method": "dynamic INT8 (quantize_dynamic)", "model": "MiniLM", "size ratio": lw["fp32"] /
-                lw["quantize_dynamic"], "speed-up": s_dyn, "cosine": acc_dyn["cosine"]})  # fmt: skip
-summary.append({"method": "torchao INT8 + compile", "model": "MiniLM", "size ratio": lw["fp32"] /
-                lw["torchao int8"], "speed-up": s_ao, "cosine": acc_ao["cosine"]})  # fmt: skip
+lw = {
+    "fp32": quantization.linear_weight_bytes(st),
+    "quantize_dynamic": quantization.linear_weight_bytes(st_dyn),
+    "torchao int8": quantization.linear_weight_bytes(st_ao),
+}
+print(
+    "Linear weights: "
+    + ", ".join(f"{k} {v / 2**20:.1f} MiB" for k, v in lw.items())
+    + f" (torchao {lw['fp32'] / lw['torchao int8']:.2f}x smaller: its per-row scales take some bytes)"
+)
+summary.append(
+    {
+        "method": "dynamic INT8 (quantize_dynamic)",
+        "model": "MiniLM",
+        "size ratio": lw["fp32"] / lw["quantize_dynamic"],
+        "speed-up": s_dyn,
+        "cosine": acc_dyn["cosine"],
+    }
+)
+summary.append(
+    {
+        "method": "torchao INT8 + compile",
+        "model": "MiniLM",
+        "size ratio": lw["fp32"] / lw["torchao int8"],
+        "speed-up": s_ao,
+        "cosine": acc_ao["cosine"],
+    }
+)
 
 # %% [markdown]
 # ### Optional: which layers cost `quantize_dynamic` its accuracy?
@@ -271,11 +327,13 @@ summary.append({"method": "torchao INT8 + compile", "model": "MiniLM", "size rat
 if cu.modes.opt_in_section(
     "05.minilm-sensitivity", "COURSE_05_SENSITIVITY", "It scores one MiniLM variant per Linear layer."
 ):
-    score_ref = quant.embed(st, batch32)
-    sens = quant.layer_sensitivity(st, st_dyn, lambda model: quant.mean_cosine(quant.embed(model, batch32), score_ref))
+    score_ref = quantization.embed(st, batch32)
+    sens = quantization.layer_sensitivity(
+        st, st_dyn, lambda model: quantization.mean_cosine(quantization.embed(model, batch32), score_ref)
+    )
     display(sens.table.groupby("kind")["drop"].agg(["mean", "max"]).sort_values("mean", ascending=False))
-    keep, path = quant.greedy_keep_fp32(
-        st, st_dyn, sens, lambda m: quant.mean_cosine(quant.embed(m, batch32), score_ref)
+    keep, path = quantization.greedy_keep_fp32(
+        st, st_dyn, sens, lambda m: quantization.mean_cosine(quantization.embed(m, batch32), score_ref)
     )
     print(f"{len(keep)} layer(s) kept in FP32 reach cosine {path.cosine.iloc[-1]:.4f}: {keep}")
 
@@ -289,10 +347,12 @@ print(f"ResNet-18: {note}")
 with warnings.catch_warnings():
     warnings.simplefilter("ignore", DeprecationWarning)
     res_dyn = torch.ao.quantization.quantize_dynamic(copy.deepcopy(resnet), {torch.nn.Linear}, dtype=torch.qint8)
-changed = [n for n, m in res_dyn.named_modules() if quant.is_dynamic_quantized_linear(m)]
+changed = [n for n, m in res_dyn.named_modules() if quantization.is_dynamic_quantized_linear(m)]
 n_conv = sum(isinstance(m, torch.nn.Conv2d) for m in resnet.modules())
-print(f"quantize_dynamic changed {len(changed)} module(s): {changed}; the {n_conv} Conv2d layers, where the time "
-      "goes, are untouched: dynamic quantization handles Linear (and RNN) layers only.")  # fmt: skip
+print(
+    f"quantize_dynamic changed {len(changed)} module(s): {changed}; the {n_conv} Conv2d layers, where the time "
+    "goes, are untouched: dynamic quantization handles Linear (and RNN) layers only."
+)
 
 # %% [markdown]
 # ## 5. Static INT8 with PT2E: export, quantizer, calibrate, convert
@@ -346,7 +406,9 @@ calib_rows = []
 for n in cu.pick(full=[1, 4, 16, 64, 256, len(digits.x_train)], smoke=[1, 64]):
     qm = ptq_x86(cnn, digits.x_train[:n])
     a = cu.models.accuracy(qm, digits.x_test, digits.y_test)
-    calib_rows.append({"calibration images": n, "accuracy": a, "flag": quant.accuracy_flag(a, acc_cnn, THRESHOLD)})
+    calib_rows.append(
+        {"calibration images": n, "accuracy": a, "flag": quantization.accuracy_flag(a, acc_cnn, THRESHOLD)}
+    )
 calib = pd.DataFrame(calib_rows)
 print(f"FP32 CNN accuracy: {acc_cnn:.2%}")
 display(calib)
@@ -422,32 +484,46 @@ if not cu.is_smoke():
         # the criterion is the output cosine, with the largest relative error beside it.
         cmp = cu.compare_outputs(out, ref_out, "int8")
         res_cos = cmp.cosine
-        print(f"ResNet-18 static INT8 (compiled) vs FP32 (compiled): output cosine {res_cos:.4f} (criterion >= 0.99), "
-              f"max rel {cmp.max_rel:.3g}")  # fmt: skip
+        print(
+            f"ResNet-18 static INT8 (compiled) vs FP32 (compiled): output cosine {res_cos:.4f} (criterion >= 0.99), "
+            f"max rel {cmp.max_rel:.3g}"
+        )
         if res_cos < 0.99:
             raise cu.errors.ToleranceError(f"static INT8 ResNet-18 output cosine {res_cos:.4f} < 0.99: not timed")
         reps = {"min_repeats": 8, "min_time_s": 1.0, "warmup": 2}
         m_f = time_model(res_fp32_c, x_res, "ResNet-18 fp32 compiled+frozen", **reps)
         m_q = time_model(res_int8_c, x_res, "ResNet-18 int8 compiled+frozen", **reps)
         res_speed = m_f.median_ms / m_q.median_ms
-        print(f"ResNet-18, batch {RB}, {H}px: FP32 {m_f.median_ms:.1f} ms, static INT8 {m_q.median_ms:.1f} ms "
-              f"-> {res_speed:.2f}x at output cosine {res_cos:.4f} (spread {m_f.spread:.0%} / "
-              f"{m_q.spread:.0%})")  # fmt: skip
+        print(
+            f"ResNet-18, batch {RB}, {H}px: FP32 {m_f.median_ms:.1f} ms, static INT8 {m_q.median_ms:.1f} ms "
+            f"-> {res_speed:.2f}x at output cosine {res_cos:.4f} (spread {m_f.spread:.0%} / "
+            f"{m_q.spread:.0%})"
+        )
         if HAS_INT8_DOT:
             met = res_speed >= 1.5 and res_cos >= 0.99
             print(f"Course target (CPU with VNNI/AMX): 1.5x at cosine 0.99: {'met' if met else 'missed'}.")
         else:
             isa = torch.backends.cpu.get_cpu_capability()
-            print(f"This CPU ({caps['cpu']}, {isa}) has no VNNI or AMX: oneDNN's INT8 convolutions fall back to "
-                  "AVX2 multiply-add sequences, so the 1.5x target (set for VNNI/AMX CPUs) does not apply; what "
-                  f"INT8 gives here is the {res_speed:.2f}x above.")  # fmt: skip
-        cu.record("05", "static int8 pt2e compiled+frozen", model="ResNet-18", dtype="int8", measurement=m_q,
-                  speedup_vs_baseline=res_speed, error_vs_baseline=1 - res_cos,
-                  notes=f"{H}px, vs fp32 compiled+frozen")  # fmt: skip
+            print(
+                f"This CPU ({caps['cpu']}, {isa}) has no VNNI or AMX: oneDNN's INT8 convolutions fall back to "
+                "AVX2 multiply-add sequences, so the 1.5x target (set for VNNI/AMX CPUs) does not apply; what "
+                f"INT8 gives here is the {res_speed:.2f}x above."
+            )
+        cu.record(
+            "05",
+            "static int8 pt2e compiled+frozen",
+            model="ResNet-18",
+            dtype="int8",
+            measurement=m_q,
+            speedup_vs_baseline=res_speed,
+            error_vs_baseline=1 - res_cos,
+            notes=f"{H}px, vs fp32 compiled+frozen",
+        )
 else:
     print("Smoke mode: the compiled comparison runs in full mode only.")
-summary.append({"method": "static INT8 (PT2E) + compile, freezing", "model": "ResNet-18", "speed-up": res_speed,
-                "cosine": res_cos})  # fmt: skip
+summary.append(
+    {"method": "static INT8 (PT2E) + compile, freezing", "model": "ResNet-18", "speed-up": res_speed, "cosine": res_cos}
+)
 
 # %% [markdown]
 # ## 6. Quantization-aware training (QAT)
@@ -462,7 +538,9 @@ from torchao.quantization.pt2e.quantize_pt2e import prepare_qat_pt2e
 qat_n = cu.pick(full=len(digits.x_train), smoke=256)
 xq, yq = digits.x_train[:qat_n], digits.y_train[:qat_n]
 batch_dim = torch.export.Dim("batch", min=1, max=4096)
-qat_graph = torch.export.export(quant.fold_batchnorm(cnn).train(), (xq[:2],), dynamic_shapes=({0: batch_dim},)).module()
+qat_graph = torch.export.export(
+    quantization.fold_batchnorm(cnn).train(), (xq[:2],), dynamic_shapes=({0: batch_dim},)
+).module()
 qat_quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config(is_qat=True))
 qat_prepared = prepare_qat_pt2e(qat_graph, qat_quantizer)
 move_exported_model_to_train(qat_prepared)
@@ -477,11 +555,15 @@ for _epoch in range(cu.pick(full=2, smoke=1)):
 move_exported_model_to_eval(qat_prepared)
 cnn_qat = convert_pt2e(qat_prepared)
 acc_qat = cu.models.accuracy(cnn_qat, digits.x_test, digits.y_test)
-print(f"digits CNN: FP32 {acc_cnn:.2%}, PTQ {acc_ptq:.2%} ({quant.accuracy_flag(acc_ptq, acc_cnn, THRESHOLD)}), "
-      f"QAT {acc_qat:.2%} ({quant.accuracy_flag(acc_qat, acc_cnn, THRESHOLD)})")  # fmt: skip
+print(
+    f"digits CNN: FP32 {acc_cnn:.2%}, PTQ {acc_ptq:.2%} ({quantization.accuracy_flag(acc_ptq, acc_cnn, THRESHOLD)}), "
+    f"QAT {acc_qat:.2%} ({quantization.accuracy_flag(acc_qat, acc_cnn, THRESHOLD)})"
+)
 diff = (acc_qat - acc_ptq) * 100
-print(f"QAT is {abs(diff):.2f} points {'above' if diff > 0 else 'below' if diff < 0 else 'level with'} PTQ here"
-      + (": PTQ already matched FP32: QAT had nothing to recover." if acc_ptq >= acc_cnn - 0.005 else "."))  # fmt: skip
+print(
+    f"QAT is {abs(diff):.2f} points {'above' if diff > 0 else 'below' if diff < 0 else 'level with'} PTQ here"
+    + (": PTQ already matched FP32: QAT had nothing to recover." if acc_ptq >= acc_cnn - 0.005 else ".")
+)
 
 # %% [markdown]
 # QAT's model has its own graph (BatchNorm folded, its own scales), so its speed is measured, not assumed:
@@ -504,12 +586,31 @@ if not cu.is_smoke():
             print(f"{k}: {m.median_ms:.3f} ms (spread {m.spread:.0%}), {cnn_speed[k]:.2f}x the compiled FP32 speed")
             if k != "fp32":
                 acc_k = acc_ptq if k.startswith("PTQ") else acc_qat
-                cu.record("05", f"{k} compiled+frozen", model="digits CNN", dtype="int8", measurement=m,
-                          speedup_vs_baseline=cnn_speed[k], error_vs_baseline=acc_cnn - acc_k)  # fmt: skip
-summary.append({"method": "static INT8 (PT2E PTQ)", "model": "digits CNN", "speed-up": cnn_speed.get("PTQ int8"),
-                "accuracy change (points)": (acc_ptq - acc_cnn) * 100})  # fmt: skip
-summary.append({"method": "QAT (PT2E)", "model": "digits CNN", "speed-up": cnn_speed.get("QAT int8"),
-                "accuracy change (points)": (acc_qat - acc_cnn) * 100})  # fmt: skip
+                cu.record(
+                    "05",
+                    f"{k} compiled+frozen",
+                    model="digits CNN",
+                    dtype="int8",
+                    measurement=m,
+                    speedup_vs_baseline=cnn_speed[k],
+                    error_vs_baseline=acc_cnn - acc_k,
+                )
+summary.append(
+    {
+        "method": "static INT8 (PT2E PTQ)",
+        "model": "digits CNN",
+        "speed-up": cnn_speed.get("PTQ int8"),
+        "accuracy change (points)": (acc_ptq - acc_cnn) * 100,
+    }
+)
+summary.append(
+    {
+        "method": "QAT (PT2E)",
+        "model": "digits CNN",
+        "speed-up": cnn_speed.get("QAT int8"),
+        "accuracy change (points)": (acc_qat - acc_cnn) * 100,
+    }
+)
 
 # %% [markdown]
 # ## 7. GPU-only: INT4 weight-only and FP8 (torchao)
@@ -553,20 +654,27 @@ def bytes_phrase(name: str, nbytes: int, int8_bytes: int) -> str:
 if cu.gpu_section("05.gpu-fp8-int4", needs=("torchao",)):
     feats_gpu = {k: v.to("cuda") for k, v in batch32.items()}
     st_bf16 = copy.deepcopy(st).to("cuda", torch.bfloat16)
-    ref_gpu = quant.embed(st_bf16, feats_gpu)
+    ref_gpu = quantization.embed(st_bf16, feats_gpu)
     inner = st_bf16[0].auto_model
     inner.forward = torch.compile(inner.forward)
-    m_ref = time_model(lambda f: quant.embed(st_bf16, f), feats_gpu, "MiniLM bf16 cuda compiled")
+    m_ref = time_model(lambda f: quantization.embed(st_bf16, f), feats_gpu, "MiniLM bf16 cuda compiled")
     for name, cfg in gpu_quant_configs(torch.cuda.get_device_capability()).items():
         mg = copy.deepcopy(st).to("cuda", torch.bfloat16)
         quantize_(mg, cfg)
         mg[0].auto_model.forward = torch.compile(mg[0].auto_model.forward)
-        print(bytes_phrase(name, quant.linear_weight_bytes(mg), lw["torchao int8"]))
-        cos = quant.mean_cosine(quant.embed(mg, feats_gpu), ref_gpu)
-        m = time_model(lambda f, mg=mg: quant.embed(mg, f), feats_gpu, f"MiniLM {name}")
+        print(bytes_phrase(name, quantization.linear_weight_bytes(mg), lw["torchao int8"]))
+        cos = quantization.mean_cosine(quantization.embed(mg, feats_gpu), ref_gpu)
+        m = time_model(lambda f, mg=mg: quantization.embed(mg, f), feats_gpu, f"MiniLM {name}")
         print(f"{name}: cosine to BF16 {cos:.4f}, {m_ref.median_ms / m.median_ms:.2f}x the compiled BF16 speed")
-        cu.record("05", f"gpu {name}", model="MiniLM", dtype=name.split()[0], measurement=m,
-                  speedup_vs_baseline=m_ref.median_ms / m.median_ms, error_vs_baseline=1 - cos)  # fmt: skip
+        cu.record(
+            "05",
+            f"gpu {name}",
+            model="MiniLM",
+            dtype=name.split()[0],
+            measurement=m,
+            speedup_vs_baseline=m_ref.median_ms / m.median_ms,
+            error_vs_baseline=1 - cos,
+        )
 else:
     cu.results.show_reference("05")
 
@@ -584,13 +692,17 @@ display(pd.DataFrame(summary).round(4))
 # Printed from this run.
 
 # %%
-print(f"quantize_dynamic on every MiniLM Linear: cosine {acc_dyn['cosine']:.4f} (one scale per tensor); torchao's "
-      f"per-row/per-token INT8 kept {acc_ao['cosine']:.4f} with every Linear quantized.")  # fmt: skip
+print(
+    f"quantize_dynamic on every MiniLM Linear: cosine {acc_dyn['cosine']:.4f} (one scale per tensor); torchao's "
+    f"per-row/per-token INT8 kept {acc_ao['cosine']:.4f} with every Linear quantized."
+)
 print(f"quantize_dynamic's Linear weights are {lin_ratio_mlp:.2f}x smaller on the MLP (course target 3.5x).")
 print(f"quantize_dynamic changed {len(changed)} of ResNet-18's modules: nothing to speed up in a CNN.")
 if res_speed is not None:
-    print(f"Static INT8 ResNet-18 with freezing: {res_speed:.2f}x; INT8 kernels used: {', '.join(int8_ops) or 'none'}; "
-          f"VNNI/AMX on this CPU: {HAS_INT8_DOT}.")  # fmt: skip
+    print(
+        f"Static INT8 ResNet-18 with freezing: {res_speed:.2f}x; INT8 kernels used: {', '.join(int8_ops) or 'none'}; "
+        f"VNNI/AMX on this CPU: {HAS_INT8_DOT}."
+    )
 
 # %% [markdown]
 # ## Exercises
@@ -636,10 +748,24 @@ cu.exercises.check("05.pt2e", static_int8)
 # %%
 for r in mlp_lat.itertuples():
     is_q = "int8" in r.variant
-    cu.record("05", r.variant, model="digits MLP", dtype="int8" if is_q else "fp32", measurement=r.m,
-              speedup_vs_baseline=r.speedup, error_vs_baseline=(acc_fp32 - acc_q) if is_q else 0.0)  # fmt: skip
+    cu.record(
+        "05",
+        r.variant,
+        model="digits MLP",
+        dtype="int8" if is_q else "fp32",
+        measurement=r.m,
+        speedup_vs_baseline=r.speedup,
+        error_vs_baseline=(acc_fp32 - acc_q) if is_q else 0.0,
+    )
 cos_by = {"quantize_dynamic eager": acc_dyn["cosine"], "torchao int8 compiled": acc_ao["cosine"]}
 for v, r in lm.iterrows():
-    cu.record("05", v, model="MiniLM", dtype="int8" if v in cos_by else "fp32", measurement=r.m,
-              speedup_vs_baseline=r.speedup, error_vs_baseline=1 - cos_by.get(v, 1.0))  # fmt: skip
+    cu.record(
+        "05",
+        v,
+        model="MiniLM",
+        dtype="int8" if v in cos_by else "fp32",
+        measurement=r.m,
+        speedup_vs_baseline=r.speedup,
+        error_vs_baseline=1 - cos_by.get(v, 1.0),
+    )
 print("rows recorded")

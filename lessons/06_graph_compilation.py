@@ -132,8 +132,10 @@ class GateInGraph(nn.Module):
 
 torch._dynamo.reset()
 fixed = torch.compile(GateInGraph(), fullgraph=True, backend="eager")
-print(f"fullgraph compile works: {fixed(negative).tolist()} and {fixed(positive).tolist()}; graph breaks: "
-      f"{torch._dynamo.explain(GateInGraph())(negative).graph_break_count}")  # fmt: skip
+print(
+    f"fullgraph compile works: {fixed(negative).tolist()} and {fixed(positive).tolist()}; graph breaks: "
+    f"{torch._dynamo.explain(GateInGraph())(negative).graph_break_count}"
+)
 
 # %% [markdown]
 # ## TorchScript: the legacy way (what not to start new code with)
@@ -202,8 +204,10 @@ for attempt in ("with caches on, first (writes the cache)", "after reset (reads 
     warm_times.append(first_call_s(torch.compile(model), xw, device))
     print(f"compile default b={big}, {attempt}: {warm_times[-1]:.1f} s")
 cold_big = next(c["first_call_s"] for c in costs if c["variant"] == "compile default" and c["batch"] == big)
-print(f"cold (caches off) {cold_big:.1f} s -> warm {warm_times[-1]:.1f} s: {cold_big / warm_times[-1]:.0f}x less "
-      f"start-up time. Cache directory: {cache_dir()}")  # fmt: skip
+print(
+    f"cold (caches off) {cold_big:.1f} s -> warm {warm_times[-1]:.1f} s: {cold_big / warm_times[-1]:.0f}x less "
+    f"start-up time. Cache directory: {cache_dir()}"
+)
 torch._dynamo.reset()
 
 # %% [markdown]
@@ -221,8 +225,10 @@ t0 = time.perf_counter()
 ep = torch.export.export(model, (inputs[big],), dynamic_shapes=({0: batch_dim},))
 export_s = time.perf_counter() - t0
 n_ops = sum(1 for n in ep.graph.nodes if n.op == "call_function")
-print(f"torch.export: {export_s:.2f} s, {n_ops} ATen operator calls, input shape {ep.graph_signature.user_inputs} "
-      f"with batch range {list(ep.range_constraints.values())}")  # fmt: skip
+print(
+    f"torch.export: {export_s:.2f} s, {n_ops} ATen operator calls, input shape {ep.graph_signature.user_inputs} "
+    f"with batch range {list(ep.range_constraints.values())}"
+)
 exported = ep.module()
 
 package_dir = Path(tempfile.mkdtemp(prefix="aoti_"))
@@ -232,8 +238,10 @@ aoti_compile_s = time.perf_counter() - t0
 t0 = time.perf_counter()
 aoti = torch._inductor.aoti_load_package(package)
 aoti_load_s = time.perf_counter() - t0
-print(f"AOTInductor: compile {aoti_compile_s:.1f} s (once, at build time; caches on), package "
-      f"{Path(package).stat().st_size / 2**20:.2f} MiB, load {aoti_load_s * 1000:.0f} ms (in the server)")  # fmt: skip
+print(
+    f"AOTInductor: compile {aoti_compile_s:.1f} s (once, at build time; caches on), package "
+    f"{Path(package).stat().st_size / 2**20:.2f} MiB, load {aoti_load_s * 1000:.0f} ms (in the server)"
+)
 
 export_m, aoti_m = {}, {}
 with torch.inference_mode():
@@ -263,8 +271,10 @@ table["iqr_ms"] = [r.m.iqr_ms for r in table.itertuples()]
 table["speedup"] = [eager[r.batch].median_ms / r.steady_ms for r in table.itertuples()]
 table["break_even_calls"] = [
     cu.compilation.break_even_calls(r.first_call_s, eager[r.batch].median_ms, r.steady_ms)
-    if pd.notna(r.first_call_s) else None for r in table.itertuples()
-]  # fmt: skip
+    if pd.notna(r.first_call_s)
+    else None
+    for r in table.itertuples()
+]
 display(table.drop(columns="m").round(3))
 print("AOTInductor's first_call_s is its load time in the server; its compile happened at build time.")
 
@@ -276,16 +286,23 @@ fig = cu.plots.speedup_bars(
 
 # %%
 for r in table[table.variant.str.startswith("compile")].itertuples():
-    verdict = "never pays back (not faster per call)" if math.isinf(r.break_even_calls) else (
-        f"pays back after {r.break_even_calls:,.0f} calls")  # fmt: skip
-    print(f"{r.variant} b={r.batch}: cold first call {r.first_call_s:.1f} s, steady {r.steady_ms:.3f} ms vs eager "
-          f"{eager[r.batch].median_ms:.3f} ms -> {verdict}")  # fmt: skip
+    verdict = (
+        "never pays back (not faster per call)"
+        if math.isinf(r.break_even_calls)
+        else (f"pays back after {r.break_even_calls:,.0f} calls")
+    )
+    print(
+        f"{r.variant} b={r.batch}: cold first call {r.first_call_s:.1f} s, steady {r.steady_ms:.3f} ms vs eager "
+        f"{eager[r.batch].median_ms:.3f} ms -> {verdict}"
+    )
 compiled_rows = table[table.variant.str.startswith("compile") | (table.variant == "AOTInductor package")]
 best = compiled_rows.sort_values("speedup", ascending=False).iloc[0]
 spread = max(best.m.spread, eager[best.batch].spread)
 caveat = f" Unreliable: IQR {spread:.0%} of the median, the machine was busy." if spread > cu.timing.HIGH_SPREAD else ""
-print(f"\nBest compiled setting here: {best.variant} at batch {best.batch}, {best.speedup:.2f}x eager "
-      f"(course target on CPU: >= 1.2x).{caveat}")  # fmt: skip
+print(
+    f"\nBest compiled setting here: {best.variant} at batch {best.batch}, {best.speedup:.2f}x eager "
+    f"(course target on CPU: >= 1.2x).{caveat}"
+)
 
 # %% [markdown]
 # ## Recompilation when shapes change
@@ -313,18 +330,22 @@ def count_graphs(**compile_kwargs) -> int:
     return counter.frame_count
 
 
-recompiles = pd.DataFrame([
-    {"setting": "dynamic=False", "graphs": count_graphs(dynamic=False)},
-    {"setting": "default (dynamic=None)", "graphs": count_graphs()},
-    {"setting": "dynamic=True", "graphs": count_graphs(dynamic=True)},
-])  # fmt: skip
+recompiles = pd.DataFrame(
+    [
+        {"setting": "dynamic=False", "graphs": count_graphs(dynamic=False)},
+        {"setting": "default (dynamic=None)", "graphs": count_graphs()},
+        {"setting": "dynamic=True", "graphs": count_graphs(dynamic=True)},
+    ]
+)
 recompiles["batch sizes seen"] = len(sizes)
 display(recompiles)
 cheapest = min(c["first_call_s"] for c in costs)
-print(f"Static shapes: {recompiles.graphs[0]} graphs for {len(sizes)} sizes; at the cheapest cold compile above "
-      f"({cheapest:.1f} s) that is about {recompiles.graphs[0] * cheapest:.0f} s of compiling before serving settles. "
-      f"dynamic=True: {recompiles.graphs[2]} graph(s). (Marking one input's dimension dynamic instead is "
-      "exercise 06.mark-dynamic.)")  # fmt: skip
+print(
+    f"Static shapes: {recompiles.graphs[0]} graphs for {len(sizes)} sizes; at the cheapest cold compile above "
+    f"({cheapest:.1f} s) that is about {recompiles.graphs[0] * cheapest:.0f} s of compiling before serving settles. "
+    f"dynamic=True: {recompiles.graphs[2]} graph(s). (Marking one input's dimension dynamic instead is "
+    "exercise 06.mark-dynamic.)"
+)
 for code, reasons in torch._dynamo.utils.guard_failures.items():  # why the last marked-dynamic run recompiled
     for reason in reasons:
         print(f"recompiled {code.co_name}() because a guard failed: {str(reason).split('  #')[0]}")
@@ -343,8 +364,10 @@ with torch._dynamo.config.patch(recompile_limit=3), torch.inference_mode():
     limited = torch.compile(model, backend=counter, dynamic=False)
     for xs in shape_inputs:
         cu.compare.check_outputs(limited(xs), model(xs), "fp32", label=f"batch {xs.shape[0]}")
-print(f"{len(sizes)} sizes, graphs compiled: {counter.frame_count}; the other {len(sizes) - counter.frame_count} sizes "
-      "ran in eager mode (correct, not compiled).")  # fmt: skip
+print(
+    f"{len(sizes)} sizes, graphs compiled: {counter.frame_count}; the other {len(sizes) - counter.frame_count} sizes "
+    "ran in eager mode (correct, not compiled)."
+)
 torch._dynamo.reset()
 
 # %% [markdown]
@@ -400,10 +423,13 @@ if cu.gpu_section("06.cuda-graphs"):
     cu.check_outputs(replay(graph, static_in, static_out, xg), ref_g, "fp32", label="CUDA graph vs eager")
     kept = static_out.clone()
     other = replay(graph, static_in, static_out, torch.randn_like(xg))
-    print(f"same output buffer: {other.data_ptr() == static_out.data_ptr()}; previous result overwritten: "
-          f"{not torch.equal(other, kept)}")  # fmt: skip
-    m_graph = cu.measure(lambda: replay(graph, static_in, static_out, xg), device="cuda", batch_size=1,
-                         label="CUDA graph b=1")  # fmt: skip
+    print(
+        f"same output buffer: {other.data_ptr() == static_out.data_ptr()}; previous result overwritten: "
+        f"{not torch.equal(other, kept)}"
+    )
+    m_graph = cu.measure(
+        lambda: replay(graph, static_in, static_out, xg), device="cuda", batch_size=1, label="CUDA graph b=1"
+    )
     gpu_rows = {"eager": (m_eager_g, None), "CUDA graph by hand": (m_graph, None)}
     for mode in ("reduce-overhead", "max-autotune"):
         torch._dynamo.reset()
@@ -416,10 +442,19 @@ if cu.gpu_section("06.cuda-graphs"):
     torch._dynamo.reset()
     for name, (m, first_s) in gpu_rows.items():
         print(m, "" if first_s is None else f"(first call {first_s:.1f} s)")
-        cu.record("06", f"gpu {name}", model="resnet18", device="cuda", dtype="fp32", measurement=m,
-                  speedup_vs_baseline=m_eager_g.median_ms / m.median_ms)  # fmt: skip
-    cu.plots.speedup_bars({k: m_eager_g.median_ms / m.median_ms for k, (m, _) in gpu_rows.items()},
-                          title="ResNet-18 batch 1 on GPU: speed vs eager")  # fmt: skip
+        cu.record(
+            "06",
+            f"gpu {name}",
+            model="resnet18",
+            device="cuda",
+            dtype="fp32",
+            measurement=m,
+            speedup_vs_baseline=m_eager_g.median_ms / m.median_ms,
+        )
+    cu.plots.speedup_bars(
+        {k: m_eager_g.median_ms / m.median_ms for k, (m, _) in gpu_rows.items()},
+        title="ResNet-18 batch 1 on GPU: speed vs eager",
+    )
     print(f"CUDA graph by hand: {m_eager_g.median_ms / m_graph.median_ms:.2f}x eager at batch 1 (target >= 1.5x)")
 else:
     cu.results.show_reference("06")
@@ -433,20 +468,26 @@ for b in batches:
     for c in (c for c in costs if c["batch"] == b):
         s = eager[b].median_ms / c["m"].median_ms
         worth = c["first_call_s"] * 1000 / eager[b].median_ms
-        print(f"batch {b}: {c['variant']} runs {s:.2f}x eager ({'faster' if s > 1 else 'slower'}) after a cold first "
-              f"call of {c['first_call_s']:.1f} s, the time of {worth:,.0f} eager calls.")  # fmt: skip
+        print(
+            f"batch {b}: {c['variant']} runs {s:.2f}x eager ({'faster' if s > 1 else 'slower'}) after a cold first "
+            f"call of {c['first_call_s']:.1f} s, the time of {worth:,.0f} eager calls."
+        )
     fr = table[(table.variant == "compile + freezing") & (table.batch == b)].speedup.iloc[0]
     pl = table[(table.variant == "compile default") & (table.batch == b)].speedup.iloc[0]
     print(f"batch {b}: freezing {'helped' if fr > pl else 'did not help'} ({fr:.2f}x vs {pl:.2f}x without).")
 ao = table[table.variant == "AOTInductor package"].set_index("batch").speedup
-print(f"AOTInductor package: {', '.join(f'{ao[b]:.2f}x at batch {b}' for b in batches)}, loaded in "
-      f"{aoti_load_s * 1000:.0f} ms instead of a {aoti_compile_s:.0f} s compile in the serving process.")  # fmt: skip
+print(
+    f"AOTInductor package: {', '.join(f'{ao[b]:.2f}x at batch {b}' for b in batches)}, loaded in "
+    f"{aoti_load_s * 1000:.0f} ms instead of a {aoti_compile_s:.0f} s compile in the serving process."
+)
 tr = eager[big].median_ms / m_trace.median_ms
 print(f"jit.trace: {tr:.2f}x eager at batch {big}, and it froze a branch above: it is legacy for a reason.")
 noisy = [r.m.label for r in table.itertuples() if r.m.spread > cu.timing.HIGH_SPREAD]
 if noisy:
-    print(f"Careful: {len(noisy)} timings had a high spread (IQR > {cu.timing.HIGH_SPREAD:.0%} of the median), e.g. "
-          f"{noisy[:3]}: the machine was busy; rerun before trusting small differences.")  # fmt: skip
+    print(
+        f"Careful: {len(noisy)} timings had a high spread (IQR > {cu.timing.HIGH_SPREAD:.0%} of the median), e.g. "
+        f"{noisy[:3]}: the machine was busy; rerun before trusting small differences."
+    )
 
 # %% [markdown]
 # ## Exercises
@@ -512,7 +553,14 @@ cu.exercises.check("06.export", export_two_inputs)
 
 # %%
 for r in table.itertuples():
-    cu.record("06", r.variant, model="digits-cnn", device=str(device), dtype="fp32", measurement=r.m,
-              speedup_vs_baseline=r.speedup,
-              notes="" if pd.isna(r.first_call_s) else f"first call {r.first_call_s:.2f} s")  # fmt: skip
+    cu.record(
+        "06",
+        r.variant,
+        model="digits-cnn",
+        device=str(device),
+        dtype="fp32",
+        measurement=r.m,
+        speedup_vs_baseline=r.speedup,
+        notes="" if pd.isna(r.first_call_s) else f"first call {r.first_call_s:.2f} s",
+    )
 print(f"{len(table)} rows recorded.")

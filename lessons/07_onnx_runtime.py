@@ -36,9 +36,9 @@ import torch
 from IPython.display import display
 
 import course_utils as cu
-from course_utils import backends
+from course_utils.techniques import onnx_runtime
 
-ort = backends.require_onnxruntime()  # `import onnxruntime`, or a course error naming the fix if it cannot load
+ort = onnx_runtime.require_onnxruntime()  # `import onnxruntime`, or a course error naming the fix if it cannot load
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static  # noqa: E402
 from onnxruntime.quantization.shape_inference import quant_pre_process  # noqa: E402
 
@@ -61,16 +61,18 @@ big = cu.pick(full=16, smoke=4)
 torch.manual_seed(0)
 xs = {1: torch.randn(1, 3, size, size), big: torch.randn(big, 3, size, size)}
 reps = {1: cu.pick(full=15, smoke=5), big: cu.pick(full=5, smoke=3)}  # large batches: fewer, longer calls
-timing = {b: {"min_repeats": reps[b], "min_time_s": cu.pick(full=0.5, smoke=0.05), "warmup": 2 if b == 1 else 1}
-          for b in xs}  # fmt: skip
+timing = {
+    b: {"min_repeats": reps[b], "min_time_s": cu.pick(full=0.5, smoke=0.05), "warmup": 2 if b == 1 else 1} for b in xs
+}
 with torch.inference_mode():
     ref = {b: model(x) for b, x in xs.items()}
-    eager = {b: cu.measure(lambda x=x: model(x), device="cpu", batch_size=b, label=f"eager b={b}", **timing[b])
-             for b, x in xs.items()}  # fmt: skip
+    eager = {
+        b: cu.measure(lambda x=x: model(x), device="cpu", batch_size=b, label=f"eager b={b}", **timing[b])
+        for b, x in xs.items()
+    }
 for m in eager.values():
     print(m)
-    cu.record("07", "eager", model="resnet18", device="cpu", dtype="fp32", measurement=m,
-              notes=f"{threads} threads")  # fmt: skip
+    cu.record("07", "eager", model="resnet18", device="cpu", dtype="fp32", measurement=m, notes=f"{threads} threads")
 
 # %% [markdown]
 # ## Export with a dynamic batch, check, parity
@@ -87,15 +89,26 @@ x2 = torch.randn(2, 3, size, size)
 t0 = time.perf_counter()
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # the exporter's progress notes
-    torch.onnx.export(model, (x2,), onnx_path, dynamo=True, dynamic_shapes={"x": {0: "batch"}},
-                      input_names=["input"], output_names=["logits"], external_data=False, verbose=False)  # fmt: skip
+    torch.onnx.export(
+        model,
+        (x2,),
+        onnx_path,
+        dynamo=True,
+        dynamic_shapes={"x": {0: "batch"}},
+        input_names=["input"],
+        output_names=["logits"],
+        external_data=False,
+        verbose=False,
+    )
 export_s = time.perf_counter() - t0
 proto = onnx.load(str(onnx_path))
 onnx.checker.check_model(proto)
 dims = [d.dim_param or d.dim_value for d in proto.graph.input[0].type.tensor_type.shape.dim]
 opset = next(o.version for o in proto.opset_import if o.domain in ("", "ai.onnx"))
-print(f"exported {onnx_path.name} in {export_s:.1f} s: {onnx_path.stat().st_size / 2**20:.1f} MiB, opset {opset}, "
-      f"input dims {dims}, {len(proto.graph.node)} nodes; onnx.checker passed")  # fmt: skip
+print(
+    f"exported {onnx_path.name} in {export_s:.1f} s: {onnx_path.stat().st_size / 2**20:.1f} MiB, opset {opset}, "
+    f"input dims {dims}, {len(proto.graph.node)} nodes; onnx.checker passed"
+)
 
 session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
 print("inputs:", [(i.name, i.type, i.shape) for i in session.get_inputs()])
@@ -115,18 +128,20 @@ for b, x in xs.items():
 cnn = cu.models.load_digits_model("cnn")
 d1, d3 = torch.randn(1, 1, 8, 8), torch.randn(3, 1, 8, 8)
 ways = {
-    "seed: legacy exporter, dynamic_axes, opset 14": dict(dynamo=False, opset_version=14,
-                                                           dynamic_axes={"input": {0: "batch"}}),
+    "seed: legacy exporter, dynamic_axes, opset 14": dict(
+        dynamo=False, opset_version=14, dynamic_axes={"input": {0: "batch"}}
+    ),
     "dynamo, no dynamic_shapes (batch fixed)": dict(dynamo=True),
     "dynamo, dynamic_shapes, batch-1 example": dict(dynamo=True, dynamic_shapes={"x": {0: "batch"}}),
-}  # fmt: skip
+}
 export_rows = []
 for name, kw in ways.items():
     path = work / f"digits_{len(export_rows)}.onnx"
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
-        torch.onnx.export(cnn, (d1,), path, input_names=["input"], output_names=["logits"], verbose=False,
-                          external_data=False, **kw)  # fmt: skip
+        torch.onnx.export(
+            cnn, (d1,), path, input_names=["input"], output_names=["logits"], verbose=False, external_data=False, **kw
+        )
     p = onnx.load(str(path))
     try:
         ort.InferenceSession(str(path)).run(None, {"input": d3.numpy()})
@@ -134,13 +149,15 @@ for name, kw in ways.items():
     except Exception as exc:  # noqa: BLE001 - ORT's own error is the point here
         batch3 = str(exc).splitlines()[0][:90]
     deprecations = sorted({w.category.__name__ for w in caught if issubclass(w.category, DeprecationWarning)})
-    export_rows.append({
-        "export": name,
-        "opset": next(o.version for o in p.opset_import if o.domain in ("", "ai.onnx")),
-        "input dims": [d.dim_param or d.dim_value for d in p.graph.input[0].type.tensor_type.shape.dim],
-        "batch 3": batch3,
-        "warnings": ", ".join(deprecations) or "none",
-    })  # fmt: skip
+    export_rows.append(
+        {
+            "export": name,
+            "opset": next(o.version for o in p.opset_import if o.domain in ("", "ai.onnx")),
+            "input dims": [d.dim_param or d.dim_value for d in p.graph.input[0].type.tensor_type.shape.dim],
+            "batch 3": batch3,
+            "warnings": ", ".join(deprecations) or "none",
+        }
+    )
 display(pd.DataFrame(export_rows).set_index("export"))
 
 # %% [markdown]
@@ -182,9 +199,11 @@ display(node_table)
 # %%
 lo, hi = node_table.loc["disable", "total nodes"], node_table.loc["all", "total nodes"]
 assert hi < lo, "the optimizer should remove nodes between the lowest and the highest level"
-print(f"Nodes fall from {lo} (optimizations disabled) to {hi} (all): {lo - hi} nodes fused or removed. "
-      f"Session creation took {create_s['disable']:.2f} s (disable) to {max(create_s.values()):.2f} s; "
-      f"the export took {export_s:.1f} s.")  # fmt: skip
+print(
+    f"Nodes fall from {lo} (optimizations disabled) to {hi} (all): {lo - hi} nodes fused or removed. "
+    f"Session creation took {create_s['disable']:.2f} s (disable) to {max(create_s.values()):.2f} s; "
+    f"the export took {export_s:.1f} s."
+)
 
 # %% [markdown]
 # ## Speed: ORT against eager PyTorch at equal thread counts
@@ -198,13 +217,31 @@ for name, sess in sessions.items():
         if b != 1 and name not in ("disable", "all"):
             continue
         feed = {"input": x.numpy()}
-        m = cu.measure(lambda sess=sess, feed=feed: sess.run(None, feed), device="cpu", batch_size=b,
-                       label=f"ORT {name} b={b}", **timing[b])  # fmt: skip
-        rows.append({"engine": f"ORT {name}", "batch": b, "median_ms": m.median_ms,
-                     "speedup_vs_eager": eager[b].median_ms / m.median_ms})  # fmt: skip
-        cu.record("07", f"ort level {name}", model="resnet18", device="cpu", dtype="fp32", measurement=m,
-                  speedup_vs_baseline=eager[b].median_ms / m.median_ms,
-                  notes=f"{threads} threads, as eager")  # fmt: skip
+        m = cu.measure(
+            lambda sess=sess, feed=feed: sess.run(None, feed),
+            device="cpu",
+            batch_size=b,
+            label=f"ORT {name} b={b}",
+            **timing[b],
+        )
+        rows.append(
+            {
+                "engine": f"ORT {name}",
+                "batch": b,
+                "median_ms": m.median_ms,
+                "speedup_vs_eager": eager[b].median_ms / m.median_ms,
+            }
+        )
+        cu.record(
+            "07",
+            f"ort level {name}",
+            model="resnet18",
+            device="cpu",
+            dtype="fp32",
+            measurement=m,
+            speedup_vs_baseline=eager[b].median_ms / m.median_ms,
+            notes=f"{threads} threads, as eager",
+        )
 for b in xs:
     rows.append({"engine": "PyTorch eager", "batch": b, "median_ms": eager[b].median_ms, "speedup_vs_eager": 1.0})
 speed = pd.DataFrame(rows)
@@ -217,8 +254,10 @@ cu.plots.speedup_bars(
 )
 b1 = speed[(speed.batch == 1) & (speed.engine != "PyTorch eager")].sort_values("median_ms").iloc[0]
 word = "faster" if b1.speedup_vs_eager > 1 else "slower"
-print(f"Headline, equal threads ({threads}): best ORT level at batch 1 is {b1.engine}, {b1.speedup_vs_eager:.2f}x "
-      f"eager ({word}); course target on CPU >= 1.5x (image size {size}).")  # fmt: skip
+print(
+    f"Headline, equal threads ({threads}): best ORT level at batch 1 is {b1.engine}, {b1.speedup_vs_eager:.2f}x "
+    f"eager ({word}); course target on CPU >= 1.5x (image size {size})."
+)
 
 # %% [markdown]
 # ## Threads
@@ -236,17 +275,36 @@ try:
         so = ort.SessionOptions()
         so.intra_op_num_threads = t
         sess_t = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        m_ort = cu.measure(lambda s=sess_t: s.run(None, {"input": x1}), device="cpu", batch_size=1,
-                           label=f"ORT all, {t} threads", **timing[1])  # fmt: skip
+        m_ort = cu.measure(
+            lambda s=sess_t: s.run(None, {"input": x1}),
+            device="cpu",
+            batch_size=1,
+            label=f"ORT all, {t} threads",
+            **timing[1],
+        )
         torch.set_num_threads(t)
         with torch.inference_mode():
-            m_eag = cu.measure(lambda: model(xs[1]), device="cpu", batch_size=1, label=f"eager, {t} threads",
-                               **timing[1])  # fmt: skip
-        thread_rows.append({"threads": t, "ORT all ms": m_ort.median_ms, "eager ms": m_eag.median_ms,
-                            "ORT speed-up": m_eag.median_ms / m_ort.median_ms})  # fmt: skip
-        cu.record("07", f"ort level all, {t} threads", model="resnet18", device="cpu", dtype="fp32",
-                  measurement=m_ort, speedup_vs_baseline=m_eag.median_ms / m_ort.median_ms,
-                  notes=f"baseline: eager with {t} threads")  # fmt: skip
+            m_eag = cu.measure(
+                lambda: model(xs[1]), device="cpu", batch_size=1, label=f"eager, {t} threads", **timing[1]
+            )
+        thread_rows.append(
+            {
+                "threads": t,
+                "ORT all ms": m_ort.median_ms,
+                "eager ms": m_eag.median_ms,
+                "ORT speed-up": m_eag.median_ms / m_ort.median_ms,
+            }
+        )
+        cu.record(
+            "07",
+            f"ort level all, {t} threads",
+            model="resnet18",
+            device="cpu",
+            dtype="fp32",
+            measurement=m_ort,
+            speedup_vs_baseline=m_eag.median_ms / m_ort.median_ms,
+            notes=f"baseline: eager with {t} threads",
+        )
 finally:
     torch.set_num_threads(threads)
 threads_table = pd.DataFrame(thread_rows).set_index("threads")
@@ -277,8 +335,10 @@ display(per_op.head(8))
 
 # %%
 top_op = per_op.index[0]
-print(f"{top_op} takes {per_op['share'].iloc[0]:.0%} of the kernel time: convolutions dominate, so fusing their "
-      "activations (levels above) and cheaper arithmetic in them (INT8, below) are what can pay.")  # fmt: skip
+print(
+    f"{top_op} takes {per_op['share'].iloc[0]:.0%} of the kernel time: convolutions dominate, so fusing their "
+    "activations (levels above) and cheaper arithmetic in them (INT8, below) are what can pay."
+)
 
 # %% [markdown]
 # ## IOBinding: torch tensors in and out, no copies
@@ -293,7 +353,7 @@ print(f"{top_op} takes {per_op['share'].iloc[0]:.0%} of the kernel time: convolu
 def bind_and_run(session, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
     """Run ``session`` with ``x`` and ``out`` bound by address (float32, contiguous, same device)."""
     if x.dtype != torch.float32 or out.dtype != torch.float32 or not (x.is_contiguous() and out.is_contiguous()):
-        raise backends.BadInputError("bind_and_run needs contiguous float32 tensors: call .float().contiguous()")
+        raise onnx_runtime.BadInputError("bind_and_run needs contiguous float32 tensors: call .float().contiguous()")
     io = session.io_binding()
     kind, index = x.device.type, x.device.index or 0
     io.bind_input(session.get_inputs()[0].name, kind, index, np.float32, tuple(x.shape), x.data_ptr())
@@ -310,25 +370,33 @@ before = out_buf.data_ptr()
 y = bind_and_run(sessions["all"], xs[1], out_buf)
 cu.check_outputs(y, ref[1], "fp32", label="IOBinding (CPU, torch buffers) vs PyTorch")
 print(f"output written in place: {y.data_ptr() == before}")
-m_bound = cu.measure(lambda: bind_and_run(sessions["all"], xs[1], out_buf), device="cpu", batch_size=1,
-                     label="ORT all, IOBinding", **timing[1])  # fmt: skip
-m_plain = cu.measure(lambda: sessions["all"].run(None, {"input": x1}), device="cpu", batch_size=1,
-                     label="ORT all, run()", **timing[1])  # fmt: skip
-print(f"CPU: IOBinding {m_bound.median_ms:.3f} ms vs run() {m_plain.median_ms:.3f} ms: on a CPU there is no "
-      "host-device copy to save, so expect about the same; on a GPU the copies are what it removes.")  # fmt: skip
+m_bound = cu.measure(
+    lambda: bind_and_run(sessions["all"], xs[1], out_buf),
+    device="cpu",
+    batch_size=1,
+    label="ORT all, IOBinding",
+    **timing[1],
+)
+m_plain = cu.measure(
+    lambda: sessions["all"].run(None, {"input": x1}), device="cpu", batch_size=1, label="ORT all, run()", **timing[1]
+)
+print(
+    f"CPU: IOBinding {m_bound.median_ms:.3f} ms vs run() {m_plain.median_ms:.3f} ms: on a CPU there is no "
+    "host-device copy to save, so expect about the same; on a GPU the copies are what it removes."
+)
 
 # %% [markdown]
 # ## Execution providers
 # `get_available_providers()` lists what the installed wheel was **built** with, not what can run here.
 # ORT falls back to the CPU silently when a provider cannot load: always compare `session.get_providers()`
-# with what you asked for (`backends.ort_session` does, and raises).
+# with what you asked for (`onnx_runtime.ort_session` does, and raises).
 
 # %%
 print("available (built in):", ort.get_available_providers())
 try:
-    backends.ort_session(onnx_path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    onnx_runtime.ort_session(onnx_path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     print("CUDA execution provider applied.")
-except backends.ProviderFallbackError as exc:
+except onnx_runtime.ProviderFallbackError as exc:
     print("As expected without a GPU:", exc)
 
 # %% [markdown]
@@ -352,8 +420,9 @@ def cuda_session(path, *, tf32: bool = True, cuda_graph: bool = False, algo_sear
         "cudnn_conv_algo_search": algo_search,
         "enable_cuda_graph": int(cuda_graph),
     }
-    return backends.ort_session(path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
-                          provider_options=[options, {}])  # fmt: skip
+    return onnx_runtime.ort_session(
+        path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"], provider_options=[options, {}]
+    )
 
 
 # %%
@@ -365,9 +434,17 @@ if cu.gpu_section("07.cuda-provider"):
     onnx_fp16 = work / f"resnet18_{size}.fp16.onnx"
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        torch.onnx.export(copy.deepcopy(model).cuda().half(), (x2.half().cuda(),), onnx_fp16, dynamo=True,
-                          dynamic_shapes={"x": {0: "batch"}}, input_names=["input"], output_names=["logits"],
-                          external_data=False, verbose=False)  # fmt: skip
+        torch.onnx.export(
+            copy.deepcopy(model).cuda().half(),
+            (x2.half().cuda(),),
+            onnx_fp16,
+            dynamo=True,
+            dynamic_shapes={"x": {0: "batch"}},
+            input_names=["input"],
+            output_names=["logits"],
+            external_data=False,
+            verbose=False,
+        )
     gpu = {"fp32 (TF32 off)": cuda_session(onnx_path, tf32=False), "fp32 (TF32 on)": cuda_session(onnx_path)}
     gpu_rows = {}
     torch.backends.cudnn.allow_tf32 = False  # a true FP32 reference (see lesson 04)
@@ -382,10 +459,15 @@ if cu.gpu_section("07.cuda-provider"):
         graph_session = cuda_session(onnx_path, cuda_graph=True)
         for name, sess in {**gpu, "fp32, CUDA graph": graph_session}.items():
             out_g = torch.empty(b, 1000, device="cuda")
-            cu.check_outputs(bind_and_run(sess, xg, out_g), ref_g, "fp32" if "off" in name else "tf32",
-                             label=f"ORT CUDA {name} b={b}")  # fmt: skip
-            gpu_rows[f"ORT CUDA {name} b={b}"] = cu.measure(lambda s=sess, xg=xg, o=out_g: bind_and_run(s, xg, o),
-                                                            device="cuda", batch_size=b)  # fmt: skip
+            cu.check_outputs(
+                bind_and_run(sess, xg, out_g),
+                ref_g,
+                "fp32" if "off" in name else "tf32",
+                label=f"ORT CUDA {name} b={b}",
+            )
+            gpu_rows[f"ORT CUDA {name} b={b}"] = cu.measure(
+                lambda s=sess, xg=xg, o=out_g: bind_and_run(s, xg, o), device="cuda", batch_size=b
+            )
         xn, s_copy = x.numpy(), gpu["fp32 (TF32 on)"]  # numpy in, numpy out: two host-device copies per call
         gpu_rows[f"ORT CUDA run() with host copies b={b}"] = cu.measure(
             lambda s=s_copy, xn=xn: s.run(None, {"input": xn}), device="cuda", batch_size=b
@@ -398,14 +480,21 @@ if cu.gpu_section("07.cuda-provider"):
         torch.cuda.synchronize()
         half.run_with_iobinding(io)
         cu.check_outputs(out_h.float(), ref_g, "fp16", label=f"ORT CUDA fp16 b={b}")
-        gpu_rows[f"ORT CUDA fp16 b={b}"] = cu.measure(lambda s=half, io=io: s.run_with_iobinding(io), device="cuda",
-                                                      batch_size=b)  # fmt: skip
+        gpu_rows[f"ORT CUDA fp16 b={b}"] = cu.measure(
+            lambda s=half, io=io: s.run_with_iobinding(io), device="cuda", batch_size=b
+        )
     torch.backends.cudnn.allow_tf32 = True
     torch.backends.cuda.matmul.allow_tf32 = False
     for name, m in gpu_rows.items():
         print(name, m)
-        cu.record("07", f"gpu {name}", model="resnet18", device="cuda", dtype="fp16" if "fp16" in name else "fp32",
-                  measurement=m)  # fmt: skip
+        cu.record(
+            "07",
+            f"gpu {name}",
+            model="resnet18",
+            device="cuda",
+            dtype="fp16" if "fp16" in name else "fp32",
+            measurement=m,
+        )
 else:
     cu.results.show_reference("07")
 
@@ -453,8 +542,15 @@ calib = [torch.randn(cu.pick(full=8, smoke=2), 3, size, size, generator=gen) for
 pre_path, int8_path = work / f"resnet18_{size}.pre.onnx", work / f"resnet18_{size}.int8.onnx"
 t0 = time.perf_counter()
 quant_pre_process(str(onnx_path), str(pre_path))
-quantize_static(str(pre_path), str(int8_path), ImageReader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
-                activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8)  # fmt: skip
+quantize_static(
+    str(pre_path),
+    str(int8_path),
+    ImageReader(calib),
+    quant_format=QuantFormat.QDQ,
+    per_channel=True,
+    activation_type=QuantType.QUInt8,
+    weight_type=QuantType.QInt8,
+)
 quant_s = time.perf_counter() - t0
 so = ort.SessionOptions()
 so.intra_op_num_threads = threads
@@ -462,10 +558,12 @@ so.optimized_model_filepath = str(work / f"resnet18_{size}.int8.opt.onnx")
 sess_int8 = ort.InferenceSession(str(int8_path), so, providers=["CPUExecutionProvider"])
 qdq_ops = qdq_counts(int8_path)
 fused_ops = {
-    k: v for k, v in backends.count_nodes(so.optimized_model_filepath).items() if "QLinear" in k or "Integer" in k
+    k: v for k, v in onnx_runtime.count_nodes(so.optimized_model_filepath).items() if "QLinear" in k or "Integer" in k
 }
-print(f"calibrated on {sum(len(c) for c in calib)} images and quantized in {quant_s:.1f} s; "
-      f"Q/DQ nodes in the file: {qdq_ops}; INT8 kernels after ORT's fusion: {fused_ops}")  # fmt: skip
+print(
+    f"calibrated on {sum(len(c) for c in calib)} images and quantized in {quant_s:.1f} s; "
+    f"Q/DQ nodes in the file: {qdq_ops}; INT8 kernels after ORT's fusion: {fused_ops}"
+)
 for b, x in xs.items():
     (q,) = sess_int8.run(["logits"], {"input": x.numpy()})
     cu.check_outputs(torch.from_numpy(q), ref[b], "int8", label=f"ORT static INT8 vs PyTorch FP32, batch {b}")
@@ -474,22 +572,41 @@ for b, x in xs.items():
 int8_rows = []
 for b, x in xs.items():
     feed = {"input": x.numpy()}
-    m32 = cu.measure(lambda f=feed: sessions["all"].run(None, f), device="cpu", batch_size=b,
-                     label=f"ORT FP32 b={b}", **timing[b])  # fmt: skip
-    m8 = cu.measure(lambda f=feed: sess_int8.run(None, f), device="cpu", batch_size=b, label=f"ORT INT8 b={b}",
-                    **timing[b])  # fmt: skip
+    m32 = cu.measure(
+        lambda f=feed: sessions["all"].run(None, f), device="cpu", batch_size=b, label=f"ORT FP32 b={b}", **timing[b]
+    )
+    m8 = cu.measure(
+        lambda f=feed: sess_int8.run(None, f), device="cpu", batch_size=b, label=f"ORT INT8 b={b}", **timing[b]
+    )
     cmp = cu.compare.compare_outputs(torch.from_numpy(sess_int8.run(None, feed)[0]), ref[b], "int8")
-    int8_rows.append({"batch": b, "FP32 ms": m32.median_ms, "INT8 ms": m8.median_ms,
-                      "INT8 speed-up": m32.median_ms / m8.median_ms, "cosine": cmp.cosine,
-                      "max rel": cmp.max_rel})  # fmt: skip
-    cu.record("07", "ort static int8 (qdq)", model="resnet18", device="cpu", dtype="int8", measurement=m8,
-              speedup_vs_baseline=m32.median_ms / m8.median_ms, error_vs_baseline=cmp.max_rel,
-              notes=f"vs ORT fp32 level all, {threads} threads; cosine {cmp.cosine:.4f}")  # fmt: skip
+    int8_rows.append(
+        {
+            "batch": b,
+            "FP32 ms": m32.median_ms,
+            "INT8 ms": m8.median_ms,
+            "INT8 speed-up": m32.median_ms / m8.median_ms,
+            "cosine": cmp.cosine,
+            "max rel": cmp.max_rel,
+        }
+    )
+    cu.record(
+        "07",
+        "ort static int8 (qdq)",
+        model="resnet18",
+        device="cpu",
+        dtype="int8",
+        measurement=m8,
+        speedup_vs_baseline=m32.median_ms / m8.median_ms,
+        error_vs_baseline=cmp.max_rel,
+        notes=f"vs ORT fp32 level all, {threads} threads; cosine {cmp.cosine:.4f}",
+    )
 int8_table = pd.DataFrame(int8_rows).set_index("batch")
 sizes_mib = {"FP32": onnx_path.stat().st_size / 2**20, "INT8": int8_path.stat().st_size / 2**20}
 vnni = bool({"avx512_vnni", "avx_vnni", "amx_int8"} & cu.device.cpu_flags())
-print(f"File size: FP32 {sizes_mib['FP32']:.1f} MiB, INT8 {sizes_mib['INT8']:.1f} MiB. INT8 dot-product "
-      f"instructions (VNNI/AMX) on this CPU: {vnni}.")  # fmt: skip
+print(
+    f"File size: FP32 {sizes_mib['FP32']:.1f} MiB, INT8 {sizes_mib['INT8']:.1f} MiB. INT8 dot-product "
+    f"instructions (VNNI/AMX) on this CPU: {vnni}."
+)
 display(int8_table)
 
 # %% [markdown]
@@ -497,15 +614,15 @@ display(int8_table)
 # `quantize_dynamic` stores MatMul/Gemm weights as INT8 and quantizes activations per call (`MatMulInteger`):
 # no calibration, suited to Linear-heavy models. The digits MLP has trained weights, so its accuracy is real.
 # (The dynamo exporter records weight shapes in `value_info`; the quantizer transposes Gemm weights and then
-# disagrees with them, so `backends.ort_quantize_dynamic` clears them first.)
+# disagrees with them, so `onnx_runtime.ort_quantize_dynamic` clears them first.)
 
 # %%
 mlp = cu.models.load_digits_model("mlp")
 digits = cu.data.load_digits_split()
-mlp_onnx = backends.export_onnx(mlp, digits.x_test[:2], work / "digits_mlp.onnx")
-mlp_int8 = backends.ort_quantize_dynamic(mlp_onnx, work / "digits_mlp.int8.onnx")
-run_fp32 = backends.ort_runner(backends.ort_session(mlp_onnx, threads=threads))
-run_int8 = backends.ort_runner(backends.ort_session(mlp_int8, threads=threads))
+mlp_onnx = onnx_runtime.export_onnx(mlp, digits.x_test[:2], work / "digits_mlp.onnx")
+mlp_int8 = onnx_runtime.ort_quantize_dynamic(mlp_onnx, work / "digits_mlp.int8.onnx")
+run_fp32 = onnx_runtime.ort_runner(onnx_runtime.ort_session(mlp_onnx, threads=threads))
+run_int8 = onnx_runtime.ort_runner(onnx_runtime.ort_session(mlp_int8, threads=threads))
 x_test = digits.x_test
 with torch.inference_mode():
     ref_mlp = mlp(x_test)
@@ -521,23 +638,38 @@ m_q = {
     "ORT INT8 (dynamic)": cu.measure(lambda: run_int8(x_test[:qb]), device="cpu", batch_size=qb, label="ORT INT8 MLP"),
 }
 for k, m in m_q.items():
-    cu.record("07", f"mlp {k}", model="digits-mlp", device="cpu", dtype="int8" if "INT8" in k else "fp32",
-              measurement=m, speedup_vs_baseline=m_q["ORT FP32"].median_ms / m.median_ms,
-              error_vs_baseline=acc["ORT FP32"] - acc[k], notes=f"accuracy {acc[k]:.4f}")  # fmt: skip
-display(pd.DataFrame({
-    "accuracy": acc,
-    "size_MiB": {"ORT FP32": mlp_onnx.stat().st_size / 2**20, "ORT INT8 (dynamic)": mlp_int8.stat().st_size / 2**20},
-    f"median_ms_b{qb}": {k: m.median_ms for k, m in m_q.items()},
-}))  # fmt: skip
+    cu.record(
+        "07",
+        f"mlp {k}",
+        model="digits-mlp",
+        device="cpu",
+        dtype="int8" if "INT8" in k else "fp32",
+        measurement=m,
+        speedup_vs_baseline=m_q["ORT FP32"].median_ms / m.median_ms,
+        error_vs_baseline=acc["ORT FP32"] - acc[k],
+        notes=f"accuracy {acc[k]:.4f}",
+    )
+display(
+    pd.DataFrame(
+        {
+            "accuracy": acc,
+            "size_MiB": {
+                "ORT FP32": mlp_onnx.stat().st_size / 2**20,
+                "ORT INT8 (dynamic)": mlp_int8.stat().st_size / 2**20,
+            },
+            f"median_ms_b{qb}": {k: m.median_ms for k, m in m_q.items()},
+        }
+    )
+)
 
 # %% [markdown]
 # ## Bad input: ORT's own message, and the course's check
 # ORT validates inputs too, and its messages are precise, but they speak numpy and ONNX types, not torch,
-# and do not say how to fix the call. `backends.ort_runner` checks name, dtype, rank and fixed dimensions first
+# and do not say how to fix the call. `onnx_runtime.ort_runner` checks name, dtype, rank and fixed dimensions first
 # and names the fix (`x.float()`, `x.unsqueeze(0)`). Both, side by side, from this run:
 
 # %%
-run_all = backends.ort_runner(sessions["all"])
+run_all = onnx_runtime.ort_runner(sessions["all"])
 bad_inputs = {
     "wrong name": {"image": xs[1]},
     "wrong dtype": xs[1].double(),
@@ -554,7 +686,7 @@ for what, bad in bad_inputs.items():
     try:
         run_all(bad)
         course_msg = "(no error)"
-    except backends.BadInputError as exc:
+    except onnx_runtime.BadInputError as exc:
         course_msg = str(exc)
     errors.append({"mistake": what, "ONNX Runtime says": ort_msg, "the course's check says": course_msg})
 with pd.option_context("display.max_colwidth", 200):
@@ -566,30 +698,40 @@ with pd.option_context("display.max_colwidth", 200):
 # %%
 for b in xs:
     r = speed[(speed.batch == b) & (speed.engine != "PyTorch eager")].set_index("engine")["speedup_vs_eager"]
-    print(f"batch {b}: ORT from {r.min():.2f}x to {r.max():.2f}x eager across levels (best: {r.idxmax()}), "
-          f"{threads} threads each.")  # fmt: skip
+    print(
+        f"batch {b}: ORT from {r.min():.2f}x to {r.max():.2f}x eager across levels (best: {r.idxmax()}), "
+        f"{threads} threads each."
+    )
 t_best = min(thread_ms, key=thread_ms.get)
-print(f"Fastest ORT thread count at batch 1: {t_best} of {max_threads} logical CPUs "
-      f"({thread_ms[t_best]:.2f} ms vs {thread_ms[max(thread_counts)]:.2f} ms with all).")  # fmt: skip
+print(
+    f"Fastest ORT thread count at batch 1: {t_best} of {max_threads} logical CPUs "
+    f"({thread_ms[t_best]:.2f} ms vs {thread_ms[max(thread_counts)]:.2f} ms with all)."
+)
 eq = threads_table["ORT speed-up"]
 print(f"At equal thread counts ORT is {eq.min():.2f}x to {eq.max():.2f}x eager at batch 1.")
 eager_ms = threads_table["eager ms"]
 if eager_ms.idxmin() != eager_ms.index.max():
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
-    print(f"Eager PyTorch was fastest at {eager_ms.idxmin()} thread(s) ({eager_ms.min():.1f} ms vs "
-          f"{eager_ms.iloc[-1]:.1f} ms with {eager_ms.index.max()}): the cores were busy (1-minute load "
-          f"{load:.1f} on {max_threads} CPUs), and oversubscribed threads wait on each other. "
-          "Trust the 1-thread ratio here "
-          f"({threads_table.loc[1, 'ORT speed-up']:.2f}x) more than the all-threads headline.")  # fmt: skip
+    print(
+        f"Eager PyTorch was fastest at {eager_ms.idxmin()} thread(s) ({eager_ms.min():.1f} ms vs "
+        f"{eager_ms.iloc[-1]:.1f} ms with {eager_ms.index.max()}): the cores were busy (1-minute load "
+        f"{load:.1f} on {max_threads} CPUs), and oversubscribed threads wait on each other. "
+        "Trust the 1-thread ratio here "
+        f"({threads_table.loc[1, 'ORT speed-up']:.2f}x) more than the all-threads headline."
+    )
 s8 = int8_table["INT8 speed-up"]
 pays = "pays" if s8.min() > 1.05 else ("does not pay" if s8.max() < 1.05 else "pays only at some batch sizes")
 isa = "with" if vnni else "without"
-print(f"Static INT8 runs at {s8.min():.2f}x to {s8.max():.2f}x ORT FP32 (cosine >= {int8_table['cosine'].min():.4f}): "
-      f"it {pays} here, on a CPU {isa} INT8 dot-product instructions (VNNI/AMX). Without them ORT emulates "
-      "the INT8 products with wider AVX2 instructions; 4x smaller weights and activations still cut memory "
-      "traffic.")  # fmt: skip
-print(f"Session creation ({max(create_s.values()):.2f} s at most) is paid once; the export ({export_s:.1f} s) once "
-      "per model version.")  # fmt: skip
+print(
+    f"Static INT8 runs at {s8.min():.2f}x to {s8.max():.2f}x ORT FP32 (cosine >= {int8_table['cosine'].min():.4f}): "
+    f"it {pays} here, on a CPU {isa} INT8 dot-product instructions (VNNI/AMX). Without them ORT emulates "
+    "the INT8 products with wider AVX2 instructions; 4x smaller weights and activations still cut memory "
+    "traffic."
+)
+print(
+    f"Session creation ({max(create_s.values()):.2f} s at most) is paid once; the export ({export_s:.1f} s) once "
+    "per model version."
+)
 noisy = [m.label for m in [*eager.values(), *m_q.values()] if m.spread > cu.timing.HIGH_SPREAD]
 if noisy:
     print(f"Careful: high spread in {', '.join(noisy)}: the machine was busy; rerun before trusting small gaps.")

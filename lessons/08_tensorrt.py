@@ -60,8 +60,10 @@ from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402
 
-from course_utils import backends  # noqa: E402
-from course_utils import engines as trt_engines  # noqa: E402
+from course_utils.techniques import (
+    onnx_runtime,  # noqa: E402
+    tensorrt_engines,  # noqa: E402
+)
 
 # %% [markdown]
 # ## Step 1: ONNX files, where precision is decided
@@ -71,7 +73,7 @@ from course_utils import engines as trt_engines  # noqa: E402
 #
 # Two models: the shipped **digits CNN** (trained weights, real test images: accuracy is meaningful) and
 # **ResNet-18** (speed at realistic sizes; random weights unless ImageNet weights are in your torch cache).
-# `backends.export_onnx` is lesson 07's export (`dynamo=True`, a dynamic batch, one file, `onnx.checker`).
+# `onnx_runtime.export_onnx` is lesson 07's export (`dynamo=True`, a dynamic batch, one file, `onnx.checker`).
 
 # %%
 digits = cu.data.load_digits_split()
@@ -83,18 +85,18 @@ print(f"ResNet-18: {note}; input {size}x{size}")
 # keep their FP32 weights for every FP32 comparison below (`model.half()` then `.float()` would leave
 # FP16-rounded weights behind: a relative error of ~4e-4, over the FP32 tolerance).
 onnx_files = {
-    "digits fp32": backends.export_onnx(cnn, digits.x_test[:2], work / "digits_cnn.onnx"),
-    "digits fp16": backends.export_onnx(
+    "digits fp32": onnx_runtime.export_onnx(cnn, digits.x_test[:2], work / "digits_cnn.onnx"),
+    "digits fp16": onnx_runtime.export_onnx(
         copy.deepcopy(cnn).half(), digits.x_test[:2].half(), work / "digits_cnn.fp16.onnx"
     ),
-    "resnet18 fp32": backends.export_onnx(resnet, torch.randn(2, 3, size, size), work / f"resnet18_{size}.onnx"),
-    "resnet18 fp16": backends.export_onnx(
+    "resnet18 fp32": onnx_runtime.export_onnx(resnet, torch.randn(2, 3, size, size), work / f"resnet18_{size}.onnx"),
+    "resnet18 fp16": onnx_runtime.export_onnx(
         copy.deepcopy(resnet).half(), torch.randn(2, 3, size, size).half(), work / f"resnet18_{size}.fp16.onnx"
     ),
 }
 nodes = pd.DataFrame(
     {
-        k: {"MiB": p.stat().st_size / 2**20, "ONNX nodes": sum(backends.count_nodes(p).values())}
+        k: {"MiB": p.stat().st_size / 2**20, "ONNX nodes": sum(onnx_runtime.count_nodes(p).values())}
         for k, p in onnx_files.items()
     }
 ).T
@@ -114,8 +116,18 @@ display(nodes)
 
 
 # %% tags=["contract"]
-def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True, opt_level=3,
-                 timing_cache=None, hardware_compat=None, version_compatible=False):  # fmt: skip
+def build_engine(
+    trt,
+    onnx_path,
+    profile,
+    *,
+    workspace_bytes=1 << 30,
+    tf32=True,
+    opt_level=3,
+    timing_cache=None,
+    hardware_compat=None,
+    version_compatible=False,
+):
     """Build a serialized TensorRT engine (bytes) from an ONNX file with one optimization profile."""
     logger = trt.Logger(trt.Logger.WARNING)
     builder = trt.Builder(logger)
@@ -123,7 +135,7 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
     parser = trt.OnnxParser(network, logger)
     if not parser.parse_from_file(str(onnx_path)):  # a str: the binding does not take a Path
         errors = [parser.get_error(i).desc() for i in range(parser.num_errors)]
-        raise trt_engines.EngineBuildError(f"TensorRT could not parse {onnx_path}: {errors}")
+        raise tensorrt_engines.EngineBuildError(f"TensorRT could not parse {onnx_path}: {errors}")
     config = builder.create_builder_config()
     config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
     if tf32:
@@ -143,7 +155,7 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
     config.add_optimization_profile(opt_profile)
     plan = builder.build_serialized_network(network, config)
     if plan is None:
-        raise trt_engines.EngineBuildError(
+        raise tensorrt_engines.EngineBuildError(
             f"TensorRT could not build {onnx_path}: see the log above (workspace? profile?)"
         )
     if timing_cache is not None:
@@ -165,14 +177,18 @@ def build_engine(trt, onnx_path, profile, *, workspace_bytes=1 << 30, tf32=True,
 # %% tags=["contract"]
 def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precision, **settings):
     """A cached engine if its metadata match this machine and these settings, else a freshly built one."""
-    meta = trt_engines.engine_metadata(**platform, precision=precision, profile=profile,
-                                       onnx_sha256=backends.file_sha256(onnx_path),
-                                       build=trt_engines.build_settings(**settings))  # fmt: skip
-    key = trt_engines.engine_cache_key(**meta)
+    meta = tensorrt_engines.engine_metadata(
+        **platform,
+        precision=precision,
+        profile=profile,
+        onnx_sha256=onnx_runtime.file_sha256(onnx_path),
+        build=tensorrt_engines.build_settings(**settings),
+    )
+    key = tensorrt_engines.engine_cache_key(**meta)
     path = Path(cache_dir) / f"{Path(onnx_path).stem}-{precision}-{key}.engine"
     meta_path = path.with_suffix(".json")
     stale = (
-        trt_engines.engine_staleness(trt_engines.read_metadata(meta_path), meta)
+        tensorrt_engines.engine_staleness(tensorrt_engines.read_metadata(meta_path), meta)
         if path.exists()
         else ["no cached engine"]
     )
@@ -187,8 +203,12 @@ def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precisi
     path.parent.mkdir(parents=True, exist_ok=True)
     path.write_bytes(plan)
     meta_path.write_text(json.dumps(meta, indent=1))
-    return runtime.deserialize_cuda_engine(plan), {"built": True, "build_s": build_s, "why": "; ".join(stale),
-                                                   "key": key}  # fmt: skip
+    return runtime.deserialize_cuda_engine(plan), {
+        "built": True,
+        "build_s": build_s,
+        "why": "; ".join(stale),
+        "key": key,
+    }
 
 
 # %% [markdown]
@@ -202,8 +222,15 @@ def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precisi
 # *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %% tags=["contract"]
-TORCH_DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16, "BF16": torch.bfloat16, "INT8": torch.int8,
-                "INT32": torch.int32, "INT64": torch.int64, "BOOL": torch.bool}  # fmt: skip
+TORCH_DTYPES = {
+    "FLOAT": torch.float32,
+    "HALF": torch.float16,
+    "BF16": torch.bfloat16,
+    "INT8": torch.int8,
+    "INT32": torch.int32,
+    "INT64": torch.int64,
+    "BOOL": torch.bool,
+}
 
 
 class TrtRunner:
@@ -220,12 +247,14 @@ class TrtRunner:
     def __call__(self, x):
         name = self.inputs[0]
         if x.dtype != self.dtypes[name]:
-            raise backends.BadInputError(f"engine input '{name}' is {self.dtypes[name]}, got {x.dtype}: use x.to()")
+            raise onnx_runtime.BadInputError(f"engine input '{name}' is {self.dtypes[name]}, got {x.dtype}: use x.to()")
         x = x.contiguous()
         if not self.context.set_input_shape(name, tuple(x.shape)):
             lo, _, hi = self.engine.get_tensor_profile_shape(name, 0)
-            raise backends.BadInputError(f"shape {tuple(x.shape)} is outside the engine's profile for '{name}' "
-                                   f"({tuple(lo)} to {tuple(hi)}): rebuild with a profile that covers it")  # fmt: skip
+            raise onnx_runtime.BadInputError(
+                f"shape {tuple(x.shape)} is outside the engine's profile for '{name}' "
+                f"({tuple(lo)} to {tuple(hi)}): rebuild with a profile that covers it"
+            )
         self.context.set_tensor_address(name, x.data_ptr())
         outs = {}
         for n in self.outputs:
@@ -246,8 +275,8 @@ def engine_layers(trt, engine):
 
 
 # %% [markdown]
-# `course_utils.engines.TrtRunner` is this runner again, for lesson 14's `optimize()`; it also splits a
-# batch larger than the profile's maximum into chunks.
+# `course_utils.techniques.tensorrt_engines.TrtRunner` is this runner again, for lesson 14's `optimize()`; it also
+# splits a batch larger than the profile's maximum into chunks.
 #
 # ## Step 5: the plan and its cache keys (every machine)
 # The profile for ResNet-18: batch 1 to `max`, tuned at `opt`. Below, the engines this lesson builds and
@@ -255,11 +284,14 @@ def engine_layers(trt, engine):
 
 # %%
 opt_b, max_b = cu.pick(full=(8, 64), smoke=(4, 8))
-profile = trt_engines.Profile.for_batch("input", (3, size, size), 1, opt_b, max_b)
-digits_profile = trt_engines.Profile.for_batch("input", (1, 8, 8), 1, 64, 512)
+profile = tensorrt_engines.Profile.for_batch("input", (3, size, size), 1, opt_b, max_b)
+digits_profile = tensorrt_engines.Profile.for_batch("input", (1, 8, 8), 1, 64, 512)
 if torch.cuda.is_available() and trt is not None:
-    platform = {"gpu_name": torch.cuda.get_device_name(0), "compute_capability": torch.cuda.get_device_capability(0),
-                "trt_version": trt.__version__}  # fmt: skip
+    platform = {
+        "gpu_name": torch.cuda.get_device_name(0),
+        "compute_capability": torch.cuda.get_device_capability(0),
+        "trt_version": trt.__version__,
+    }
 else:
     platform = {"gpu_name": "example: NVIDIA H200", "compute_capability": (9, 0), "trt_version": "11.1.0"}
 builds = {  # name: (ONNX file, precision, build settings)
@@ -269,21 +301,27 @@ builds = {  # name: (ONNX file, precision, build settings)
     "fp16 level 1": (onnx_files["resnet18 fp16"], "fp16", {"opt_level": 1}),
     "fp16 ampere+": (onnx_files["resnet18 fp16"], "fp16", {"hardware_compat": "AMPERE_PLUS"}),
 }
-plan = trt_engines.build_plan(
+plan = tensorrt_engines.build_plan(
     {k: v[0] for k, v in builds.items()}, profile, platform, {k: v[2] for k, v in builds.items()}
 )
 display(plan)
 
 # %%
-here = trt_engines.engine_metadata(**platform, precision="fp16", profile=profile,
-                          onnx_sha256=backends.file_sha256(onnx_files["resnet18 fp16"]))  # fmt: skip
-foreign = {**here, "gpu_name": "NVIDIA L4", "compute_capability": "8.9", "trt_version": "10.13.0",
-           "build": trt_engines.build_settings(opt_level=5)}  # fmt: skip
-for reason in trt_engines.engine_staleness(foreign, here):
+here = tensorrt_engines.engine_metadata(
+    **platform, precision="fp16", profile=profile, onnx_sha256=onnx_runtime.file_sha256(onnx_files["resnet18 fp16"])
+)
+foreign = {
+    **here,
+    "gpu_name": "NVIDIA L4",
+    "compute_capability": "8.9",
+    "trt_version": "10.13.0",
+    "build": tensorrt_engines.build_settings(opt_level=5),
+}
+for reason in tensorrt_engines.engine_staleness(foreign, here):
     print("rebuild:", reason)
 print(
     "same machine, file and settings:",
-    trt_engines.engine_staleness(here, here) or "no reason: the cached engine is used",
+    tensorrt_engines.engine_staleness(here, here) or "no reason: the cached engine is used",
 )
 
 # %% [markdown]
@@ -308,8 +346,9 @@ if cu.gpu_section("08.build", needs=("tensorrt", "onnx")):
     runtime = trt.Runtime(trt.Logger(trt.Logger.WARNING))
     cache_dir, timing = work / "engines", work / "timing.cache"
     for name, (src, precision, settings) in builds.items():
-        engines[name], infos[name] = load_or_build(trt, runtime, src, profile, cache_dir, platform, precision,
-                                                   timing_cache=timing, **settings)  # fmt: skip
+        engines[name], infos[name] = load_or_build(
+            trt, runtime, src, profile, cache_dir, platform, precision, timing_cache=timing, **settings
+        )
         how = f"built in {infos[name]['build_s']:.1f} s" if infos[name]["built"] else "from cache"
         print(f"{name}: {how} ({infos[name]['why']}), plan {engines[name].num_layers} layers")
     # the timing cache: the same build again, from scratch (a new key would rebuild anyway; force it here)
@@ -384,17 +423,35 @@ if cu.gpu_section("08.run", needs=("tensorrt",)) and engines:
             xin = x.to(runner.dtypes[runner.inputs[0]])
             cmp = cu.check_outputs(runner(xin).float(), ref, tol[name], label=f"{name} b={b}")
             m = cu.measure(lambda r=runner, xin=xin: r(xin), device="cuda", batch_size=b, label=f"{name} b={b}")
-            rows.append({"engine": name, "batch": b, "median_ms": m.median_ms, "throughput": m.throughput,
-                         "max_rel": cmp.max_rel})  # fmt: skip
-            cu.record("08", f"tensorrt {name}", model="resnet18", device="cuda", dtype=name.split()[0],
-                      measurement=m, error_vs_baseline=cmp.max_rel)  # fmt: skip
+            rows.append(
+                {
+                    "engine": name,
+                    "batch": b,
+                    "median_ms": m.median_ms,
+                    "throughput": m.throughput,
+                    "max_rel": cmp.max_rel,
+                }
+            )
+            cu.record(
+                "08",
+                f"tensorrt {name}",
+                model="resnet18",
+                device="cuda",
+                dtype=name.split()[0],
+                measurement=m,
+                error_vs_baseline=cmp.max_rel,
+            )
     trt_table = pd.DataFrame(rows)
     display(trt_table.pivot(index="batch", columns="engine", values="median_ms"))
-    cu.plots.batch_curve(trt_table.rename(columns={"engine": "variant", "batch": "batch_size"}),
-                         title="TensorRT engines vs PyTorch (ResNet-18)")  # fmt: skip
+    cu.plots.batch_curve(
+        trt_table.rename(columns={"engine": "variant", "batch": "batch_size"}),
+        title="TensorRT engines vs PyTorch (ResNet-18)",
+    )
     per_img = trt_table[trt_table.engine == "fp16"].set_index("batch")["median_ms"]
-    print(f"fp16 engine: {per_img[opt_b] / opt_b:.4f} ms per image at opt={opt_b}, "
-          f"{per_img[max_b] / max_b:.4f} ms per image at max={max_b}")  # fmt: skip
+    print(
+        f"fp16 engine: {per_img[opt_b] / opt_b:.4f} ms per image at opt={opt_b}, "
+        f"{per_img[max_b] / max_b:.4f} ms per image at max={max_b}"
+    )
 else:
     cu.results.show_reference("08", "tensorrt")
 
@@ -426,8 +483,14 @@ else:
 # %% tags=["contract"]
 import numpy as np  # noqa: E402
 
-NP_DTYPES = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
-             "BOOL": np.bool_}  # fmt: skip
+NP_DTYPES = {
+    "FLOAT": np.float32,
+    "HALF": np.float16,
+    "INT8": np.int8,
+    "INT32": np.int32,
+    "INT64": np.int64,
+    "BOOL": np.bool_,
+}
 
 
 class PycudaRunner:
@@ -441,7 +504,7 @@ class PycudaRunner:
         self.outputs = [t for t in names if t != self.input]
         item = tuple(engine.get_tensor_shape(self.input))[1:]
         if not self.context.set_input_shape(self.input, (batch, *item)):
-            raise backends.BadInputError(
+            raise onnx_runtime.BadInputError(
                 f"batch {batch} is outside the engine's profile: rebuild with one that covers it"
             )
         self.host, self.device = {}, {}
@@ -474,13 +537,16 @@ if cu.gpu_section("08.pycuda", needs=("tensorrt", "pycuda")) and "fp32" in engin
     out_pc = torch.from_numpy(pc_runner(x_host.numpy()))
     cu.check_outputs(out_pc, torch_runner(x_dev).cpu(), "fp32", label="pycuda runner vs torch-buffer runner")
     pc_rows = {
-        "pycuda runner (host in, host out)": cu.measure(lambda: pc_runner(x_host.numpy()), device="cuda",
-                                                        batch_size=opt_b),
-        "torch-buffer runner (device in, device out)": cu.measure(lambda: torch_runner(x_dev), device="cuda",
-                                                                  batch_size=opt_b),
-        "torch-buffer runner + the same two copies": cu.measure(lambda: torch_runner(x_host.cuda()).cpu(),
-                                                                device="cuda", batch_size=opt_b),
-    }  # fmt: skip
+        "pycuda runner (host in, host out)": cu.measure(
+            lambda: pc_runner(x_host.numpy()), device="cuda", batch_size=opt_b
+        ),
+        "torch-buffer runner (device in, device out)": cu.measure(
+            lambda: torch_runner(x_dev), device="cuda", batch_size=opt_b
+        ),
+        "torch-buffer runner + the same two copies": cu.measure(
+            lambda: torch_runner(x_host.cuda()).cpu(), device="cuda", batch_size=opt_b
+        ),
+    }
     for name, m in pc_rows.items():
         print(f"{name}: {m.median_ms:.3f} ms (spread {m.spread:.0%})")
         cu.record("08", f"tensorrt fp32 {name}", model="resnet18", device="cuda", dtype="fp32", measurement=m)
@@ -497,7 +563,7 @@ else:
 if cu.gpu_section("08.profile-error", needs=("tensorrt",)) and "fp16" in engines:
     try:
         TrtRunner(trt, engines["fp16"], torch.cuda.Stream())(torch.randn(max_b + 1, 3, size, size).cuda().half())
-    except backends.BadInputError as exc:
+    except onnx_runtime.BadInputError as exc:
         print("refused:", exc)
 
 # %% [markdown]
@@ -519,9 +585,9 @@ if cu.gpu_section("08.profile-error", needs=("tensorrt",)) and "fp16" in engines
 
 # %%
 calib_n = cu.pick(full=512, smoke=64)
-calib = trt_engines.write_calibration(digits.x_train, work / f"digits_calib_{calib_n}.npy", calib_n)
+calib = tensorrt_engines.write_calibration(digits.x_train, work / f"digits_calib_{calib_n}.npy", calib_n)
 onnx_int8 = work / f"digits_cnn.int8-calib{calib_n}.onnx"
-int8_cmd = trt_engines.modelopt_int8_command(onnx_files["digits fp32"], calib, onnx_int8)
+int8_cmd = tensorrt_engines.modelopt_int8_command(onnx_files["digits fp32"], calib, onnx_int8)
 print(f"calibration: {calib_n} real training digits -> {calib.name}")
 print(" ".join(Path(a).name if a.startswith("/") else a for a in int8_cmd))
 
@@ -531,7 +597,7 @@ if cu.gpu_section("08.int8", needs=("tensorrt", "modelopt")):
 
     if not onnx_int8.exists():
         subprocess.run(int8_cmd, check=True, timeout=1800)
-    print("Q/DQ nodes:", {k: v for k, v in backends.count_nodes(onnx_int8).items() if "Linear" in k})
+    print("Q/DQ nodes:", {k: v for k, v in onnx_runtime.count_nodes(onnx_int8).items() if "Linear" in k})
     runtime = runtime or trt.Runtime(trt.Logger(trt.Logger.WARNING))
     stream = torch.cuda.Stream()
     acc, cnn_g = {}, copy.deepcopy(cnn).cuda().eval()
@@ -540,11 +606,18 @@ if cu.gpu_section("08.int8", needs=("tensorrt", "modelopt")):
     for name, src in {"fp16": onnx_files["digits fp16"], "int8": onnx_int8}.items():
         digits_engine, _ = load_or_build(trt, runtime, src, digits_profile, work / "engines", platform, name)
         runner = TrtRunner(trt, digits_engine, stream)
-        acc[f"tensorrt {name}"] = cu.models.accuracy(lambda x, r=runner: r(x.to(r.dtypes["input"])), xt, yt,
-                                                     batch_size=512)  # fmt: skip
+        acc[f"tensorrt {name}"] = cu.models.accuracy(
+            lambda x, r=runner: r(x.to(r.dtypes["input"])), xt, yt, batch_size=512
+        )
     print({k: f"{v:.2%}" for k, v in acc.items()})
-    cu.record("08", "tensorrt int8 digits", model="digits_cnn", device="cuda", dtype="int8",
-              notes=f"accuracy {acc['tensorrt int8']:.4f} vs torch fp32 {acc['torch fp32']:.4f}")  # fmt: skip
+    cu.record(
+        "08",
+        "tensorrt int8 digits",
+        model="digits_cnn",
+        device="cuda",
+        dtype="int8",
+        notes=f"accuracy {acc['tensorrt int8']:.4f} vs torch fp32 {acc['torch fp32']:.4f}",
+    )
 else:
     cu.results.show_reference("08", "int8")
 
@@ -564,8 +637,10 @@ R50_INT8_TARGET = {"gpu": "H200", "reference_img_s": 94_600.0, "fraction": 0.70}
 
 def r50_profiles(big: int) -> dict:
     """One engine per job: batch 1 tuned for batch 1 (latency), and 1..big tuned for big (throughput)."""
-    return {"latency": trt_engines.Profile.for_batch("input", (3, 224, 224), 1, 1, 1),
-            "throughput": trt_engines.Profile.for_batch("input", (3, 224, 224), 1, big, big)}  # fmt: skip
+    return {
+        "latency": tensorrt_engines.Profile.for_batch("input", (3, 224, 224), 1, 1, 1),
+        "throughput": tensorrt_engines.Profile.for_batch("input", (3, 224, 224), 1, big, big),
+    }
 
 
 def target_verdict(images_per_s: float, gpu_name: str, target: dict = R50_INT8_TARGET) -> str:
@@ -586,13 +661,15 @@ if cu.gpu_section("08.resnet50", needs=("tensorrt",)):
     r50, r50_note = cu.models.resnet("resnet50")
     print(f"ResNet-50: {r50_note}")
     big = cu.pick(full=256, smoke=8)
-    r50_onnx["fp16"] = backends.export_onnx(copy.deepcopy(r50).half(), torch.randn(2, 3, 224, 224).half(),
-                                      work / "resnet50.fp16.onnx")  # fmt: skip
+    r50_onnx["fp16"] = onnx_runtime.export_onnx(
+        copy.deepcopy(r50).half(), torch.randn(2, 3, 224, 224).half(), work / "resnet50.fp16.onnx"
+    )
     runtime = runtime or trt.Runtime(trt.Logger(trt.Logger.WARNING))
     stream = torch.cuda.Stream()
     for job, prof in r50_profiles(big).items():
-        r50_engines[("fp16", job)], _ = load_or_build(trt, runtime, r50_onnx["fp16"], prof, work / "engines",
-                                                      platform, "fp16", workspace_bytes=4 << 30)  # fmt: skip
+        r50_engines[("fp16", job)], _ = load_or_build(
+            trt, runtime, r50_onnx["fp16"], prof, work / "engines", platform, "fp16", workspace_bytes=4 << 30
+        )
     for job, b in (("latency", 1), ("throughput", big)):
         runner = TrtRunner(trt, r50_engines[("fp16", job)], stream)
         x = torch.randn(b, 3, 224, 224, device="cuda", dtype=torch.half)
@@ -611,29 +688,38 @@ else:
 
 # %%
 if cu.gpu_section("08.resnet50-int8", needs=("tensorrt", "modelopt")) and r50_engines:
-    r50_onnx["fp32"] = backends.export_onnx(r50, torch.randn(2, 3, 224, 224), work / "resnet50.onnx")
-    r50_calib = trt_engines.write_calibration(torch.randn(64, 3, 224, 224), work / "resnet50_calib_random.npy", 64)
+    r50_onnx["fp32"] = onnx_runtime.export_onnx(r50, torch.randn(2, 3, 224, 224), work / "resnet50.onnx")
+    r50_calib = tensorrt_engines.write_calibration(torch.randn(64, 3, 224, 224), work / "resnet50_calib_random.npy", 64)
     r50_onnx["int8"] = work / "resnet50.int8.onnx"
     if not r50_onnx["int8"].exists():
-        subprocess.run(trt_engines.modelopt_int8_command(r50_onnx["fp32"], r50_calib, r50_onnx["int8"]), check=True,
-                       timeout=1800)  # fmt: skip
+        subprocess.run(
+            tensorrt_engines.modelopt_int8_command(r50_onnx["fp32"], r50_calib, r50_onnx["int8"]),
+            check=True,
+            timeout=1800,
+        )
     best = {}
     for job, prof in r50_profiles(big).items():
-        r50_engines[("int8", job)], _ = load_or_build(trt, runtime, r50_onnx["int8"], prof, work / "engines",
-                                                      platform, "int8", workspace_bytes=4 << 30)  # fmt: skip
+        r50_engines[("int8", job)], _ = load_or_build(
+            trt, runtime, r50_onnx["int8"], prof, work / "engines", platform, "int8", workspace_bytes=4 << 30
+        )
     for (prec, job), engine in r50_engines.items():
         b = 1 if job == "latency" else big
         runner = TrtRunner(trt, engine, stream)
         x = torch.randn(b, 3, 224, 224, device="cuda").to(runner.dtypes[runner.inputs[0]])
         m = cu.measure(lambda x=x, r=runner: r(x), device="cuda", batch_size=b, label=f"resnet50 {prec} b={b}")
         best[(prec, job)] = m
-        cu.record("08", f"tensorrt resnet50 {prec} {job}", model="resnet50", device="cuda", dtype=prec,
-                  measurement=m)  # fmt: skip
+        cu.record("08", f"tensorrt resnet50 {prec} {job}", model="resnet50", device="cuda", dtype=prec, measurement=m)
     lat = min((m.median_ms, k[0]) for k, m in best.items() if k[1] == "latency")
-    print(f"ResNet-50 batch-1 latency, best engine ({lat[1]}): {lat[0]:.3f} ms vs target 0.35 ms: "
-          + ("met" if lat[0] <= 0.35 else "missed"))  # fmt: skip
-    print("ResNet-50 INT8 throughput at batch", big, "->",
-          target_verdict(best[("int8", "throughput")].throughput, torch.cuda.get_device_name(0)))  # fmt: skip
+    print(
+        f"ResNet-50 batch-1 latency, best engine ({lat[1]}): {lat[0]:.3f} ms vs target 0.35 ms: "
+        + ("met" if lat[0] <= 0.35 else "missed")
+    )
+    print(
+        "ResNet-50 INT8 throughput at batch",
+        big,
+        "->",
+        target_verdict(best[("int8", "throughput")].throughput, torch.cuda.get_device_name(0)),
+    )
 else:
     cu.results.show_reference("08", "resnet50-int8")
 
@@ -651,9 +737,11 @@ print(
     f"--minShapes=input:{shape(profile.min)} --optShapes=input:{shape(profile.opt)} "
     f"--maxShapes=input:{shape(profile.max)} --builderOptimizationLevel=3 --timingCacheFile=timing.cache"
 )
-print(f"polygraphy run {fp16_file} --trt --onnxrt --trt-min-shapes input:[{','.join(map(str, profile.min))}] "
-      f"--trt-opt-shapes input:[{','.join(map(str, profile.opt))}] "
-      f"--trt-max-shapes input:[{','.join(map(str, profile.max))}] --atol 1e-2 --rtol 1e-2")  # fmt: skip
+print(
+    f"polygraphy run {fp16_file} --trt --onnxrt --trt-min-shapes input:[{','.join(map(str, profile.min))}] "
+    f"--trt-opt-shapes input:[{','.join(map(str, profile.opt))}] "
+    f"--trt-max-shapes input:[{','.join(map(str, profile.max))}] --atol 1e-2 --rtol 1e-2"
+)
 
 # %% [markdown]
 # ## Torch-TensorRT: the one-line alternative (GPU)
@@ -677,8 +765,15 @@ if cu.gpu_section("08.torch-tensorrt", needs=("tensorrt", "torch_tensorrt")):
         cu.check_outputs(trt_mod(x).float(), model_h(x).float(), "fp16", label="Torch-TensorRT vs PyTorch FP16")
         m = cu.measure(lambda: trt_mod(x), device="cuda", batch_size=opt_b, label="Torch-TensorRT fp16")
     print(m, f"| compile {compile_s:.1f} s")
-    cu.record("08", "torch-tensorrt fp16", model="resnet18", device="cuda", dtype="fp16", measurement=m,
-              notes=f"compile {compile_s:.1f} s")  # fmt: skip
+    cu.record(
+        "08",
+        "torch-tensorrt fp16",
+        model="resnet18",
+        device="cuda",
+        dtype="fp16",
+        measurement=m,
+        notes=f"compile {compile_s:.1f} s",
+    )
 else:
     cu.results.show_reference("08", "torch-tensorrt")
 
@@ -693,10 +788,18 @@ print(f"ResNet-18 ONNX: {fp32_mib:.1f} MiB in FP32, {fp16_mib:.1f} MiB in FP16 (
 if rows:
     t = pd.DataFrame(rows).pivot(index="batch", columns="engine", values="median_ms")
     for b in t.index:
-        print(f"batch {b}: fastest {t.loc[b].idxmin()} ({t.loc[b].min():.3f} ms); FP16 engine "
-              f"{t.loc[b, 'fp32'] / t.loc[b, 'fp16']:.2f}x the true-FP32 engine's speed")  # fmt: skip
-_ = cu.record("08", "onnx export (build plan)", model="resnet18", device="cpu", dtype="fp32",
-              notes=f"profile {profile.min}->{profile.max}; TensorRT ran here: {bool(engines)}")  # fmt: skip
+        print(
+            f"batch {b}: fastest {t.loc[b].idxmin()} ({t.loc[b].min():.3f} ms); FP16 engine "
+            f"{t.loc[b, 'fp32'] / t.loc[b, 'fp16']:.2f}x the true-FP32 engine's speed"
+        )
+_ = cu.record(
+    "08",
+    "onnx export (build plan)",
+    model="resnet18",
+    device="cpu",
+    dtype="fp32",
+    notes=f"profile {profile.min}->{profile.max}; TensorRT ran here: {bool(engines)}",
+)
 
 # %% [markdown]
 # ## Exercises

@@ -38,7 +38,7 @@ from IPython.display import display
 from torch.utils.data import DataLoader, Dataset
 from torchcodec.decoders import decode_jpeg
 
-from course_utils import pipeline as pl
+from course_utils.techniques import pipeline
 
 SIZE = cu.pick(full=224, smoke=64)  # model input resolution
 N_IMAGES = cu.pick(full=64, smoke=16)  # the shipped photos, repeated
@@ -46,8 +46,10 @@ BATCH = cu.pick(full=16, smoke=4)
 CORES = os.cpu_count() or 1
 WORKERS = cu.pick(full=tuple(sorted({0, 1, 2, CORES, CORES + 2})), smoke=(0, 2))
 PATHS = cu.data.jpeg_paths()
-print(f"{len(PATHS)} shipped JPEGs, repeated to {N_IMAGES} samples, resized to {SIZE}x{SIZE}, batch {BATCH}; "
-      f"{CORES} cores, torch uses {torch.get_num_threads()} threads")  # fmt: skip
+print(
+    f"{len(PATHS)} shipped JPEGs, repeated to {N_IMAGES} samples, resized to {SIZE}x{SIZE}, batch {BATCH}; "
+    f"{CORES} cores, torch uses {torch.get_num_threads()} threads"
+)
 
 # %% [markdown]
 # ## The data set
@@ -82,7 +84,7 @@ class PhotoDataset(Dataset):
 # Workers started with "spawn" (macOS, Windows) re-import the Dataset's module, and a notebook is no module:
 # there, use the same class from course_utils.
 if torch.multiprocessing.get_start_method() != "fork":
-    PhotoDataset = lambda paths, n, size, normalize=True: pl.JpegDataset(n, size, paths, normalize=normalize)  # noqa: E731
+    PhotoDataset = lambda paths, n, size, normalize=True: pipeline.JpegDataset(n, size, paths, normalize=normalize)  # noqa: E731
 
 ds = PhotoDataset(PATHS, N_IMAGES, SIZE)
 per_image = []
@@ -102,7 +104,7 @@ pd.DataFrame(per_image)  # the first decode in a process also loads the decoder:
 
 # %%
 ref_batch = next(iter(DataLoader(ds, batch_size=BATCH, num_workers=0)))[0]
-with pl.loader_batches(DataLoader(ds, batch_size=BATCH, num_workers=max(WORKERS))) as batches:
+with pipeline.loader_batches(DataLoader(ds, batch_size=BATCH, num_workers=max(WORKERS))) as batches:
     worker_batch = next(batches)[0]  # loader_batches stops the workers when we leave early
 _ = cu.check_outputs(worker_batch, ref_batch, "fp32", label=f"num_workers={max(WORKERS)} vs 0")
 
@@ -144,14 +146,22 @@ for persistent in (False, True):
         first = time.perf_counter() - t0
         for _ in it:
             pass
-        persist_rows.append({"persistent_workers": persistent, "pass": epoch, "first batch ms": first * 1000,
-                             "pass s": time.perf_counter() - t0})  # fmt: skip
+        persist_rows.append(
+            {
+                "persistent_workers": persistent,
+                "pass": epoch,
+                "first batch ms": first * 1000,
+                "pass s": time.perf_counter() - t0,
+            }
+        )
     del it, loader  # a persistent loader's workers end with it
 persist = pd.DataFrame(persist_rows)
 display(persist.pivot(index="pass", columns="persistent_workers", values="first batch ms"))
 later = persist[persist["pass"] > 0].groupby("persistent_workers")["first batch ms"].median()
-print(f"num_workers={W}: after the first pass, the first batch took {later[False]:.0f} ms with workers restarted "
-      f"and {later[True]:.0f} ms with persistent workers.")  # fmt: skip
+print(
+    f"num_workers={W}: after the first pass, the first batch took {later[False]:.0f} ms with workers restarted "
+    f"and {later[True]:.0f} ms with persistent workers."
+)
 
 # %% [markdown]
 # ## The model alone, then loader and model together
@@ -180,13 +190,20 @@ def images_per_s(loader, model, device, prepare=None) -> float:
 # %%
 resnet, note = cu.models.resnet("resnet18")
 print(f"ResNet-18: {note}")
-models = {"resnet18": resnet, "tiny_cnn": pl.tiny_cnn()}
+models = {"resnet18": resnet, "tiny_cnn": pipeline.tiny_cnn()}
 x_mem = torch.stack([ds[i][0] for i in range(BATCH)])
 model_ips = {}
 with torch.inference_mode():
     for name, m in models.items():
-        meas = cu.measure(lambda m=m: m(x_mem), device="cpu", batch_size=BATCH, label=name, warmup=1,
-                          min_repeats=cu.pick(full=3, smoke=2), min_time_s=cu.pick(full=0.5, smoke=0.05))  # fmt: skip
+        meas = cu.measure(
+            lambda m=m: m(x_mem),
+            device="cpu",
+            batch_size=BATCH,
+            label=name,
+            warmup=1,
+            min_repeats=cu.pick(full=3, smoke=2),
+            min_time_s=cu.pick(full=0.5, smoke=0.05),
+        )
         model_ips[name] = meas.throughput
         print(meas)
         cu.record("09", f"model alone ({name})", model=name, device="cpu", dtype="fp32", measurement=meas)
@@ -196,9 +213,17 @@ for name, m in models.items():
         loader_ips = float(sweep_df.loc[sweep_df["num_workers"] == w, "images/s"].iloc[0])
         measured = images_per_s(DataLoader(ds, batch_size=BATCH, num_workers=w), m, "cpu")
         predicted = min(loader_ips, model_ips[name]) if w else 1 / (1 / loader_ips + 1 / model_ips[name])
-        rows.append({"model": name, "num_workers": w, "loader img/s": loader_ips, "model img/s": model_ips[name],
-                     "bottleneck": "loader" if loader_ips < model_ips[name] else "model",
-                     "predicted img/s": predicted, "measured img/s": measured})  # fmt: skip
+        rows.append(
+            {
+                "model": name,
+                "num_workers": w,
+                "loader img/s": loader_ips,
+                "model img/s": model_ips[name],
+                "bottleneck": "loader" if loader_ips < model_ips[name] else "model",
+                "predicted img/s": predicted,
+                "measured img/s": measured,
+            }
+        )
 e2e = pd.DataFrame(rows)
 e2e
 
@@ -218,14 +243,26 @@ fig.tight_layout()
 for name in models:
     r = e2e[(e2e["model"] == name) & (e2e["num_workers"] == W)].iloc[0]
     slower, faster = ("loader", "model") if r["bottleneck"] == "loader" else ("model", "loader")
-    print(f"{name}: the {slower} ({r[slower + ' img/s']:.0f} img/s) is slower than the {faster} "
-          f"({r[faster + ' img/s']:.0f} img/s); end to end {r['measured img/s']:.0f} img/s (predicted "
-          f"{r['predicted img/s']:.0f}). Speeding up the {faster} would change nothing here.")  # fmt: skip
-    cu.record("09", f"end to end ({name}, workers={W})", model=name, device="cpu", dtype="fp32", batch_size=BATCH,
-              throughput=r["measured img/s"], notes=f"bottleneck={r['bottleneck']}")  # fmt: skip
+    print(
+        f"{name}: the {slower} ({r[slower + ' img/s']:.0f} img/s) is slower than the {faster} "
+        f"({r[faster + ' img/s']:.0f} img/s); end to end {r['measured img/s']:.0f} img/s (predicted "
+        f"{r['predicted img/s']:.0f}). Speeding up the {faster} would change nothing here."
+    )
+    cu.record(
+        "09",
+        f"end to end ({name}, workers={W})",
+        model=name,
+        device="cpu",
+        dtype="fp32",
+        batch_size=BATCH,
+        throughput=r["measured img/s"],
+        notes=f"bottleneck={r['bottleneck']}",
+    )
 err = (e2e["measured img/s"] / e2e["predicted img/s"] - 1).abs()
-print(f"Measured rates differ from the simple prediction by {err.min():.0%} to {err.max():.0%}: workers and the "
-      f"model's threads share the same {CORES} cores here.")  # fmt: skip
+print(
+    f"Measured rates differ from the simple prediction by {err.min():.0%} to {err.max():.0%}: workers and the "
+    f"model's threads share the same {CORES} cores here."
+)
 
 # %% [markdown]
 # ## What surprised us
@@ -234,13 +271,17 @@ print(f"Measured rates differ from the simple prediction by {err.min():.0%} to {
 
 # %%
 w0, wmax = sweep_df.iloc[0], sweep_df.iloc[-1]
-print(f"Time to the first batch: {w0['first batch ms']:.0f} ms in the main process, {wmax['first batch ms']:.0f} ms "
-      f"with {int(wmax['num_workers'])} workers (the processes must start first).")  # fmt: skip
+print(
+    f"Time to the first batch: {w0['first batch ms']:.0f} ms in the main process, {wmax['first batch ms']:.0f} ms "
+    f"with {int(wmax['num_workers'])} workers (the processes must start first)."
+)
 over = sweep_df[sweep_df["num_workers"] > CORES]
 if len(over):
     gain = over["images/s"].max() / sweep_df[sweep_df["num_workers"] <= CORES]["images/s"].max()
-    print(f"More workers than cores reached {gain:.2f}x the best rate with at most {CORES} workers: "
-          + ("no gain, decoding needs cores and there are no more." if gain < 1.05 else "a gain."))  # fmt: skip
+    print(
+        f"More workers than cores reached {gain:.2f}x the best rate with at most {CORES} workers: "
+        + ("no gain, decoding needs cores and there are no more." if gain < 1.05 else "a gain.")
+    )
 
 # %% [markdown]
 # ## Exercise: a loader for slow storage
@@ -288,11 +329,32 @@ if cu.gpu_section("09.pin-memory"):
     display(pins)
     for source, r in pins.iterrows():
         print(f"{source}: pin_memory=True ran at {r[True] / r[False]:.2f}x the rate of pin_memory=False.")
-        cu.record("09", f"gpu end to end pin_memory=True ({source})", model="resnet18", device="cuda", dtype="fp32",
-                  batch_size=BATCH, throughput=r[True], speedup_vs_baseline=r[True] / r[False])  # fmt: skip
+        cu.record(
+            "09",
+            f"gpu end to end pin_memory=True ({source})",
+            model="resnet18",
+            device="cuda",
+            dtype="fp32",
+            batch_size=BATCH,
+            throughput=r[True],
+            speedup_vs_baseline=r[True] / r[False],
+        )
     stats = torch.cuda.host_memory_stats()
-    print({k: v for k, v in stats.items() if k.startswith(("num_host_alloc", "num_host_free", "allocated_bytes.current",
-                                                           "reserved_bytes.current", "segment.current"))})  # fmt: skip
+    print(
+        {
+            k: v
+            for k, v in stats.items()
+            if k.startswith(
+                (
+                    "num_host_alloc",
+                    "num_host_free",
+                    "allocated_bytes.current",
+                    "reserved_bytes.current",
+                    "segment.current",
+                )
+            )
+        }
+    )
     big = torch.randn(BATCH, 3, 224, 224)
     t0 = time.perf_counter()
     p1 = big.pin_memory()
@@ -301,9 +363,11 @@ if cu.gpu_section("09.pin-memory"):
     t0 = time.perf_counter()
     p2 = big.pin_memory()
     again_ms = (time.perf_counter() - t0) * 1000
-    print(f"pin_memory() of {big.nbytes / 2**20:.0f} MiB: {first_ms:.2f} ms the first time, {again_ms:.2f} ms again "
-          "(the cached block is reused: only the host copy remains). host_memory_stats counts the page-locked "
-          "allocations PyTorch made and still holds.")  # fmt: skip
+    print(
+        f"pin_memory() of {big.nbytes / 2**20:.0f} MiB: {first_ms:.2f} ms the first time, {again_ms:.2f} ms again "
+        "(the cached block is reused: only the host copy remains). host_memory_stats counts the page-locked "
+        "allocations PyTorch made and still holds."
+    )
 else:
     cu.results.show_reference("09", "pin_memory")
 
@@ -324,10 +388,16 @@ def normalize_on_device(x):
 # %%
 ds_u8 = PhotoDataset(PATHS, N_IMAGES, SIZE, normalize=False)
 u8_batch = next(iter(DataLoader(ds_u8, batch_size=BATCH)))[0]
-_ = cu.check_outputs(normalize_on_device(u8_batch.to(device)).cpu(), ref_batch, "fp32",
-                     label="uint8 batch normalized on the device vs float32 loader")  # fmt: skip
-print(f"bytes per batch to copy: float32 {ref_batch.nbytes / 2**20:.2f} MiB, uint8 {u8_batch.nbytes / 2**20:.2f} MiB "
-      f"({ref_batch.nbytes / u8_batch.nbytes:.0f}x fewer)")  # fmt: skip
+_ = cu.check_outputs(
+    normalize_on_device(u8_batch.to(device)).cpu(),
+    ref_batch,
+    "fp32",
+    label="uint8 batch normalized on the device vs float32 loader",
+)
+print(
+    f"bytes per batch to copy: float32 {ref_batch.nbytes / 2**20:.2f} MiB, uint8 {u8_batch.nbytes / 2**20:.2f} MiB "
+    f"({ref_batch.nbytes / u8_batch.nbytes:.0f}x fewer)"
+)
 
 if cu.gpu_section("09.uint8-transfer"):
     rows_u8 = []
@@ -340,8 +410,16 @@ if cu.gpu_section("09.uint8-transfer"):
     display(u8)
     gain = u8["images/s"].iloc[1] / u8["images/s"].iloc[0]
     print(f"uint8 transfer + GPU normalization ran at {gain:.2f}x the float32 pipeline's rate.")
-    cu.record("09", "gpu uint8 transfer + normalize on GPU", model="resnet18", device="cuda", dtype="fp32",
-              batch_size=BATCH, throughput=float(u8["images/s"].iloc[1]), speedup_vs_baseline=gain)  # fmt: skip
+    cu.record(
+        "09",
+        "gpu uint8 transfer + normalize on GPU",
+        model="resnet18",
+        device="cuda",
+        dtype="fp32",
+        batch_size=BATCH,
+        throughput=float(u8["images/s"].iloc[1]),
+        speedup_vs_baseline=gain,
+    )
 else:
     cu.results.show_reference("09", "uint8")
 
@@ -393,14 +471,18 @@ if cu.gpu_section("09.prefetch"):
     host = torch.stack([ds[i % len(PATHS)][0] for i in range(BATCH)]).pin_memory()  # pinned once
     dbuf = host.cuda()
     copy_ms = cu.measure(lambda: dbuf.copy_(host, non_blocking=True), device="cuda").median_ms
-    tiny_gpu = pl.tiny_cnn().cuda()
+    tiny_gpu = pipeline.tiny_cnn().cuda()
     with torch.inference_mode():
-        comp = {n: cu.measure(lambda m=m: m(dbuf), device="cuda").median_ms
-                for n, m in (("resnet18", gpu_model), ("tiny_cnn", tiny_gpu))}  # fmt: skip
+        comp = {
+            n: cu.measure(lambda m=m: m(dbuf), device="cuda").median_ms
+            for n, m in (("resnet18", gpu_model), ("tiny_cnn", tiny_gpu))
+        }
     pname = min(comp, key=lambda n: abs(comp[n] / copy_ms - 1))
     pmodel = gpu_model if pname == "resnet18" else tiny_gpu
-    print(f"per batch: copy {copy_ms:.3f} ms; compute {', '.join(f'{n} {v:.3f} ms' for n, v in comp.items())}: "
-          f"prefetching with {pname}")  # fmt: skip
+    print(
+        f"per batch: copy {copy_ms:.3f} ms; compute {', '.join(f'{n} {v:.3f} ms' for n, v in comp.items())}: "
+        f"prefetching with {pname}"
+    )
     pinned = DataLoader(mem_ds, batch_size=BATCH, pin_memory=True)
     plain = images_per_s(pinned, pmodel, "cuda")
 
@@ -416,8 +498,16 @@ if cu.gpu_section("09.prefetch"):
     prefetched_ips()  # warm-up
     pref = prefetched_ips()
     print(f"plain pinned loop {plain:.0f} img/s, with the prefetcher {pref:.0f} img/s ({pref / plain:.2f}x)")
-    cu.record("09", "gpu prefetcher", model=pname, device="cuda", dtype="fp32", batch_size=BATCH, throughput=pref,
-              speedup_vs_baseline=pref / plain)  # fmt: skip
+    cu.record(
+        "09",
+        "gpu prefetcher",
+        model=pname,
+        device="cuda",
+        dtype="fp32",
+        batch_size=BATCH,
+        throughput=pref,
+        speedup_vs_baseline=pref / plain,
+    )
 else:
     cu.results.show_reference("09", "prefetch")
 
@@ -451,13 +541,16 @@ UINT8_TOL = {"mean": 1.5, "p99": 5, "max": 32}  # intensity levels (of 255): dec
 def uint8_levels(out, ref) -> dict:
     """How far two uint8 image batches are apart, in intensity levels; raises when beyond `UINT8_TOL`."""
     if out.shape != ref.shape or out.dtype != torch.uint8 or ref.dtype != torch.uint8:
-        raise ValueError(f"compare uint8 batches of one shape: got {out.dtype} {tuple(out.shape)}, "
-                         f"{ref.dtype} {tuple(ref.shape)}")  # fmt: skip
+        raise ValueError(
+            f"compare uint8 batches of one shape: got {out.dtype} {tuple(out.shape)}, {ref.dtype} {tuple(ref.shape)}"
+        )
     d = (out.cpu().int() - ref.cpu().int()).abs().float()
     got = {"mean": float(d.mean()), "p99": float(d.flatten().quantile(0.99)), "max": float(d.max())}
     over = [f"{k} {got[k]:.2f} > {UINT8_TOL[k]}" for k in got if got[k] > UINT8_TOL[k]]
-    print(f"uint8 levels apart: mean {got['mean']:.3f}, p99 {got['p99']:.0f}, max {got['max']:.0f} "
-          + (f"OUTSIDE ({'; '.join(over)})" if over else f"OK (tolerance {UINT8_TOL})"))  # fmt: skip
+    print(
+        f"uint8 levels apart: mean {got['mean']:.3f}, p99 {got['p99']:.0f}, max {got['max']:.0f} "
+        + (f"OUTSIDE ({'; '.join(over)})" if over else f"OK (tolerance {UINT8_TOL})")
+    )
     if over:
         raise cu.errors.ToleranceError(f"uint8 images differ beyond the decode/resize rounding: {'; '.join(over)}")
     return got
@@ -474,10 +567,19 @@ if cu.gpu_section("09.gpu-decode"):
     m_gpu = cu.measure(lambda: gpu_decode(raws, SIZE, "cuda"), device="cuda", batch_size=BATCH, label="GPU decode")
     print(m_gpu)
     best_cpu = float(sweep_df["images/s"].max())
-    print(f"GPU decoding: {m_gpu.throughput:.0f} img/s vs the best CPU loader {best_cpu:.0f} img/s "
-          f"({m_gpu.throughput / best_cpu:.1f}x)")  # fmt: skip
-    cu.record("09", "gpu decode+preprocess", model="preprocess", device="cuda", dtype="fp32", measurement=m_gpu,
-              speedup_vs_baseline=m_gpu.throughput / best_cpu)  # fmt: skip
+    print(
+        f"GPU decoding: {m_gpu.throughput:.0f} img/s vs the best CPU loader {best_cpu:.0f} img/s "
+        f"({m_gpu.throughput / best_cpu:.1f}x)"
+    )
+    cu.record(
+        "09",
+        "gpu decode+preprocess",
+        model="preprocess",
+        device="cuda",
+        dtype="fp32",
+        measurement=m_gpu,
+        speedup_vs_baseline=m_gpu.throughput / best_cpu,
+    )
 else:
     cu.results.show_reference("09", "gpu decode")
 
@@ -493,8 +595,24 @@ else:
 
 # %%
 best = sweep_df.loc[sweep_df["images/s"].idxmax()]
-cu.record("09", f"loader num_workers={int(best['num_workers'])} (best)", model="jpeg loader", device="cpu",
-          dtype="fp32", batch_size=BATCH, throughput=float(best["images/s"]),
-          speedup_vs_baseline=float(best["speed-up vs 0"]), notes=f"sweep {list(WORKERS)}")  # fmt: skip
-_ = cu.record("09", "loader num_workers=0 (baseline)", model="jpeg loader", device="cpu", dtype="fp32",
-              batch_size=BATCH, throughput=base_ips, speedup_vs_baseline=1.0)  # fmt: skip
+cu.record(
+    "09",
+    f"loader num_workers={int(best['num_workers'])} (best)",
+    model="jpeg loader",
+    device="cpu",
+    dtype="fp32",
+    batch_size=BATCH,
+    throughput=float(best["images/s"]),
+    speedup_vs_baseline=float(best["speed-up vs 0"]),
+    notes=f"sweep {list(WORKERS)}",
+)
+_ = cu.record(
+    "09",
+    "loader num_workers=0 (baseline)",
+    model="jpeg loader",
+    device="cpu",
+    dtype="fp32",
+    batch_size=BATCH,
+    throughput=base_ips,
+    speedup_vs_baseline=1.0,
+)

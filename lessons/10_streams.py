@@ -36,7 +36,7 @@ import torch
 import torchvision
 from IPython.display import display
 
-from course_utils import pipeline as pl
+from course_utils.techniques import pipeline
 
 SIZE = cu.pick(full=160, smoke=64)
 BATCH = cu.pick(full=4, smoke=2)
@@ -61,8 +61,10 @@ with dm.stream(side):
 dm.current_stream().wait_event(done)  # the default stream waits for the side stream's work so far
 print(f"device module for {device}: {dm.__name__}; a stream here is a {type(side).__module__}.{type(side).__name__}")
 if device.type == "cpu":
-    print("torch.cpu's streams and events are stand-ins (their methods do nothing): code written against them runs "
-          "unchanged on a GPU, but on this CPU everything runs in order and nothing overlaps.")  # fmt: skip
+    print(
+        "torch.cpu's streams and events are stand-ins (their methods do nothing): code written against them runs "
+        "unchanged on a GPU, but on this CPU everything runs in order and nothing overlaps."
+    )
 
 # %% [markdown]
 # ## Feeding a model from host memory: one stream vs a side stream
@@ -112,13 +114,17 @@ def side_stream_prefetch(model, chunks, device):
 # that flags any copy and kernel that no wait orders.
 
 # %%
-tiny = pl.tiny_cnn()  # stays on the CPU: the CPU section below runs it on CPU tensors
+tiny = pipeline.tiny_cnn()  # stays on the CPU: the CPU section below runs it on CPU tensors
 tiny_dev = copy.deepcopy(tiny).to(device)  # the stream code feeds it tensors on `device`: the model must live there
 host_chunks = [torch.randn(BATCH, 3, SIZE, SIZE) for _ in range(N_BATCHES)]
 with torch.inference_mode():
     base_out = torch.cat(one_stream(tiny_dev, host_chunks, device))
-    _ = cu.check_outputs(torch.cat(side_stream_prefetch(tiny_dev, host_chunks, device)), base_out, "fp32",
-                         label="side-stream prefetch vs one stream")  # fmt: skip
+    _ = cu.check_outputs(
+        torch.cat(side_stream_prefetch(tiny_dev, host_chunks, device)),
+        base_out,
+        "fp32",
+        label="side-stream prefetch vs one stream",
+    )
 
 # %% [markdown]
 # ## On the CPU: overlap with a prefetching thread
@@ -131,17 +137,20 @@ with torch.inference_mode():
 # closest to the preparation time here (both timed with one torch thread), and say which.
 
 # %%
-ds = pl.JpegDataset(BATCH * N_BATCHES, size=SIZE)
+ds = pipeline.JpegDataset(BATCH * N_BATCHES, size=SIZE)
 raw_batches = [[ds.raw(b * BATCH + i) for i in range(BATCH)] for b in range(N_BATCHES)]
 
 
 def prepare(raw: list[torch.Tensor]) -> torch.Tensor:
-    return torch.stack([pl.preprocess(pl.decode_jpeg(r), SIZE) for r in raw])
+    return torch.stack([pipeline.preprocess(pipeline.decode_jpeg(r), SIZE) for r in raw])
 
 
 resnet, note = cu.models.resnet("resnet18")
-candidates = {"tiny_cnn": tiny, "mobilenet_v3_small": torchvision.models.mobilenet_v3_small().eval(),
-              "resnet18": resnet}  # fmt: skip
+candidates = {
+    "tiny_cnn": tiny,
+    "mobilenet_v3_small": torchvision.models.mobilenet_v3_small().eval(),
+    "resnet18": resnet,
+}
 prepared = [prepare(r) for r in raw_batches]
 default_threads = torch.get_num_threads()
 torch.set_num_threads(1)
@@ -151,15 +160,18 @@ try:
     with torch.inference_mode():
         for name, m in candidates.items():
             mc = cu.measure(lambda m=m: m(prepared[0]), device="cpu", label=f"compute {name}", **REPS)
-            stage_rows.append({"model": name, "compute ms": mc.median_ms,
-                               "compute / prepare": mc.median_ms / m_prep.median_ms})  # fmt: skip
+            stage_rows.append(
+                {"model": name, "compute ms": mc.median_ms, "compute / prepare": mc.median_ms / m_prep.median_ms}
+            )
 finally:
     torch.set_num_threads(default_threads)
 stages = pd.DataFrame(stage_rows)
 pick_name = stages.loc[(np.log(stages["compute / prepare"])).abs().idxmin(), "model"]
 model = candidates[pick_name]
-print(f"prepare: {m_prep.median_ms:.1f} ms per batch; compute model for the overlap run: {pick_name} "
-      f"(closest to the preparation time here; {note})")  # fmt: skip
+print(
+    f"prepare: {m_prep.median_ms:.1f} ms per batch; compute model for the overlap run: {pick_name} "
+    f"(closest to the preparation time here; {note})"
+)
 
 
 def compute(x: torch.Tensor) -> torch.Tensor:
@@ -177,7 +189,7 @@ stages
 
 # %%
 ref_out = [compute(prepare(r)) for r in raw_batches]
-with pl.Prefetcher(raw_batches, prepare) as batches:
+with pipeline.Prefetcher(raw_batches, prepare) as batches:
     ovl_out = [compute(x) for x in batches]
 _ = cu.check_outputs(torch.cat(ovl_out), torch.cat(ref_out), "fp32", label="thread-prefetched vs sequential")
 
@@ -191,19 +203,28 @@ for threads in sorted({default_threads, 1}, reverse=True):
         for r in raw_batches:
             compute(prepare(r))
         seq = time.perf_counter() - t0
-        tl = pl.Timeline()
+        tl = pipeline.Timeline()
         t0 = time.perf_counter()
-        with pl.Prefetcher(raw_batches, tl.wrap("prepare (thread)", prepare)) as batches:
+        with pipeline.Prefetcher(raw_batches, tl.wrap("prepare (thread)", prepare)) as batches:
             for x in batches:
                 tl.wrap("compute (main)", compute)(x)
         ovl = time.perf_counter() - t0
         timelines[threads] = tl
     finally:
         torch.set_num_threads(default_threads)
-    bound = pl.overlap_bound(p, c, N_BATCHES)
-    rows.append({"torch threads": threads, "prepare ms": p * 1000, "compute ms": c * 1000,
-                 "sequential s": seq, "overlapped s": ovl, "best case s": bound, "gain": seq / ovl,
-                 "best gain": seq / bound})  # fmt: skip
+    bound = pipeline.overlap_bound(p, c, N_BATCHES)
+    rows.append(
+        {
+            "torch threads": threads,
+            "prepare ms": p * 1000,
+            "compute ms": c * 1000,
+            "sequential s": seq,
+            "overlapped s": ovl,
+            "best case s": bound,
+            "gain": seq / ovl,
+            "best gain": seq / bound,
+        }
+    )
 res = pd.DataFrame(rows)
 res
 
@@ -215,10 +236,16 @@ for threads, tl in timelines.items():
 for _, r in res.iterrows():
     verdict = "faster" if r["gain"] > 1.02 else ("slower" if r["gain"] < 0.98 else "no faster")
     beyond = r["gain"] > r["best gain"] * 1.05
-    print(f"threads={int(r['torch threads'])}: overlapped was {verdict} than sequential ({r['gain']:.2f}x; the stage "
-          f"times allow at most {r['best gain']:.2f}x)"
-          + (": more than the stages timed alone allow, so they did not run at their solo speed in one of the two "
-             "runs (other programs on these cores); rerun before concluding." if beyond else "."))  # fmt: skip
+    print(
+        f"threads={int(r['torch threads'])}: overlapped was {verdict} than sequential ({r['gain']:.2f}x; the stage "
+        f"times allow at most {r['best gain']:.2f}x)"
+        + (
+            ": more than the stages timed alone allow, so they did not run at their solo speed in one of the two "
+            "runs (other programs on these cores); rerun before concluding."
+            if beyond
+            else "."
+        )
+    )
 if len(res) > 1:
     r_all, r_one = res.iloc[0], res.iloc[-1]
     verdict = (
@@ -231,11 +258,27 @@ if len(res) > 1:
         f"{r_all['overlapped s']:.2f} s overlapped, 1 thread per stage {r_one['overlapped s']:.2f} s. {verdict}"
     )
 best = res.loc[res["overlapped s"].idxmin()]
-cu.record("10", "cpu prefetch thread (overlapped)", model=pick_name, device="cpu", dtype="fp32", batch_size=BATCH,
-          median_ms=best["overlapped s"] * 1000 / N_BATCHES, speedup_vs_baseline=best["gain"],
-          notes=f"threads={int(best['torch threads'])}; best-case gain {best['best gain']:.2f}x")  # fmt: skip
-_ = cu.record("10", "cpu sequential (baseline)", model=pick_name, device="cpu", dtype="fp32", batch_size=BATCH,
-              median_ms=best["sequential s"] * 1000 / N_BATCHES, speedup_vs_baseline=1.0)  # fmt: skip
+cu.record(
+    "10",
+    "cpu prefetch thread (overlapped)",
+    model=pick_name,
+    device="cpu",
+    dtype="fp32",
+    batch_size=BATCH,
+    median_ms=best["overlapped s"] * 1000 / N_BATCHES,
+    speedup_vs_baseline=best["gain"],
+    notes=f"threads={int(best['torch threads'])}; best-case gain {best['best gain']:.2f}x",
+)
+_ = cu.record(
+    "10",
+    "cpu sequential (baseline)",
+    model=pick_name,
+    device="cpu",
+    dtype="fp32",
+    batch_size=BATCH,
+    median_ms=best["sequential s"] * 1000 / N_BATCHES,
+    speedup_vs_baseline=1.0,
+)
 
 # %% [markdown]
 # ## Exercise: the event-ordered double-buffer loop
@@ -306,8 +349,12 @@ def double_buffered_loop(model, chunks, device):
 
 # %%
 with torch.inference_mode():
-    _ = cu.check_outputs(torch.cat(double_buffered_loop(tiny_dev, host_chunks, device)), base_out, "fp32",
-                         label="double-buffered vs one stream")  # fmt: skip
+    _ = cu.check_outputs(
+        torch.cat(double_buffered_loop(tiny_dev, host_chunks, device)),
+        base_out,
+        "fp32",
+        label="double-buffered vs one stream",
+    )
 
 # %% [markdown]
 # ## On a GPU: copies and compute on two streams
@@ -322,7 +369,7 @@ with torch.inference_mode():
 
 # %%
 if cu.gpu_section("10.streams"):
-    gpu_models = {"tiny_cnn": pl.tiny_cnn().cuda(), "resnet18": cu.models.resnet("resnet18", device="cuda")[0]}
+    gpu_models = {"tiny_cnn": pipeline.tiny_cnn().cuda(), "resnet18": cu.models.resnet("resnet18", device="cuda")[0]}
     sweep = []
     with torch.inference_mode():
         for b in cu.pick(full=[16, 64, 256], smoke=[8]):
@@ -332,8 +379,15 @@ if cu.gpu_section("10.streams"):
             copy_ms = cu.measure(copy, device="cuda", label="copy").median_ms
             for name, gm in gpu_models.items():
                 comp_ms = cu.measure(lambda gm=gm, d=dbuf: gm(d), device="cuda", label=name).median_ms
-                sweep.append({"model": name, "batch": b, "copy ms": copy_ms, "compute ms": comp_ms,
-                              "compute / copy": comp_ms / copy_ms})  # fmt: skip
+                sweep.append(
+                    {
+                        "model": name,
+                        "batch": b,
+                        "copy ms": copy_ms,
+                        "compute ms": comp_ms,
+                        "compute / copy": comp_ms / copy_ms,
+                    }
+                )
     sweep = pd.DataFrame(sweep)
     display(sweep)
     best_row = sweep.loc[np.log(sweep["compute / copy"]).abs().idxmin()]
@@ -342,28 +396,42 @@ if cu.gpu_section("10.streams"):
     gmodel = gpu_models[gname]
     n_chunks = cu.pick(full=12, smoke=4)
     chunks = [torch.randn(gb, 3, 224, 224).pin_memory() for _ in range(n_chunks)]
-    variants = {"one stream": one_stream, "side-stream prefetch": side_stream_prefetch,
-                "double buffered": double_buffered_loop}  # fmt: skip
+    variants = {
+        "one stream": one_stream,
+        "side-stream prefetch": side_stream_prefetch,
+        "double buffered": double_buffered_loop,
+    }
     with torch.inference_mode():
         ref_gpu = torch.cat(one_stream(gmodel, chunks, "cuda"))
         stream_rows = []
         for vname, fn in variants.items():
             # Same model, same TF32 convolutions on every stream; cuDNN may still pick other algorithms per call.
             cu.check_outputs(torch.cat(fn(gmodel, chunks, "cuda")), ref_gpu, "tf32", label=f"{vname} vs one stream")
-            m = cu.measure(lambda fn=fn: fn(gmodel, chunks, "cuda"), device="cuda", label=vname,
-                           batch_size=gb * n_chunks)  # fmt: skip
+            m = cu.measure(
+                lambda fn=fn: fn(gmodel, chunks, "cuda"), device="cuda", label=vname, batch_size=gb * n_chunks
+            )
             stream_rows.append({"variant": vname, "median ms": m.median_ms, "IQR ms": m.iqr_ms})
     gpu_res = pd.DataFrame(stream_rows).set_index("variant")
-    bound_ms = pl.overlap_bound(best_row["copy ms"], best_row["compute ms"], n_chunks)
+    bound_ms = pipeline.overlap_bound(best_row["copy ms"], best_row["compute ms"], n_chunks)
     gpu_res["gain vs one stream"] = gpu_res.loc["one stream", "median ms"] / gpu_res["median ms"]
     display(gpu_res)
-    print(f"Best case for {n_chunks} chunks (max of copy and compute per chunk): {bound_ms:.2f} ms; one stream "
-          f"took {gpu_res.loc['one stream', 'median ms']:.2f} ms, double buffered "
-          f"{gpu_res.loc['double buffered', 'median ms']:.2f} ms.")  # fmt: skip
+    print(
+        f"Best case for {n_chunks} chunks (max of copy and compute per chunk): {bound_ms:.2f} ms; one stream "
+        f"took {gpu_res.loc['one stream', 'median ms']:.2f} ms, double buffered "
+        f"{gpu_res.loc['double buffered', 'median ms']:.2f} ms."
+    )
     for vname, r in gpu_res.iterrows():
-        cu.record("10", f"gpu {vname}", model=gname, device="cuda", dtype="fp32", batch_size=gb,
-                  median_ms=r["median ms"] / n_chunks, speedup_vs_baseline=r["gain vs one stream"],
-                  notes=f"{n_chunks} chunks; best case {bound_ms:.2f} ms")  # fmt: skip
+        cu.record(
+            "10",
+            f"gpu {vname}",
+            model=gname,
+            device="cuda",
+            dtype="fp32",
+            batch_size=gb,
+            median_ms=r["median ms"] / n_chunks,
+            speedup_vs_baseline=r["gain vs one stream"],
+            notes=f"{n_chunks} chunks; best case {bound_ms:.2f} ms",
+        )
 
     from torch.profiler import ProfilerActivity, profile
 
@@ -405,9 +473,14 @@ if cu.gpu_section("10.pageable-copy"):
             end.record()
             end.synchronize()
             dev_ms.append(start.elapsed_time(end))
-        copy_rows.append({"host memory": kind, "call returned after ms": np.median(host_ms),
-                          "copy took ms (events)": np.median(dev_ms),
-                          "GiB/s": mb / 1024 / (np.median(dev_ms) / 1000)})  # fmt: skip
+        copy_rows.append(
+            {
+                "host memory": kind,
+                "call returned after ms": np.median(host_ms),
+                "copy took ms (events)": np.median(dev_ms),
+                "GiB/s": mb / 1024 / (np.median(dev_ms) / 1000),
+            }
+        )
     copies = pd.DataFrame(copy_rows).set_index("host memory")
     display(copies)
     pg, pn = copies.loc["pageable"], copies.loc["pinned"]
@@ -416,9 +489,15 @@ if cu.gpu_section("10.pageable-copy"):
         f"{pg['copy took ms (events)']:.2f} ms copy; from pinned memory {pn['call returned after ms']:.3f} ms of "
         f"{pn['copy took ms (events)']:.2f} ms. Only a call that returns early lets the CPU queue work meanwhile."
     )
-    cu.record("10", "gpu non_blocking copy from pageable memory", model="tensor", device="cuda", dtype="fp32",
-              median_ms=pg["call returned after ms"],
-              notes=f"{mb} MiB; device copy {pg['copy took ms (events)']:.2f} ms")  # fmt: skip
+    cu.record(
+        "10",
+        "gpu non_blocking copy from pageable memory",
+        model="tensor",
+        device="cuda",
+        dtype="fp32",
+        median_ms=pg["call returned after ms"],
+        notes=f"{mb} MiB; device copy {pg['copy took ms (events)']:.2f} ms",
+    )
 else:
     cu.results.show_reference("10", "pageable")
 
@@ -460,8 +539,15 @@ if cu.gpu_section("10.concurrent-kernels"):
     display(conc)
     for label, r in conc.iterrows():
         print(f"{label}: two streams ran at {r['gain']:.2f}x the speed of one.")
-        cu.record("10", f"gpu two compute streams, {label}", model="matmul", device="cuda", dtype="fp32",
-                  median_ms=r["two streams ms"], speedup_vs_baseline=r["gain"])  # fmt: skip
+        cu.record(
+            "10",
+            f"gpu two compute streams, {label}",
+            model="matmul",
+            device="cuda",
+            dtype="fp32",
+            median_ms=r["two streams ms"],
+            speedup_vs_baseline=r["gain"],
+        )
 else:
     cu.results.show_reference("10", "compute streams")
 

@@ -39,14 +39,14 @@ import torch
 from IPython.display import display
 from torch.profiler import ProfilerActivity, profile
 
-from course_utils import memory as mem
+from course_utils.measuring import memory
 
 SIZE = cu.pick(full=224, smoke=32)
 BATCH = cu.pick(full=8, smoke=2)
 REPS = dict(warmup=1, min_repeats=cu.pick(full=3, smoke=2), min_time_s=cu.pick(full=0.5, smoke=0.05))
 model, note = cu.models.resnet("resnet18")
 x = torch.randn(BATCH, 3, SIZE, SIZE)
-print(f"ResNet-18 ({note}), batch {BATCH} at {SIZE}x{SIZE}; RSS now {mem.rss_mb():.0f} MiB")
+print(f"ResNet-18 ({note}), batch {BATCH} at {SIZE}x{SIZE}; RSS now {memory.rss_mb():.0f} MiB")
 
 # %% [markdown]
 # ## Allocated vs reserved: the GPU's caching allocator
@@ -88,8 +88,14 @@ if cu.gpu_section("11.allocator"):
 
     def snap(step: str) -> None:
         free, total = torch.cuda.mem_get_info()
-        steps.append({"step": step, "allocated MiB": torch.cuda.memory_allocated() / MiB,
-                      "reserved MiB": torch.cuda.memory_reserved() / MiB, "free on GPU MiB": free / MiB})  # fmt: skip
+        steps.append(
+            {
+                "step": step,
+                "allocated MiB": torch.cuda.memory_allocated() / MiB,
+                "reserved MiB": torch.cuda.memory_reserved() / MiB,
+                "free on GPU MiB": free / MiB,
+            }
+        )
 
     snap("start")
     t = torch.empty(cu.pick(full=2048, smoke=64), MiB, dtype=torch.uint8, device="cuda")
@@ -104,19 +110,29 @@ if cu.gpu_section("11.allocator"):
     nbytes = cu.pick(full=512, smoke=32) * MiB
     n_calls = cu.pick(full=20, smoke=5)
     torch.empty(nbytes, dtype=torch.uint8, device="cuda")  # warm-up: the block is now in the cache
-    warm = cu.timing.Measurement(host_call_ms(lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda"), n_calls),
-                                 device="cuda", label="allocation from the cache (host time)")  # fmt: skip
+    warm = cu.timing.Measurement(
+        host_call_ms(lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda"), n_calls),
+        device="cuda",
+        label="allocation from the cache (host time)",
+    )
 
     def alloc_after_empty() -> None:
         torch.cuda.empty_cache()
         torch.empty(nbytes, dtype=torch.uint8, device="cuda")
 
-    cold = cu.timing.Measurement(host_call_ms(alloc_after_empty, n_calls), device="cuda",
-                                 label="empty_cache() then allocation (host time)")  # fmt: skip
+    cold = cu.timing.Measurement(
+        host_call_ms(alloc_after_empty, n_calls), device="cuda", label="empty_cache() then allocation (host time)"
+    )
     print(warm, cold, sep="\n")
     print(f"After empty_cache, each allocation took {cold.median_ms / warm.median_ms:.1f}x as long.")
-    cu.record("11", "gpu alloc after empty_cache", model="tensor", device="cuda", measurement=cold,
-              speedup_vs_baseline=warm.median_ms / cold.median_ms)  # fmt: skip
+    cu.record(
+        "11",
+        "gpu alloc after empty_cache",
+        model="tensor",
+        device="cuda",
+        measurement=cold,
+        speedup_vs_baseline=warm.median_ms / cold.median_ms,
+    )
 else:
     cu.results.show_reference("11", "empty_cache")
 
@@ -152,18 +168,27 @@ def forward_and_drop(mode: str) -> None:
     forward(mode)  # the output is freed at once: the peak is what the call needed
 
 
-with mem.rss_follows_tensors():
-    peaks = {mode: mem.cpu_peak_mb(lambda m=mode: forward_and_drop(m))[0] for mode in outs}
+with memory.rss_follows_tensors():
+    peaks = {mode: memory.cpu_peak_mb(lambda m=mode: forward_and_drop(m))[0] for mode in outs}
 modes = pd.DataFrame({"peak MiB (RSS)": peaks, "median ms": {k: v.median_ms for k, v in times.items()}})
 for mode, m in times.items():
-    cu.record("11", f"resnet18 forward, {mode}", model="resnet18", device="cpu", dtype="fp32", measurement=m,
-              notes=f"peak {peaks[mode]:.1f} MiB")  # fmt: skip
+    cu.record(
+        "11",
+        f"resnet18 forward, {mode}",
+        model="resnet18",
+        device="cpu",
+        dtype="fp32",
+        measurement=m,
+        notes=f"peak {peaks[mode]:.1f} MiB",
+    )
 modes
 
 # %%
 g, inf, ng = modes.loc["grad"], modes.loc["inference_mode"], modes.loc["no_grad"]
-print(f"Autograd on needed {g['peak MiB (RSS)'] / max(inf['peak MiB (RSS)'], 1e-9):.1f}x the peak memory of "
-      f"inference_mode ({g['peak MiB (RSS)']:.0f} vs {inf['peak MiB (RSS)']:.0f} MiB) at batch {BATCH}.")  # fmt: skip
+print(
+    f"Autograd on needed {g['peak MiB (RSS)'] / max(inf['peak MiB (RSS)'], 1e-9):.1f}x the peak memory of "
+    f"inference_mode ({g['peak MiB (RSS)']:.0f} vs {inf['peak MiB (RSS)']:.0f} MiB) at batch {BATCH}."
+)
 spread = max(times["no_grad"].iqr_ms, times["inference_mode"].iqr_ms)
 diff = ng["median ms"] - inf["median ms"]
 if abs(diff) <= spread:
@@ -171,10 +196,14 @@ if abs(diff) <= spread:
 elif diff > 0:
     why = "inference_mode was faster by more than the spread: it skips autograd's per-op bookkeeping"
 else:
-    why = ("no_grad was faster by more than the spread, although inference_mode does strictly less work per op: "
-           "other programs on these cores are the likely cause; rerun")  # fmt: skip
-print(f"inference_mode took {inf['median ms']:.0f} ms per call, no_grad {ng['median ms']:.0f} ms: {why}. "
-      "Either way the bookkeeping is small next to a convolution; the memory saving above is what counts.")  # fmt: skip
+    why = (
+        "no_grad was faster by more than the spread, although inference_mode does strictly less work per op: "
+        "other programs on these cores are the likely cause; rerun"
+    )
+print(
+    f"inference_mode took {inf['median ms']:.0f} ms per call, no_grad {ng['median ms']:.0f} ms: {why}. "
+    "Either way the bookkeeping is small next to a convolution; the memory saving above is what counts."
+)
 
 # %% [markdown]
 # On a GPU the peak of one call comes from the caching allocator itself: `reset_peak_memory_stats()`, run,
@@ -210,8 +239,15 @@ if cu.gpu_section("11.gpu-peak"):
                 gmodel(gx)
 
         gpu_modes[mode] = gpu_peak_mb(grun)
-        cu.record("11", f"gpu resnet50 peak, {mode}", model="resnet50", device="cuda", dtype="fp32",
-                  batch_size=gx.shape[0], notes=f"peak {gpu_modes[mode]:.0f} MiB")  # fmt: skip
+        cu.record(
+            "11",
+            f"gpu resnet50 peak, {mode}",
+            model="resnet50",
+            device="cuda",
+            dtype="fp32",
+            batch_size=gx.shape[0],
+            notes=f"peak {gpu_modes[mode]:.0f} MiB",
+        )
     print({k: f"{v:.0f} MiB" for k, v in gpu_modes.items()})
     snapshot = cu.results.results_dir() / "11_memory_snapshot.pickle"
     snapshot.parent.mkdir(parents=True, exist_ok=True)
@@ -233,8 +269,8 @@ else:
 # %%
 batches = cu.pick(full=[1, 2, 4, 8, 16], smoke=[1, 2, 4])
 make = lambda b: torch.randn(b, 3, SIZE, SIZE)  # noqa: E731
-with mem.rss_follows_tensors():
-    curves = {mode: mem.peak_vs_batch(model, make, batches, mode=mode) for mode in ("inference_mode", "grad")}
+with memory.rss_follows_tensors():
+    curves = {mode: memory.peak_vs_batch(model, make, batches, mode=mode) for mode in ("inference_mode", "grad")}
 fits = {mode: np.polyfit(df["batch_size"], df["peak_mb"], 1) for mode, df in curves.items()}
 fig, ax = plt.subplots()
 for mode, df in curves.items():
@@ -251,9 +287,9 @@ budget_mb = cu.pick(full=256, smoke=64)
 slope, icept = fits["inference_mode"]
 predicted = max(1, int((budget_mb - icept) // slope)) if slope > 0 else max(batches)
 tries, b = [], predicted
-with mem.rss_follows_tensors():
+with memory.rss_follows_tensors():
     for _ in range(3):  # run the prediction; if it does not fit, scale it down by the measured overshoot
-        peak = mem.peak_vs_batch(model, make, [b], mode="inference_mode")["peak_mb"].iloc[0]
+        peak = memory.peak_vs_batch(model, make, [b], mode="inference_mode")["peak_mb"].iloc[0]
         tries.append({"batch": b, "peak MiB": peak, "fits": peak <= budget_mb})
         if peak <= budget_mb:
             break
@@ -269,11 +305,19 @@ verdict = (
     )
 )
 fitted = f" Largest batch checked to fit: {int(last['batch'])}." if last["fits"] else ""
-print(f"Fitted on batches {batches}: {slope:.1f} MiB per image plus {icept:.0f} MiB; a {budget_mb} MiB budget "
-      f"predicts batch {predicted}; run, it peaked at {first['peak MiB']:.0f} MiB {verdict}{fitted}")  # fmt: skip
-cu.record("11", "largest batch under a memory budget (checked by running it)", model="resnet18", device="cpu",
-          dtype="fp32", batch_size=int(last["batch"]),
-          notes=f"budget {budget_mb} MiB; predicted {predicted}; peak {last['peak MiB']:.0f} MiB")  # fmt: skip
+print(
+    f"Fitted on batches {batches}: {slope:.1f} MiB per image plus {icept:.0f} MiB; a {budget_mb} MiB budget "
+    f"predicts batch {predicted}; run, it peaked at {first['peak MiB']:.0f} MiB {verdict}{fitted}"
+)
+cu.record(
+    "11",
+    "largest batch under a memory budget (checked by running it)",
+    model="resnet18",
+    device="cpu",
+    dtype="fp32",
+    batch_size=int(last["batch"]),
+    notes=f"budget {budget_mb} MiB; predicted {predicted}; peak {last['peak MiB']:.0f} MiB",
+)
 
 # %% [markdown]
 # On a GPU the budget is what the driver reports free (`mem_get_info`), less a margin for other work; the peak
@@ -302,10 +346,19 @@ if cu.gpu_section("11.max-batch"):
         if gpeak <= gbudget:
             break
         bb = max(1, int(bb * gbudget / gpeak))
-    print(f"ResNet-50 on {torch.cuda.get_device_name()}: {gslope:.1f} MiB per image; predicted batch {gpred}, "
-          f"checked {bb} (peak {gpeak:.0f} MiB).")  # fmt: skip
-    cu.record("11", "gpu largest batch under a memory budget", model="resnet50", device="cuda", dtype="fp32",
-              batch_size=bb, notes=f"budget {gbudget:.0f} MiB; predicted {gpred}; peak {gpeak:.0f} MiB")  # fmt: skip
+    print(
+        f"ResNet-50 on {torch.cuda.get_device_name()}: {gslope:.1f} MiB per image; predicted batch {gpred}, "
+        f"checked {bb} (peak {gpeak:.0f} MiB)."
+    )
+    cu.record(
+        "11",
+        "gpu largest batch under a memory budget",
+        model="resnet50",
+        device="cuda",
+        dtype="fp32",
+        batch_size=bb,
+        notes=f"budget {gbudget:.0f} MiB; predicted {gpred}; peak {gpeak:.0f} MiB",
+    )
 else:
     cu.results.show_reference("11", "largest batch")
 
@@ -338,14 +391,24 @@ if cu.gpu_section("11.expandable-segments"):
         if out.returncode != 0:
             raise RuntimeError(f"fragmentation script failed: {out.stderr[-500:]}")
         alloc_mb, reserved_mb = map(float, out.stdout.split())
-        frag_rows.append({"PYTORCH_CUDA_ALLOC_CONF": conf or "(default)", "peak allocated MiB": alloc_mb,
-                          "peak reserved MiB": reserved_mb,
-                          "reserved / allocated": reserved_mb / alloc_mb})  # fmt: skip
+        frag_rows.append(
+            {
+                "PYTORCH_CUDA_ALLOC_CONF": conf or "(default)",
+                "peak allocated MiB": alloc_mb,
+                "peak reserved MiB": reserved_mb,
+                "reserved / allocated": reserved_mb / alloc_mb,
+            }
+        )
     frag = pd.DataFrame(frag_rows).set_index("PYTORCH_CUDA_ALLOC_CONF")
     display(frag)
-    cu.record("11", "gpu expandable_segments reserved/allocated", model="tensors", device="cuda",
-              notes=f"default {frag['reserved / allocated'].iloc[0]:.2f}, "
-              f"expandable {frag['reserved / allocated'].iloc[1]:.2f}")  # fmt: skip
+    cu.record(
+        "11",
+        "gpu expandable_segments reserved/allocated",
+        model="tensors",
+        device="cuda",
+        notes=f"default {frag['reserved / allocated'].iloc[0]:.2f}, "
+        f"expandable {frag['reserved / allocated'].iloc[1]:.2f}",
+    )
 else:
     cu.results.show_reference("11", "expandable")
 
@@ -379,11 +442,13 @@ for name, fn in (("new input each call", plain_call), ("fixed input buffer", sta
     alloc_rows.append({"call": name, "allocations": len(allocs), "MiB allocated": sum(allocs) / 2**20})
 allocs_df = pd.DataFrame(alloc_rows).set_index("call")
 display(allocs_df)
-print(f"With a fixed input buffer, one eager call still made {allocs_df['allocations'].iloc[1]} allocations "
-      f"({allocs_df['MiB allocated'].iloc[1]:.1f} MiB) vs {allocs_df['allocations'].iloc[0]} "
-      f"({allocs_df['MiB allocated'].iloc[0]:.1f} MiB). The activations are allocated either way: only a CUDA graph "
-      "(its memory pool is set at capture; a replay allocates nothing) or compiled code with planned buffers "
-      "removes them.")  # fmt: skip
+print(
+    f"With a fixed input buffer, one eager call still made {allocs_df['allocations'].iloc[1]} allocations "
+    f"({allocs_df['MiB allocated'].iloc[1]:.1f} MiB) vs {allocs_df['allocations'].iloc[0]} "
+    f"({allocs_df['MiB allocated'].iloc[0]:.1f} MiB). The activations are allocated either way: only a CUDA graph "
+    "(its memory pool is set at capture; a replay allocates nothing) or compiled code with planned buffers "
+    "removes them."
+)
 
 # %% [markdown]
 # ## Exercise: a CUDA-graph runner with a CPU fallback
@@ -460,11 +525,20 @@ if cu.gpu_section("11.cuda-graph-static"):
     torch.cuda.synchronize()
     grown = (torch.cuda.memory_allocated() - before) / 2**20
     print(m_eager, m_graph, sep="\n")
-    print(f"Graph replay ran at {m_eager.median_ms / m_graph.median_ms:.2f}x the speed of eager. Ten replays grew "
-          f"allocated memory by {grown:.2f} MiB: the ten clones kept ({kept[0].nbytes * 10 / 2**20:.2f} MiB); the "
-          "activations live in the graph's own pool.")  # fmt: skip
-    cu.record("11", "gpu cuda graph on static buffers", model="resnet18", device="cuda", dtype="fp32",
-              measurement=m_graph, speedup_vs_baseline=m_eager.median_ms / m_graph.median_ms)  # fmt: skip
+    print(
+        f"Graph replay ran at {m_eager.median_ms / m_graph.median_ms:.2f}x the speed of eager. Ten replays grew "
+        f"allocated memory by {grown:.2f} MiB: the ten clones kept ({kept[0].nbytes * 10 / 2**20:.2f} MiB); the "
+        "activations live in the graph's own pool."
+    )
+    cu.record(
+        "11",
+        "gpu cuda graph on static buffers",
+        model="resnet18",
+        device="cuda",
+        dtype="fp32",
+        measurement=m_graph,
+        speedup_vs_baseline=m_eager.median_ms / m_graph.median_ms,
+    )
 else:
     cu.results.show_reference("11", "graph")
 
@@ -481,5 +555,11 @@ else:
 # Next: **12 · Pruning and distillation**.
 
 # %%
-_ = cu.record("11", "peak memory per image (inference_mode)", model="resnet18", device="cpu", dtype="fp32",
-              notes=f"{fits['inference_mode'][0]:.2f} MiB/image at {SIZE}px; grad {fits['grad'][0]:.2f}")  # fmt: skip
+_ = cu.record(
+    "11",
+    "peak memory per image (inference_mode)",
+    model="resnet18",
+    device="cpu",
+    dtype="fp32",
+    notes=f"{fits['inference_mode'][0]:.2f} MiB/image at {SIZE}px; grad {fits['grad'][0]:.2f}",
+)

@@ -37,8 +37,8 @@ import torch.nn.functional as F
 from IPython.display import display
 from torch.nn.utils import prune
 
-from course_utils import pruning as P
-from course_utils.quant import accuracy_flag
+from course_utils.techniques import pruning
+from course_utils.techniques.quantization import accuracy_flag
 
 warnings.filterwarnings("ignore", category=cu.timing.HighSpreadWarning)
 THRESHOLD = 1.0  # accuracy points a variant may lose before it is flagged
@@ -84,9 +84,11 @@ def prune_2to4(model: torch.nn.Module, filter_fn) -> torch.nn.Module:
 
 # %%
 m_base = time_model(teacher, x_bench, "teacher fp32")
-print(f"Baseline digits CNN: accuracy {base_acc:.2%}, {P.count_params(teacher):,} parameters, "
-      f"{m_base.median_ms:.3f} ms at batch {BATCH} on {m_base.device}")  # fmt: skip
-n_teacher = P.count_params(teacher)
+print(
+    f"Baseline digits CNN: accuracy {base_acc:.2%}, {pruning.count_params(teacher):,} parameters, "
+    f"{m_base.median_ms:.3f} ms at batch {BATCH} on {m_base.device}"
+)
+n_teacher = pruning.count_params(teacher)
 pareto_rows = [{"variant": "teacher", "accuracy": base_acc, "median_ms": m_base.median_ms, "params": n_teacher}]
 
 # %% [markdown]
@@ -100,8 +102,10 @@ demo = copy.deepcopy(teacher)
 conv = demo.features[3]
 prune.l1_unstructured(conv, "weight", amount=0.5)
 print("parameters:", [n for n, _ in conv.named_parameters()], "| buffers:", [n for n, _ in conv.named_buffers()][:1])
-print(f"zeros in conv.weight: {(conv.weight == 0).float().mean():.0%}; a forward pre-hook applies the mask: "
-      f"{list(conv._forward_pre_hooks.values())[0].__class__.__name__}")  # fmt: skip
+print(
+    f"zeros in conv.weight: {(conv.weight == 0).float().mean():.0%}; a forward pre-hook applies the mask: "
+    f"{list(conv._forward_pre_hooks.values())[0].__class__.__name__}"
+)
 prune.remove(conv, "weight")
 print("after prune.remove:", [n for n, _ in conv.named_parameters()], f"zeros {(conv.weight == 0).float().mean():.0%}")
 
@@ -125,9 +129,18 @@ for s in sparsities:
         cmp = cu.compare_outputs(pm(digits.x_test), ref, "fp32")
     acc = cu.models.accuracy(pm, digits.x_test, digits.y_test)
     m = time_model(pm, x_bench, f"pruned {s:.0%}")
-    rows.append({"sparsity": s, "measured sparsity": P.sparsity_report(pm)["sparsity"].iloc[-1], "accuracy": acc,
-                 "top-1 agreement": cmp.top1, "flag": accuracy_flag(acc, base_acc, THRESHOLD),
-                 "median_ms": m.median_ms, "speedup": m_base.median_ms / m.median_ms, "m": m})  # fmt: skip
+    rows.append(
+        {
+            "sparsity": s,
+            "measured sparsity": pruning.sparsity_report(pm)["sparsity"].iloc[-1],
+            "accuracy": acc,
+            "top-1 agreement": cmp.top1,
+            "flag": accuracy_flag(acc, base_acc, THRESHOLD),
+            "median_ms": m.median_ms,
+            "speedup": m_base.median_ms / m.median_ms,
+            "m": m,
+        }
+    )
 unstructured = pd.DataFrame(rows)
 display(unstructured.drop(columns="m").round(4))
 
@@ -144,19 +157,31 @@ ax1.set_title("Unstructured pruning: accuracy vs zeros, and the speed")
 fig.tight_layout()
 sp = unstructured[unstructured.sparsity > 0]
 noise = float(unstructured.m.map(lambda m: m.spread).median())  # typical IQR/median
-print(f"Speed-up across sparsities {sp.sparsity.min():.0%}-{sp.sparsity.max():.0%}: "
-      f"{sp.speedup.min():.2f}x to {sp.speedup.max():.2f}x; typical spread (IQR/median) {noise:.0%}.")  # fmt: skip
+print(
+    f"Speed-up across sparsities {sp.sparsity.min():.0%}-{sp.sparsity.max():.0%}: "
+    f"{sp.speedup.min():.2f}x to {sp.speedup.max():.2f}x; typical spread (IQR/median) {noise:.0%}."
+)
 if (sp.speedup - 1).abs().max() <= max(0.1, noise):
     print("No speed-up beyond the spread: dense kernels multiply the zeros anyway.")
 else:
-    print("Differences beyond 10% appeared: dense kernels cannot skip zeros, so with a spread this large the "
-          "machine was busy; rerun on a quiet machine before trusting them.")  # fmt: skip
+    print(
+        "Differences beyond 10% appeared: dense kernels cannot skip zeros, so with a spread this large the "
+        "machine was busy; rerun on a quiet machine before trusting them."
+    )
 ok = unstructured[unstructured.flag == "OK"]
-print(f"Highest sparsity within {THRESHOLD} point(s) of the baseline: {ok.sparsity.max():.0%} "
-      f"(accuracy {ok.accuracy.iloc[-1]:.2%}).")  # fmt: skip
+print(
+    f"Highest sparsity within {THRESHOLD} point(s) of the baseline: {ok.sparsity.max():.0%} "
+    f"(accuracy {ok.accuracy.iloc[-1]:.2%})."
+)
 for r in unstructured.itertuples():
-    pareto_rows.append({"variant": f"unstructured {r.sparsity:.0%}", "accuracy": r.accuracy, "median_ms": r.median_ms,
-                        "params": P.count_params(teacher)})  # fmt: skip
+    pareto_rows.append(
+        {
+            "variant": f"unstructured {r.sparsity:.0%}",
+            "accuracy": r.accuracy,
+            "median_ms": r.median_ms,
+            "params": pruning.count_params(teacher),
+        }
+    )
 
 # %% [markdown]
 # ## 2. `prune.ln_structured`: whole channels zeroed, nothing removed
@@ -175,10 +200,15 @@ m_zeroed = time_model(zeroed, x_bench, "ln_structured 50%")
 acc_zeroed = cu.models.accuracy(zeroed, digits.x_test, digits.y_test)
 s_zeroed = m_base.median_ms / m_zeroed.median_ms
 spread_z = max(m_base.spread, m_zeroed.spread)
-print(f"half the channels zeroed: {s_zeroed:.2f}x the dense speed (spread up to {spread_z:.0%}), accuracy "
-      f"{acc_zeroed:.2%} without fine-tuning. "
-      + ("No speed-up beyond the spread: same shapes, same work." if abs(s_zeroed - 1) <= max(0.1, spread_z) else
-         "A difference beyond the spread, with the same shapes and work: the machine was busy; rerun it."))  # fmt: skip
+print(
+    f"half the channels zeroed: {s_zeroed:.2f}x the dense speed (spread up to {spread_z:.0%}), accuracy "
+    f"{acc_zeroed:.2%} without fine-tuning. "
+    + (
+        "No speed-up beyond the spread: same shapes, same work."
+        if abs(s_zeroed - 1) <= max(0.1, spread_z)
+        else "A difference beyond the spread, with the same shapes and work: the machine was busy; rerun it."
+    )
+)
 
 # %% [markdown]
 # ## 3. The channel rebuild: remove the channels for real
@@ -213,28 +243,45 @@ with torch.inference_mode():
     cu.check_outputs(rebuilt(digits.x_test), old(digits.x_test), "fp32", label="rebuilt vs channels silenced")
 silence.remove()
 acc_rebuilt = cu.models.accuracy(rebuilt, digits.x_test, digits.y_test)
-print(f"conv1 {tuple(conv1.weight.shape)} -> {tuple(new_conv1.weight.shape)}, conv2 {tuple(conv2.weight.shape)} -> "
-      f"{tuple(new_conv2.weight.shape)}; accuracy {acc_rebuilt:.2%} untuned (baseline {base_acc:.2%})")  # fmt: skip
+print(
+    f"conv1 {tuple(conv1.weight.shape)} -> {tuple(new_conv1.weight.shape)}, conv2 {tuple(conv2.weight.shape)} -> "
+    f"{tuple(new_conv2.weight.shape)}; accuracy {acc_rebuilt:.2%} untuned (baseline {base_acc:.2%})"
+)
 
 # %% [markdown]
-# `P.channel_prune_cnn(model, keep_fraction)` does exactly this for every conv layer of the digits CNN (and
-# the hidden Linear units). Accuracy drops right after the cut; a short fine-tune (`P.train`) recovers it.
+# `pruning.channel_prune_cnn(model, keep_fraction)` does exactly this for every conv layer of the digits CNN (and
+# the hidden Linear units). Accuracy drops right after the cut; a short fine-tune (`pruning.train`) recovers it.
 
 # %%
 keep_fractions = cu.pick(full=[0.75, 0.5, 0.35, 0.25], smoke=[0.5])
 ft_epochs = cu.pick(full=3, smoke=1)
 rows = []
 for frac in keep_fractions:
-    small = P.channel_prune_cnn(teacher, frac)
+    small = pruning.channel_prune_cnn(teacher, frac)
     acc_cut = cu.models.accuracy(small, digits.x_test, digits.y_test)
-    P.train(small, digits.x_train, digits.y_train, epochs=ft_epochs, lr=1e-3, batch_size=128)
+    pruning.train(small, digits.x_train, digits.y_train, epochs=ft_epochs, lr=1e-3, batch_size=128)
     acc = cu.models.accuracy(small, digits.x_test, digits.y_test)
     m = time_model(small, x_bench, f"channels kept {frac:.0%}")
-    rows.append({"channels kept": frac, "params": P.count_params(small), "accuracy after cut": acc_cut,
-                 "accuracy after fine-tune": acc, "flag": accuracy_flag(acc, base_acc, THRESHOLD),
-                 "median_ms": m.median_ms, "speedup": m_base.median_ms / m.median_ms, "m": m})  # fmt: skip
-    pareto_rows.append({"variant": f"structured {frac:.0%}", "accuracy": acc, "median_ms": m.median_ms,
-                        "params": P.count_params(small)})  # fmt: skip
+    rows.append(
+        {
+            "channels kept": frac,
+            "params": pruning.count_params(small),
+            "accuracy after cut": acc_cut,
+            "accuracy after fine-tune": acc,
+            "flag": accuracy_flag(acc, base_acc, THRESHOLD),
+            "median_ms": m.median_ms,
+            "speedup": m_base.median_ms / m.median_ms,
+            "m": m,
+        }
+    )
+    pareto_rows.append(
+        {
+            "variant": f"structured {frac:.0%}",
+            "accuracy": acc,
+            "median_ms": m.median_ms,
+            "params": pruning.count_params(small),
+        }
+    )
 structured = pd.DataFrame(rows)
 display(structured.drop(columns="m").round(4))
 
@@ -242,16 +289,20 @@ display(structured.drop(columns="m").round(4))
 good = structured[structured.flag == "OK"]
 if len(good):
     best = good.sort_values("speedup", ascending=False).iloc[0]
-    print(f"Best structured pruning within {THRESHOLD} point(s): {best['channels kept']:.0%} of channels kept, "
-          f"{best.speedup:.2f}x the baseline speed at batch {BATCH}, accuracy {best['accuracy after fine-tune']:.2%} "
-          f"(course target: 1.5x at <= 1 point loss: {'met' if best.speedup >= 1.5 else 'missed'}).")  # fmt: skip
+    print(
+        f"Best structured pruning within {THRESHOLD} point(s): {best['channels kept']:.0%} of channels kept, "
+        f"{best.speedup:.2f}x the baseline speed at batch {BATCH}, accuracy {best['accuracy after fine-tune']:.2%} "
+        f"(course target: 1.5x at <= 1 point loss: {'met' if best.speedup >= 1.5 else 'missed'})."
+    )
 else:
     best = None
     print(f"No structured variant stayed within {THRESHOLD} point(s) after {ft_epochs} fine-tune epoch(s) here.")
-cu.plots.speedup_bars({f"structured {r['channels kept']:.0%}": r.speedup for _, r in structured.iterrows()}
-                      | {"ln_structured 50% (zeroed)": s_zeroed}
-                      | {f"unstructured {r.sparsity:.0%}": r.speedup for _, r in sp.iterrows()},
-                      title=f"Speed-up vs the dense baseline, batch {BATCH}")  # fmt: skip
+cu.plots.speedup_bars(
+    {f"structured {r['channels kept']:.0%}": r.speedup for _, r in structured.iterrows()}
+    | {"ln_structured 50% (zeroed)": s_zeroed}
+    | {f"unstructured {r.sparsity:.0%}": r.speedup for _, r in sp.iterrows()},
+    title=f"Speed-up vs the dense baseline, batch {BATCH}",
+)
 
 # %% [markdown]
 # ## 4. 2:4 semi-structured sparsity
@@ -289,7 +340,7 @@ if cu.gpu_section("12.gpu-2to4", needs=("torchao",)):
     from torchao.sparsity import sparsify_
     from torchao.sparsity.sparse_api import SemiSparseWeightConfig
 
-    from course_utils import quant as Q
+    from course_utils.techniques import quantization
 
     width, rows_2to4 = cu.pick(full=8192, smoke=512), cu.pick(full=4096, smoke=256)
     lin = torch.nn.Sequential(torch.nn.Linear(width, width)).half().cuda().eval()
@@ -302,25 +353,46 @@ if cu.gpu_section("12.gpu-2to4", needs=("torchao",)):
     with torch.inference_mode():
         cu.check_outputs(lin(xg), pruned_out, "fp16", label="2:4 kernel vs dense kernel on the pruned weights")
     m_sparse = time_model(lin, xg, "2:4 Linear fp16")
-    print(f"{width}x{width} Linear, batch {rows_2to4}: 2:4 is {m_dense.median_ms / m_sparse.median_ms:.2f}x the "
-          "dense speed")  # fmt: skip
-    cu.record("12", f"gpu 2:4 Linear {width}", model="Linear", dtype="fp16", measurement=m_sparse,
-              speedup_vs_baseline=m_dense.median_ms / m_sparse.median_ms)  # fmt: skip
+    print(
+        f"{width}x{width} Linear, batch {rows_2to4}: 2:4 is {m_dense.median_ms / m_sparse.median_ms:.2f}x the "
+        "dense speed"
+    )
+    cu.record(
+        "12",
+        f"gpu 2:4 Linear {width}",
+        model="Linear",
+        dtype="fp16",
+        measurement=m_sparse,
+        speedup_vs_baseline=m_dense.median_ms / m_sparse.median_ms,
+    )
 
     st = cu.models.minilm("cuda").half()
     sents = [s for s in cu.data.verified_path("sentences.txt").read_text().splitlines() if s.strip()]
-    feats = {k: v.repeat(16, 1).cuda() for k, v in Q.fixed_length_features(st, sents).items()}
-    ref_emb = Q.embed(st, feats)
+    feats = {k: v.repeat(16, 1).cuda() for k, v in quantization.fixed_length_features(st, sents).items()}
+    ref_emb = quantization.embed(st, feats)
     ids = feats["input_ids"]
-    m_st = cu.measure(lambda: Q.embed(st, feats), device=ids.device, batch_size=len(ids), label="MiniLM fp16")
+    m_st = cu.measure(
+        lambda: quantization.embed(st, feats), device=ids.device, batch_size=len(ids), label="MiniLM fp16"
+    )
     sp_model = prune_2to4(copy.deepcopy(st), is_ffn)
     sparsify_(sp_model, SemiSparseWeightConfig(), filter_fn=is_ffn)
-    st_cos = Q.mean_cosine(Q.embed(sp_model, feats), ref_emb)
-    m_sp = cu.measure(lambda: Q.embed(sp_model, feats), device=ids.device, batch_size=len(ids), label="2:4 FFN")
-    print(f"MiniLM, 2:4 FFN layers: embedding cosine to dense {st_cos:.4f} (no fine-tune), "
-          f"{m_st.median_ms / m_sp.median_ms:.2f}x the dense speed at batch {len(ids)}")  # fmt: skip
-    cu.record("12", "gpu 2:4 MiniLM FFN", model="MiniLM", dtype="fp16", measurement=m_sp,
-              speedup_vs_baseline=m_st.median_ms / m_sp.median_ms, error_vs_baseline=1 - st_cos)  # fmt: skip
+    st_cos = quantization.mean_cosine(quantization.embed(sp_model, feats), ref_emb)
+    m_sp = cu.measure(
+        lambda: quantization.embed(sp_model, feats), device=ids.device, batch_size=len(ids), label="2:4 FFN"
+    )
+    print(
+        f"MiniLM, 2:4 FFN layers: embedding cosine to dense {st_cos:.4f} (no fine-tune), "
+        f"{m_st.median_ms / m_sp.median_ms:.2f}x the dense speed at batch {len(ids)}"
+    )
+    cu.record(
+        "12",
+        "gpu 2:4 MiniLM FFN",
+        model="MiniLM",
+        dtype="fp16",
+        measurement=m_sp,
+        speedup_vs_baseline=m_st.median_ms / m_sp.median_ms,
+        error_vs_baseline=1 - st_cos,
+    )
 else:
     cu.results.show_reference("12")
 
@@ -335,9 +407,12 @@ else:
 
 # %%
 def distillation_loss(student_logits, teacher_logits, labels, T: float = 4.0, alpha: float = 0.7):
-    soft = F.kl_div(
-        F.log_softmax(student_logits / T, dim=-1), F.softmax(teacher_logits / T, dim=-1), reduction="batchmean"
-    ) * T**2  # fmt: skip
+    soft = (
+        F.kl_div(
+            F.log_softmax(student_logits / T, dim=-1), F.softmax(teacher_logits / T, dim=-1), reduction="batchmean"
+        )
+        * T**2
+    )
     hard = F.cross_entropy(student_logits, labels)
     return alpha * soft + (1 - alpha) * hard
 
@@ -345,8 +420,10 @@ def distillation_loss(student_logits, teacher_logits, labels, T: float = 4.0, al
 with torch.no_grad():
     t_logits = teacher(digits.x_test[:8])
 y8 = digits.y_test[:8]
-print(f"loss of the teacher against itself (soft term 0): {distillation_loss(t_logits, t_logits, y8):.4f}; "
-      f"of an untrained student: {distillation_loss(torch.zeros_like(t_logits), t_logits, y8):.4f}")  # fmt: skip
+print(
+    f"loss of the teacher against itself (soft term 0): {distillation_loss(t_logits, t_logits, y8):.4f}; "
+    f"of an untrained student: {distillation_loss(torch.zeros_like(t_logits), t_logits, y8):.4f}"
+)
 
 # %% [markdown]
 # One seed decides little: the test set has 450 images, so one image is 0.22 points. Train both students with
@@ -362,25 +439,52 @@ kd_rows = []
 for seed in seeds:
     torch.manual_seed(seed)
     init = cu.models.DigitsCNN(**student_widths)
-    s_labels = P.train(copy.deepcopy(init), xs, ys, epochs=kd_epochs, batch_size=64, lr=5e-3, seed=seed)
-    s_kd = P.train(copy.deepcopy(init), xs, ys, epochs=kd_epochs, batch_size=64, lr=5e-3, seed=seed,
-                   teacher=teacher, loss_fn=distillation_loss)  # fmt: skip
-    kd_rows.append({"seed": seed, "labels only": cu.models.accuracy(s_labels, digits.x_test, digits.y_test),
-                    "distilled": cu.models.accuracy(s_kd, digits.x_test, digits.y_test)})  # fmt: skip
+    s_labels = pruning.train(copy.deepcopy(init), xs, ys, epochs=kd_epochs, batch_size=64, lr=5e-3, seed=seed)
+    s_kd = pruning.train(
+        copy.deepcopy(init),
+        xs,
+        ys,
+        epochs=kd_epochs,
+        batch_size=64,
+        lr=5e-3,
+        seed=seed,
+        teacher=teacher,
+        loss_fn=distillation_loss,
+    )
+    kd_rows.append(
+        {
+            "seed": seed,
+            "labels only": cu.models.accuracy(s_labels, digits.x_test, digits.y_test),
+            "distilled": cu.models.accuracy(s_kd, digits.x_test, digits.y_test),
+        }
+    )
 kd = pd.DataFrame(kd_rows)
 kd["gain (points)"] = (kd["distilled"] - kd["labels only"]) * 100
 display(kd.round(4))
 gain = kd["gain (points)"]
 mean_gain = gain.mean()
 se = gain.std(ddof=1) / len(gain) ** 0.5 if len(gain) > 1 else float("inf")
-verdict = ("helped" if mean_gain > 2 * se else "hurt" if mean_gain < -2 * se else
-           "made no difference beyond the seed-to-seed spread")  # fmt: skip
-print(f"Distillation vs labels only over {len(seeds)} seeds ({kd_epochs} epochs, {kd_n} images): mean gain "
-      f"{mean_gain:+.2f} points, standard error {se:.2f} -> distillation {verdict} here.")  # fmt: skip
+verdict = (
+    "helped"
+    if mean_gain > 2 * se
+    else "hurt"
+    if mean_gain < -2 * se
+    else "made no difference beyond the seed-to-seed spread"
+)
+print(
+    f"Distillation vs labels only over {len(seeds)} seeds ({kd_epochs} epochs, {kd_n} images): mean gain "
+    f"{mean_gain:+.2f} points, standard error {se:.2f} -> distillation {verdict} here."
+)
 m_student = time_model(s_kd, x_bench, "student")
 for name in ("labels only", "distilled"):
-    pareto_rows.append({"variant": f"student, {name}", "accuracy": statistics.mean(kd[name]),
-                        "median_ms": m_student.median_ms, "params": P.count_params(s_kd)})  # fmt: skip
+    pareto_rows.append(
+        {
+            "variant": f"student, {name}",
+            "accuracy": statistics.mean(kd[name]),
+            "median_ms": m_student.median_ms,
+            "params": pruning.count_params(s_kd),
+        }
+    )
 
 # %% [markdown]
 # ## Accuracy vs speed: the Pareto plot
@@ -390,26 +494,42 @@ for name in ("labels only", "distilled"):
 # %%
 pareto_df = pd.DataFrame(pareto_rows)
 pareto_df["accuracy"] = pareto_df["accuracy"] * 100
-cu.plots.pareto(pareto_df, x="median_ms", y="accuracy", label="variant",
-                title=f"Digits CNN variants: accuracy (%) vs latency at batch {BATCH}")  # fmt: skip
+cu.plots.pareto(
+    pareto_df,
+    x="median_ms",
+    y="accuracy",
+    label="variant",
+    title=f"Digits CNN variants: accuracy (%) vs latency at batch {BATCH}",
+)
 display(pareto_df.round(3))
 
 # %% [markdown]
 # ## What surprised us
 
 # %%
-print(f"Unstructured pruning up to {sp.sparsity.max():.0%} zeros: {sp.speedup.min():.2f}x-{sp.speedup.max():.2f}x "
-      f"of the dense model (spread {noise:.0%}); ln_structured with half the channels zeroed: "
-      f"{s_zeroed:.2f}x. The zeros in a dense tensor are still multiplied.")  # fmt: skip
+print(
+    f"Unstructured pruning up to {sp.sparsity.max():.0%} zeros: {sp.speedup.min():.2f}x-{sp.speedup.max():.2f}x "
+    f"of the dense model (spread {noise:.0%}); ln_structured with half the channels zeroed: "
+    f"{s_zeroed:.2f}x. The zeros in a dense tensor are still multiplied."
+)
 s_small = structured.sort_values("channels kept").iloc[0]
-param_cut = P.count_params(teacher) / s_small.params
-print(f"Keeping {s_small['channels kept']:.0%} of the channels cuts parameters {param_cut:.1f}x; speed changed "
-      f"{s_small.speedup:.2f}x" + (": far less than the parameter cut, because per-layer fixed costs (framework "
-      "overhead, small kernels) do not shrink with the channels." if s_small.speedup < param_cut / 2
-      else "."))  # fmt: skip
-print(f"The student has {P.count_params(s_kd):,} parameters ({P.count_params(teacher) / P.count_params(s_kd):.0f}x "
-      f"fewer), runs {m_base.median_ms / m_student.median_ms:.2f}x the teacher's speed, and distillation changed its "
-      f"accuracy by {mean_gain:+.2f} points on average.")  # fmt: skip
+param_cut = pruning.count_params(teacher) / s_small.params
+print(
+    f"Keeping {s_small['channels kept']:.0%} of the channels cuts parameters {param_cut:.1f}x; speed changed "
+    f"{s_small.speedup:.2f}x"
+    + (
+        ": far less than the parameter cut, because per-layer fixed costs (framework "
+        "overhead, small kernels) do not shrink with the channels."
+        if s_small.speedup < param_cut / 2
+        else "."
+    )
+)
+print(
+    f"The student has {pruning.count_params(s_kd):,} parameters "
+    f"({pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x "
+    f"fewer), runs {m_base.median_ms / m_student.median_ms:.2f}x the teacher's speed, and distillation changed its "
+    f"accuracy by {mean_gain:+.2f} points on average."
+)
 
 # %% [markdown]
 # ## Beyond this lesson: NAS and operator fusion
@@ -450,15 +570,42 @@ cu.exercises.check("12.rebuild-conv3", rebuild_conv3)
 # %%
 cu.record("12", "baseline", model="digits CNN", dtype="fp32", measurement=m_base, speedup_vs_baseline=1.0)
 for r in unstructured.itertuples():
-    cu.record("12", f"unstructured {r.sparsity:.0%}", model="digits CNN", dtype="fp32", measurement=r.m,
-              speedup_vs_baseline=r.speedup, error_vs_baseline=base_acc - r.accuracy)  # fmt: skip
-cu.record("12", "ln_structured 50% (zeroed)", model="digits CNN", dtype="fp32", measurement=m_zeroed,
-          speedup_vs_baseline=s_zeroed, error_vs_baseline=base_acc - acc_zeroed)  # fmt: skip
+    cu.record(
+        "12",
+        f"unstructured {r.sparsity:.0%}",
+        model="digits CNN",
+        dtype="fp32",
+        measurement=r.m,
+        speedup_vs_baseline=r.speedup,
+        error_vs_baseline=base_acc - r.accuracy,
+    )
+cu.record(
+    "12",
+    "ln_structured 50% (zeroed)",
+    model="digits CNN",
+    dtype="fp32",
+    measurement=m_zeroed,
+    speedup_vs_baseline=s_zeroed,
+    error_vs_baseline=base_acc - acc_zeroed,
+)
 for _, r in structured.iterrows():
-    cu.record("12", f"structured keep {r['channels kept']:.0%}", model="digits CNN", dtype="fp32", measurement=r.m,
-              speedup_vs_baseline=r.speedup, error_vs_baseline=base_acc - r["accuracy after fine-tune"])  # fmt: skip
-cu.record("12", "distilled student", model="digits CNN student", dtype="fp32", measurement=m_student,
-          speedup_vs_baseline=m_base.median_ms / m_student.median_ms,
-          error_vs_baseline=base_acc - statistics.mean(kd["distilled"]),
-          notes=f"mean of {len(seeds)} seeds")  # fmt: skip
+    cu.record(
+        "12",
+        f"structured keep {r['channels kept']:.0%}",
+        model="digits CNN",
+        dtype="fp32",
+        measurement=r.m,
+        speedup_vs_baseline=r.speedup,
+        error_vs_baseline=base_acc - r["accuracy after fine-tune"],
+    )
+cu.record(
+    "12",
+    "distilled student",
+    model="digits CNN student",
+    dtype="fp32",
+    measurement=m_student,
+    speedup_vs_baseline=m_base.median_ms / m_student.median_ms,
+    error_vs_baseline=base_acc - statistics.mean(kd["distilled"]),
+    notes=f"mean of {len(seeds)} seeds",
+)
 print("rows recorded")

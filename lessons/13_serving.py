@@ -43,9 +43,8 @@ import torch
 from IPython.display import display
 
 import course_utils as cu
-from course_utils import load
-from course_utils import server_process as sp
-from course_utils import triton as tr
+from course_utils.serve import load_generator, server_process
+from course_utils.techniques import triton_server
 
 device = cu.lesson.start("13", "Serving with dynamic batching")
 
@@ -131,15 +130,15 @@ def build_server(max_batch_size=1, batch_timeout=0.0, workers_per_device=1, acce
 
 
 # %% [markdown]
-# `sp.serve(...)` (the course's process helper) runs the file's `build_server` in a new process group bound to
-# 127.0.0.1, waits until it answers `/health` with the id it was given, and stops the whole group when the
+# `server_process.serve(...)` (the course's process helper) runs the file's `build_server` in a new process group
+# bound to 127.0.0.1, waits until it answers `/health` with the id it was given, and stops the whole group when the
 # `with` block ends, also after an error. A plain-script run has no `%%writefile`, so the next cell writes the
 # same cell text there. Before any server: the model in-process, to know its own batch curve.
 
 # %%
 SERVER_FILE = WORK / "embed_server.py"
 if not SERVER_FILE.exists():  # running as a plain script: %%writefile above was a comment
-    sp.writefile_fallback(SERVER_FILE, __file__)
+    server_process.writefile_fallback(SERVER_FILE, __file__)
 TARGET = f"{SERVER_FILE}:build_server"
 sys.path.insert(0, str(WORK))
 import embed_server  # the file written above
@@ -176,9 +175,9 @@ inproc.round(2)
 
 # %% [markdown]
 # ## Two load generators
-# `load.closed_loop` runs `c` clients: each sends a request, waits for the answer, sends the next. When the
+# `load_generator.closed_loop` runs `c` clients: each sends a request, waits for the answer, sends the next. When the
 # server slows down, the clients slow down with it, so the queue never exceeds `c` and the measured p99 is
-# *at most* about `c` service times. `load.open_loop` sends requests at Poisson-distributed times at a fixed
+# *at most* about `c` service times. `load_generator.open_loop` sends requests at Poisson-distributed times at a fixed
 # `rate`, whatever the server does, and measures each latency from the moment the request was *due*: above
 # the server's capacity the queue grows and so does the tail, which is what users see. Both are bounded in
 # count and time and refuse any host but this machine. The helper below runs both against one server, and
@@ -190,16 +189,18 @@ inproc.round(2)
 def load_server(srv, bodies, concurrency, rates, *, n_requests, max_seconds, label):
     """Closed-loop rows for each concurrency, then open-loop rows for each rate, against one running server."""
     rows = []
-    load.closed_loop(srv.predict_url, bodies, n_requests=8, concurrency=4)  # warm-up, not counted
+    load_generator.closed_loop(srv.predict_url, bodies, n_requests=8, concurrency=4)  # warm-up, not counted
     runs = [("closed", c, None) for c in concurrency] + [("open", None, r) for r in rates]
     for mode, c, rate in runs:
         seen = len(srv.calls())
         if mode == "closed":
-            res = load.closed_loop(
+            res = load_generator.closed_loop(
                 srv.predict_url, bodies, n_requests=max(n_requests, 2 * c), concurrency=c, max_seconds=max_seconds
             )
         else:
-            res = load.open_loop(srv.predict_url, bodies, rate=rate, n_requests=n_requests, max_seconds=max_seconds)
+            res = load_generator.open_loop(
+                srv.predict_url, bodies, rate=rate, n_requests=n_requests, max_seconds=max_seconds
+            )
         calls = srv.calls(since=seen)
         rows.append(
             {
@@ -215,7 +216,7 @@ def load_server(srv, bodies, concurrency, rates, *, n_requests, max_seconds, lab
 
 def check_answers(srv, reference):
     """Send every sentence at once; the served embeddings must equal the reference (fp32 tolerance)."""
-    answers = load.post_many(srv.predict_url, bodies)
+    answers = load_generator.post_many(srv.predict_url, bodies)
     assert all(code == 200 for code, _ in answers), answers[:3]
     served = torch.tensor([a["embedding"] for _, a in answers])
     return cu.check_outputs(
@@ -227,14 +228,14 @@ def check_answers(srv, reference):
 # ## Without batching: correct first, then the load
 # The reference is `sentence-transformers` itself (`SentenceTransformer.encode`), not our code; the served
 # answers must match it within the fp32 tolerance of `cu.compare` before any speed figure. Then the server
-# with `max_batch_size=1` gets the load. Its closed-loop peak tells us its capacity; the open-loop rates are
+# with `max_batch_size=1` gets the load_generator. Its closed-loop peak tells us its capacity; the open-loop rates are
 # set relative to it: 70% (the queue stays short) and 150% (more arrives than it can serve).
 
 # %%
 ref_model = cu.models.minilm()
 ref = torch.from_numpy(ref_model.encode(SENTENCES, normalize_embeddings=True))
 t0 = time.perf_counter()
-with sp.serve(TARGET, max_batch_size=1) as srv:
+with server_process.serve(TARGET, max_batch_size=1) as srv:
     start_s = time.perf_counter() - t0
     check_answers(srv, ref)
     plain = load_server(
@@ -288,7 +289,7 @@ print(
 # The same file served with `max_batch_size=MAX_BATCH` and that timeout. Correct first again, now with
 # batches of sentences of different lengths (padding); then bad requests, which must each get a clear 4xx
 # (the course's guard in front of every server bounds size, JSON depth, numbers and time; FastAPI checks the
-# request type) without failing the good requests batched with them; then the same load.
+# request type) without failing the good requests batched with them; then the same load_generator.
 
 # %%
 bad = {
@@ -301,23 +302,23 @@ bad = {
     "JSON nested 950 deep": b"[" * 950 + b"]" * 950,
     "200 KB field": {"text": "x" * 200_000},
 }
-with sp.serve(TARGET, max_batch_size=MAX_BATCH, batch_timeout=BATCH_TIMEOUT) as srv:
+with server_process.serve(TARGET, max_batch_size=MAX_BATCH, batch_timeout=BATCH_TIMEOUT) as srv:
     n0 = len(srv.calls())
     check_answers(srv, ref)
     print(f"{len(bodies)} concurrent requests were answered in {len(srv.calls()) - n0} model calls (batches).")
     rows = []
     for name, body in bad.items():
-        code, ans = load.post(srv.predict_url, body)
+        code, ans = load_generator.post(srv.predict_url, body)
         rows.append({"request": name, "status": code, "message": str(ans.get("detail", ans))[:110]})
     mixed = bodies[:4] + [bad["text is a number"]] + bodies[4:8]
-    mixed_codes = [c for c, _ in load.post_many(srv.predict_url, mixed)]
+    mixed_codes = [c for c, _ in load_generator.post_many(srv.predict_url, mixed)]
     batched = load_server(
         srv, bodies, CONCURRENCY, RATES, n_requests=N_REQUESTS, max_seconds=MAX_SECONDS, label="batched"
     )
 print(f"Nine concurrent requests, the fifth one bad: statuses {mixed_codes}")
 print(
-    f"After the with-block: processes left in group {srv.pgid}: {sp.group_pids(srv.pgid)}, "
-    f"port {srv.port} open: {sp.port_open(srv.port)}"
+    f"After the with-block: processes left in group {srv.pgid}: {server_process.group_pids(srv.pgid)}, "
+    f"port {srv.port} open: {server_process.port_open(srv.port)}"
 )
 display(pd.DataFrame(rows))
 batched.round(1)
@@ -331,7 +332,7 @@ batched.round(1)
 # %%
 frames = [plain, batched]
 if cu.pick(full=True, smoke=False):
-    with sp.serve(TARGET, max_batch_size=1, workers_per_device=2) as srv:
+    with server_process.serve(TARGET, max_batch_size=1, workers_per_device=2) as srv:
         check_answers(srv, ref)
         frames.append(
             load_server(
@@ -422,7 +423,7 @@ if not target_met:
 if cu.gpu_section("13.serve-gpu"):
     gpu_frames = []
     for label, mbs, wait in [("no batching", 1, 0.0), ("batched", 64, 0.005)]:
-        with sp.serve(TARGET, max_batch_size=mbs, batch_timeout=wait, accelerator="cuda") as gsrv:
+        with server_process.serve(TARGET, max_batch_size=mbs, batch_timeout=wait, accelerator="cuda") as gsrv:
             gpu_frames.append(load_server(gsrv, bodies, [64], [500.0], n_requests=2000, max_seconds=30, label=label))
     gpu_df = pd.concat(gpu_frames, ignore_index=True)
     for _, r in gpu_df[gpu_df["mode"] == "closed"].iterrows():
@@ -463,7 +464,7 @@ except ImportError as exc:
 repo = WORK / "triton_repo"
 digits = cu.models.load_digits_model("cnn")
 queue_delay_us = int(BATCH_TIMEOUT * 1e6)
-folder = tr.write_model_repository(
+folder = triton_server.write_model_repository(
     repo,
     digits,
     torch.rand(4, 1, 8, 8),
@@ -481,15 +482,15 @@ print(
     f"max_queue_delay_microseconds={cfg.dynamic_batching.max_queue_delay_microseconds}, "
     f"preferred sizes {list(cfg.dynamic_batching.preferred_batch_size) or 'none'}"
 )
-tr.validate_config(config_text)  # plus what the parser does not check (sizes against max_batch_size, counts)
+triton_server.validate_config(config_text)  # plus what the parser does not check (sizes against max_batch_size, counts)
 for name, text in {
     "misspelled field": config_text.replace("max_queue_delay_microseconds", "max_queue_delay_us"),
     "max_batch_size 0 with dynamic batching": config_text.replace("max_batch_size: 32", "max_batch_size: 0"),
 }.items():
     try:
-        tr.validate_config(text)
+        triton_server.validate_config(text)
         print(f"{name}: not caught (unexpected)")
-    except tr.TritonConfigError as exc:
+    except triton_server.TritonConfigError as exc:
         print(f"{name}: caught -> {str(exc)[:150]}")
 
 # %% [markdown]
@@ -516,9 +517,9 @@ if ort is not None:
 # not run here (Docker and a large image download): unverified by the course.
 
 # %%
-print(tr.docker_run_line(repo, gpus=True))
-print(tr.perf_analyzer_line("digits_cnn", concurrency=(1, 64)))
-print(tr.perf_analyzer_line("digits_cnn", rate=(100, 2000)))
+print(triton_server.docker_run_line(repo, gpus=True))
+print(triton_server.perf_analyzer_line("digits_cnn", concurrency=(1, 64)))
+print(triton_server.perf_analyzer_line("digits_cnn", rate=(100, 2000)))
 
 # %% [markdown]
 # ## Ray Serve (opt-in)
@@ -556,7 +557,9 @@ if cu.modes.opt_in_section(
     try:
         serve.start(http_options={"host": "127.0.0.1", "port": 8127})
         serve.run(RayEmbed.bind(), route_prefix="/predict")
-        ray_res = load.closed_loop("http://127.0.0.1:8127/predict", bodies, n_requests=N_REQUESTS, concurrency=top)
+        ray_res = load_generator.closed_loop(
+            "http://127.0.0.1:8127/predict", bodies, n_requests=N_REQUESTS, concurrency=top
+        )
         print(f"Ray Serve, batched, c={top}: {ray_res.throughput:.1f} req/s, p99 {ray_res.p99_ms:.0f} ms")
     finally:
         serve.shutdown()
@@ -586,7 +589,7 @@ print(f"* A bad request among eight good ones: statuses {mixed_codes}.")
 # %% [markdown]
 # ## Exercises
 # 1. **Serve another model with batching.** Adapt the MiniLM server above to the shipped digits CNN
-#    (`course_utils.models.load_digits_model("cnn")`, input `(N, 1, 8, 8)` floats in `[0, 1]`, 10 class
+#    (`course_utils.supply.models.load_digits_model("cnn")`, input `(N, 1, 8, 8)` floats in `[0, 1]`, 10 class
 #    scores out). A request is `{"pixels": [[...8 rows of 8 floats...]]}`; the answer is
 #    `{"label": int, "probs": [10 floats]}`. Complete the file below:
 #    * `DigitsRequest` validates in the HTTP process: exactly 8 rows of 8 finite numbers in `[0, 1]`
@@ -636,7 +639,7 @@ class MyDigitsAPI(ls.LitAPI):
 
 # %%
 if not (WORK / "my_api.py").exists():  # plain-script run
-    sp.writefile_fallback(WORK / "my_api.py", __file__)
+    server_process.writefile_fallback(WORK / "my_api.py", __file__)
 cu.exercises.check("13.litapi", f"{WORK / 'my_api.py'}:MyDigitsAPI")
 
 # %% [markdown]
@@ -650,8 +653,9 @@ cu.exercises.check("13.litapi", f"{WORK / 'my_api.py'}:MyDigitsAPI")
 
 
 # %%
-def triton_config(name: str, max_batch_size: int, p99_target_ms: float, batch_ms: float, http_ms: float,
-                  instances: int) -> str:  # fmt: skip
+def triton_config(
+    name: str, max_batch_size: int, p99_target_ms: float, batch_ms: float, http_ms: float, instances: int
+) -> str:
     raise NotImplementedError  # your code here
 
 

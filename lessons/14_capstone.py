@@ -34,12 +34,12 @@ from IPython.display import display
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import course_utils as cu
-from course_utils import backends as be
-from course_utils import leaderboard
-from course_utils.optimize import TECHNIQUES, decision_guide, optimize
+from course_utils.show import leaderboard
+from course_utils.techniques import onnx_runtime
+from course_utils.techniques.optimize import TECHNIQUES, decision_guide, optimize
 
 device = cu.lesson.start("14", "Capstone")
-ort = be.require_onnxruntime()  # `import onnxruntime`, or a course error naming the fix if it cannot load
+ort = onnx_runtime.require_onnxruntime()  # `import onnxruntime`, or a course error naming the fix if it cannot load
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static  # noqa: E402
 from onnxruntime.quantization.shape_inference import quant_pre_process  # noqa: E402
 from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: E402
@@ -121,8 +121,10 @@ print(f"Example batch: {tuple(example.shape)} on {device}; {threads} threads")
 
 # %%
 activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
-with torch.inference_mode(), profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=3),
-                                     record_shapes=True) as prof:  # fmt: skip
+with (
+    torch.inference_mode(),
+    profile(activities=activities, schedule=schedule(wait=1, warmup=1, active=3), record_shapes=True) as prof,
+):
     for _ in range(5):
         with record_function("forward"):
             model(example)
@@ -138,12 +140,14 @@ ops = pd.DataFrame(
         {"op": e.key, "self_ms": (e.self_device_time_total if device.type == "cuda" else e.self_cpu_time_total) / 1e3}
         for e in prof.key_averages()
         if e.key != "forward"
-    ]  # fmt: skip
+    ]
 ).sort_values("self_ms", ascending=False)
 compute = ops["op"].str.contains("conv|mm|linear|matmul|gemm", case=False)
 compute_share = ops.loc[compute, "self_ms"].sum() / ops["self_ms"].sum()
-print(f"Compute operators (convolution, matrix multiply) take {compute_share:.0%} of the self time; the other "
-      f"{(~compute).sum()} operator kinds take the rest.")  # fmt: skip
+print(
+    f"Compute operators (convolution, matrix multiply) take {compute_share:.0%} of the self time; the other "
+    f"{(~compute).sum()} operator kinds take the rest."
+)
 if compute_share >= 0.5:
     print("So this model is compute-bound here: lower precision and INT8 in the convolutions and matmuls should pay.")
 else:
@@ -185,17 +189,40 @@ def try_step(name: str, run, precision: str, builds_on: str) -> dict:
     best = max((r for r in stack if r["kept"]), key=lambda r: r["speedup"], default=None)
     ok = cmp.within and base_acc - acc <= budget
     kept = ok and speedup is not None and (best is None or speedup > best["speedup"] * 1.02)
-    row = {"step": name, "builds on": builds_on, "precision": precision, "check": "OK" if cmp.within else cmp.reason,
-           "accuracy": acc, "baseline_ms": m_base.median_ms if m else None, "median_ms": m.median_ms if m else None,
-           "speedup": speedup, "first_call_s": first_s, "kept": kept}  # fmt: skip
+    row = {
+        "step": name,
+        "builds on": builds_on,
+        "precision": precision,
+        "check": "OK" if cmp.within else cmp.reason,
+        "accuracy": acc,
+        "baseline_ms": m_base.median_ms if m else None,
+        "median_ms": m.median_ms if m else None,
+        "speedup": speedup,
+        "first_call_s": first_s,
+        "kept": kept,
+    }
     stack.append(row)
     if m:
-        cu.record("14", f"stack: {name}", model=model_name, device=device.type, dtype=precision, measurement=m,
-                  speedup_vs_baseline=speedup, error_vs_baseline=cmp.max_rel, notes=f"accuracy {acc:.4f}")  # fmt: skip
+        cu.record(
+            "14",
+            f"stack: {name}",
+            model=model_name,
+            device=device.type,
+            dtype=precision,
+            measurement=m,
+            speedup_vs_baseline=speedup,
+            error_vs_baseline=cmp.max_rel,
+            notes=f"accuracy {acc:.4f}",
+        )
     verdict = "kept" if kept else ("correct, but not faster than the best so far" if ok else "rejected")
-    print(f"{name}: {cmp}; accuracy {acc:.4f}; "
-          + (f"{m.median_ms:.3f} ms vs baseline {m_base.median_ms:.3f} ms: {speedup:.2f}x, {verdict}" if m
-             else "not timed"))  # fmt: skip
+    print(
+        f"{name}: {cmp}; accuracy {acc:.4f}; "
+        + (
+            f"{m.median_ms:.3f} ms vs baseline {m_base.median_ms:.3f} ms: {speedup:.2f}x, {verdict}"
+            if m
+            else "not timed"
+        )
+    )
     return row
 
 
@@ -280,15 +307,23 @@ try_step("+ int8 linear (torchao) + compile", compiled_q, "int8", "channels_last
 onnx_path = work / f"{model_name}.onnx"
 with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    torch.onnx.export(copy.deepcopy(model).cpu(), (example[:2].cpu(),), onnx_path, dynamo=True,
-                      dynamic_shapes={"x": {0: "batch"}}, input_names=["input"], output_names=["logits"],
-                      external_data=False, verbose=False)  # fmt: skip
+    torch.onnx.export(
+        copy.deepcopy(model).cpu(),
+        (example[:2].cpu(),),
+        onnx_path,
+        dynamo=True,
+        dynamic_shapes={"x": {0: "batch"}},
+        input_names=["input"],
+        output_names=["logits"],
+        external_data=False,
+        verbose=False,
+    )
 so = ort.SessionOptions()
 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 so.intra_op_num_threads = threads
 if device.type == "cuda":
-    session = be.ort_session(onnx_path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
-    ort_run = be.ort_iobinding_runner(session, lambda s: (s[0], ref.shape[1]))
+    session = onnx_runtime.ort_session(onnx_path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+    ort_run = onnx_runtime.ort_iobinding_runner(session, lambda s: (s[0], ref.shape[1]))
 else:
     session = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
 
@@ -316,9 +351,15 @@ if device.type == "cpu":
 
     pre_path, int8_path = work / f"{model_name}.pre.onnx", work / f"{model_name}.int8.onnx"
     quant_pre_process(str(onnx_path), str(pre_path))  # shape inference and clean-up first
-    quantize_static(str(pre_path), str(int8_path), Calib(calib_pool, cu.pick(full=16, smoke=4), 32),
-                    quant_format=QuantFormat.QDQ, per_channel=True, activation_type=QuantType.QUInt8,
-                    weight_type=QuantType.QInt8)  # fmt: skip
+    quantize_static(
+        str(pre_path),
+        str(int8_path),
+        Calib(calib_pool, cu.pick(full=16, smoke=4), 32),
+        quant_format=QuantFormat.QDQ,
+        per_channel=True,
+        activation_type=QuantType.QUInt8,
+        weight_type=QuantType.QInt8,
+    )
     session8 = ort.InferenceSession(str(int8_path), so, providers=["CPUExecutionProvider"])
 
     def ort_int8_run(x):
@@ -337,18 +378,22 @@ else:
 table = pd.DataFrame(stack)
 table["best so far"] = table["speedup"].where(table["kept"]).cummax().ffill().fillna(1.0)
 display(table.round(4))
-cu.plots.speedup_bars({r["step"]: r["speedup"] for r in stack[1:] if r["speedup"] is not None},
-                      title=f"{model_name} on {device.type}: each step vs the eager baseline")  # fmt: skip
+cu.plots.speedup_bars(
+    {r["step"]: r["speedup"] for r in stack[1:] if r["speedup"] is not None},
+    title=f"{model_name} on {device.type}: each step vs the eager baseline",
+)
 best = table.loc[table["speedup"].where(table["kept"]).idxmax()]
 dropped = table[~table["kept"] & table["speedup"].notna()]
-print(f"Best stack here: {best['step']} at {best['speedup']:.2f}x the baseline, accuracy {best['accuracy']:.4f} "
-      f"(baseline {base_acc:.4f}).")  # fmt: skip
+print(
+    f"Best stack here: {best['step']} at {best['speedup']:.2f}x the baseline, accuracy {best['accuracy']:.4f} "
+    f"(baseline {base_acc:.4f})."
+)
 for _, r in dropped.iterrows():
     print(f"Not kept: {r['step']} ({r['speedup']:.2f}x; {r['check']}, accuracy {r['accuracy']:.4f}).")
 
 # %% [markdown]
 # ## 9. The cross-check: `optimize()`
-# The course's pipeline runs the same families of techniques automatically (`course_utils.optimize`), with
+# The course's pipeline runs the same families of techniques automatically (`course_utils.techniques.optimize`), with
 # the same checks. It is the second opinion, not the lesson: if it finds something faster than your best
 # stack, look at what it did differently. In smoke mode (the tests) `torch.compile` is left out, and a
 # technique that fails stops the run instead of becoming a "failed" row.
@@ -357,16 +402,27 @@ for _, r in dropped.iterrows():
 techniques = cu.pick(full=list(TECHNIQUES[1:]), smoke=[t for t in TECHNIQUES[1:] if t != "compile"])
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", category=cu.timing.HighSpreadWarning)
-    report = optimize(model, example, accuracy_fn, device=device, accuracy_budget=budget, techniques=techniques,
-                      batch_size=4 * batch, model_name=model_name, verbose=False)  # fmt: skip
+    report = optimize(
+        model,
+        example,
+        accuracy_fn,
+        device=device,
+        accuracy_budget=budget,
+        techniques=techniques,
+        batch_size=4 * batch,
+        model_name=model_name,
+        verbose=False,
+    )
 df = report.df
 display(df[["technique", "applied", "check", "accuracy", "speedup", "cumulative_speedup", "reason"]])
 print(decision_guide(report))
 auto_best = report.paying(1.0)
 if not auto_best.empty:
     a = auto_best.iloc[0]
-    print(f"optimize()'s best: {a['technique']} at {a['speedup']:.2f}x; your stack's best: {best['step']} at "
-          f"{best['speedup']:.2f}x.")  # fmt: skip
+    print(
+        f"optimize()'s best: {a['technique']} at {a['speedup']:.2f}x; your stack's best: {best['step']} at "
+        f"{best['speedup']:.2f}x."
+    )
 n_rows = report.record("14", model=model_name)
 print(f"Wrote {n_rows} rows for lesson 14 to {cu.results.results_dir()}")
 
@@ -385,8 +441,9 @@ table = leaderboard.leaderboard(board, lesson="14", value="speedup_vs_baseline")
 table
 
 # %%
-fig = leaderboard.plot(table, title="Lesson 14: speed-up per technique and machine",
-                       xlabel="speed-up vs baseline (x, higher is better)")  # fmt: skip
+fig = leaderboard.plot(
+    table, title="Lesson 14: speed-up per technique and machine", xlabel="speed-up vs baseline (x, higher is better)"
+)
 print(leaderboard.best_technique(board, "14").to_string(index=False))
 if device.type != "cuda":
     cu.results.show_reference("14")

@@ -269,8 +269,16 @@ def serve(model, kv, requests, *, policy, max_slots, trace=None):
             continue
         if trace is not None:  # what each decode step runs with, and the KV memory it holds
             stored = sum(kv.lengths[r.rid] for r in running)
-            trace.append({"t": now, "running": len(active), "waiting": len(waiting), "stored_tokens": stored,
-                          "paged_blocks": kv.blocks_in_use(), "sequences": len(running)})  # fmt: skip
+            trace.append(
+                {
+                    "t": now,
+                    "running": len(active),
+                    "waiting": len(waiting),
+                    "stored_tokens": stored,
+                    "paged_blocks": kv.blocks_in_use(),
+                    "sequences": len(running),
+                }
+            )
         # 4. one decode step for every running sequence: one new token each
         logits = forward(model, kv, [r.rid for r in active], torch.tensor([[r.out[-1]] for r in active]))
         for r, row in zip(active, logits[:, -1], strict=True):
@@ -284,8 +292,10 @@ def serve(model, kv, requests, *, policy, max_slots, trace=None):
 # was made, as a server would send it (server-sent events in vLLM's HTTP API).
 
 # %%
-demo = [Request(i, prompt_ids(q), cu.pick(full=12, smoke=4), 0.0)
-        for i, q in enumerate(["Name a fruit.", "What is 2 + 3?", "Say hello in French."])]  # fmt: skip
+demo = [
+    Request(i, prompt_ids(q), cu.pick(full=12, smoke=4), 0.0)
+    for i, q in enumerate(["Name a fruit.", "What is 2 + 3?", "Say hello in French."])
+]
 kv = PagedKV(cfg, num_blocks=16, block_size=16)
 for r, token, t in serve(model, kv, demo, policy="continuous", max_slots=3):
     print(f"[{t:6.2f} s] request {r.rid}: {show([token])!r}")
@@ -348,10 +358,14 @@ RATE = MAX_SLOTS / (mean_new * msB / 1000)  # requests/s a full batch could serv
 rng = random.Random(16)
 arrivals = np.cumsum([rng.expovariate(RATE) for _ in range(N_REQUESTS)])
 work = [(rng.randrange(len(pool)), LONG if rng.random() < 0.25 else SHORT) for _ in range(N_REQUESTS)]
-print(f"Decode step: {ms1:.0f} ms at batch 1, {msB:.0f} ms at batch {MAX_SLOTS} "
-      f"({MAX_SLOTS * ms1 / msB:.1f}x the tokens per second, for {MAX_SLOTS}x the sequences).")  # fmt: skip
-print(f"{N_REQUESTS} requests, Poisson arrivals at {RATE:.2f} requests/s, caps {SHORT} or {LONG} new tokens, "
-      f"prompts of {min(map(len, pool))}-{max(map(len, pool))} tokens, {MAX_SLOTS} slots.")  # fmt: skip
+print(
+    f"Decode step: {ms1:.0f} ms at batch 1, {msB:.0f} ms at batch {MAX_SLOTS} "
+    f"({MAX_SLOTS * ms1 / msB:.1f}x the tokens per second, for {MAX_SLOTS}x the sequences)."
+)
+print(
+    f"{N_REQUESTS} requests, Poisson arrivals at {RATE:.2f} requests/s, caps {SHORT} or {LONG} new tokens, "
+    f"prompts of {min(map(len, pool))}-{max(map(len, pool))} tokens, {MAX_SLOTS} slots."
+)
 
 # %% [markdown]
 # The expected answers first: greedy `generate` for every prompt in use, once, at the longest cap. A
@@ -388,28 +402,41 @@ def metrics(requests):
     itl = [1000 * d for r in requests for d in np.diff(r.times)]
     tokens = sum(len(r.out) for r in requests)
     span = max(r.times[-1] for r in requests) - min(r.arrival for r in requests)
-    return {"tokens": tokens, "seconds": span, "tokens_per_s": tokens / span,
-            "ttft_p50_ms": np.percentile(ttft, 50), "ttft_p99_ms": np.percentile(ttft, 99),
-            "itl_p50_ms": np.percentile(itl, 50) if itl else float("nan"),
-            "itl_p99_ms": np.percentile(itl, 99) if itl else float("nan")}  # fmt: skip
+    return {
+        "tokens": tokens,
+        "seconds": span,
+        "tokens_per_s": tokens / span,
+        "ttft_p50_ms": np.percentile(ttft, 50),
+        "ttft_p99_ms": np.percentile(ttft, 99),
+        "itl_p50_ms": np.percentile(itl, 50) if itl else float("nan"),
+        "itl_p99_ms": np.percentile(itl, 99) if itl else float("nan"),
+    }
 
 
 table = pd.DataFrame({policy: metrics(reqs) for policy, (reqs, _) in served.items()}).T
 display(table.round(2))
 st, co = table.loc["static"], table.loc["continuous"]
 speedup = co["tokens_per_s"] / st["tokens_per_s"]
-print(f"Continuous vs static: {speedup:.2f}x the throughput, p99 TTFT {co['ttft_p99_ms']:.0f} vs "
-      f"{st['ttft_p99_ms']:.0f} ms, p99 ITL {co['itl_p99_ms']:.0f} vs {st['itl_p99_ms']:.0f} ms.")  # fmt: skip
-print(f"Target (>= 1.5x throughput at equal or lower p99 TTFT): "
-      f"{'met' if speedup >= 1.5 and co['ttft_p99_ms'] <= st['ttft_p99_ms'] else 'missed'}.")  # fmt: skip
+print(
+    f"Continuous vs static: {speedup:.2f}x the throughput, p99 TTFT {co['ttft_p99_ms']:.0f} vs "
+    f"{st['ttft_p99_ms']:.0f} ms, p99 ITL {co['itl_p99_ms']:.0f} vs {st['itl_p99_ms']:.0f} ms."
+)
+print(
+    f"Target (>= 1.5x throughput at equal or lower p99 TTFT): "
+    f"{'met' if speedup >= 1.5 and co['ttft_p99_ms'] <= st['ttft_p99_ms'] else 'missed'}."
+)
 busy = {p: tr["running"].mean() for p, (_, tr) in served.items()}
 steps = {p: len(tr) for p, (_, tr) in served.items()}
-print(f"Decode steps: static {steps['static']} with {busy['static']:.1f} sequences on average, continuous "
-      f"{steps['continuous']} with {busy['continuous']:.1f} (of {MAX_SLOTS} slots).")  # fmt: skip
+print(
+    f"Decode steps: static {steps['static']} with {busy['static']:.1f} sequences on average, continuous "
+    f"{steps['continuous']} with {busy['continuous']:.1f} (of {MAX_SLOTS} slots)."
+)
 if speedup < 1.5:
-    print(f"Why the gain is {speedup:.2f}x: fuller batches pay only as much as a bigger batch is cheaper per token "
-          f"(here a step of {MAX_SLOTS} gives {MAX_SLOTS * ms1 / msB:.1f}x the tokens of a step of 1), and both "
-          f"policies pay the same prefills ({prefill_ms:.0f} ms each, batch 1) between steps.")  # fmt: skip
+    print(
+        f"Why the gain is {speedup:.2f}x: fuller batches pay only as much as a bigger batch is cheaper per token "
+        f"(here a step of {MAX_SLOTS} gives {MAX_SLOTS * ms1 / msB:.1f}x the tokens of a step of 1), and both "
+        f"policies pay the same prefills ({prefill_ms:.0f} ms each, batch 1) between steps."
+    )
 
 # %% [markdown]
 # Compare the ITL columns: under continuous batching each admission runs the newcomer's prefill *between* two
@@ -443,26 +470,37 @@ fig.tight_layout()
 # %%
 tr = served["continuous"][1]
 per_token = PagedKV(cfg, 1, BLOCK).bytes_per_token
-mem = pd.DataFrame({
-    "stored (tokens x bytes)": tr["stored_tokens"] * per_token,
-    "paged (blocks in use)": tr["paged_blocks"] * BLOCK * per_token,
-    "contiguous (MAX_LEN per sequence)": tr["sequences"] * MAX_LEN * per_token,
-}) / 2**20  # fmt: skip
+mem = (
+    pd.DataFrame(
+        {
+            "stored (tokens x bytes)": tr["stored_tokens"] * per_token,
+            "paged (blocks in use)": tr["paged_blocks"] * BLOCK * per_token,
+            "contiguous (MAX_LEN per sequence)": tr["sequences"] * MAX_LEN * per_token,
+        }
+    )
+    / 2**20
+)
 summary = mem[tr["sequences"] > 0].agg(["mean", "max"]).T.rename(columns={"mean": "mean_MiB", "max": "peak_MiB"})
 display(summary.round(2))
 stored_mib, contiguous_mib = summary["mean_MiB"].iloc[0], summary["mean_MiB"].iloc[2]
 paged_mib = summary["mean_MiB"].iloc[1]
 kv_ratio, frag, waste = contiguous_mib / paged_mib, 1 - stored_mib / paged_mib, 1 - stored_mib / contiguous_mib
-print(f"KV bytes per token: {per_token / 1024:.1f} KiB ({cfg.num_hidden_layers} layers x 2 x "
-      f"{cfg.num_key_value_heads} KV heads x {cfg.head_dim} x 4 bytes).")  # fmt: skip
-print(f"Contiguous-max needs {kv_ratio:.1f}x the KV memory of the paged cache at this load (target >= 2x: "
-      f"{'met' if kv_ratio >= 2 else 'missed'}); {100 * frag:.0f}% of the paged blocks are unused slots of last "
-      f"blocks, {100 * waste:.0f}% of the contiguous reservation is never filled.")  # fmt: skip
+print(
+    f"KV bytes per token: {per_token / 1024:.1f} KiB ({cfg.num_hidden_layers} layers x 2 x "
+    f"{cfg.num_key_value_heads} KV heads x {cfg.head_dim} x 4 bytes)."
+)
+print(
+    f"Contiguous-max needs {kv_ratio:.1f}x the KV memory of the paged cache at this load (target >= 2x: "
+    f"{'met' if kv_ratio >= 2 else 'missed'}); {100 * frag:.0f}% of the paged blocks are unused slots of last "
+    f"blocks, {100 * waste:.0f}% of the contiguous reservation is never filled."
+)
 prompt_share = np.mean([len(pool[i]) for i, _ in work]) / MAX_LEN
 at_2048 = (tr["sequences"] * 2048 * per_token / 2**20)[tr["sequences"] > 0].mean() / paged_mib
-print(f"A prompt fills on average {100 * prompt_share:.0f}% of MAX_LEN here: the contiguous cache wastes only the "
-      f"answer room it reserved. A server reserving a max_model_len of 2048 tokens would need {at_2048:.0f}x the "
-      f"paged cache's memory at this load.")  # fmt: skip
+print(
+    f"A prompt fills on average {100 * prompt_share:.0f}% of MAX_LEN here: the contiguous cache wastes only the "
+    f"answer room it reserved. A server reserving a max_model_len of 2048 tokens would need {at_2048:.0f}x the "
+    f"paged cache's memory at this load."
+)
 fig, ax = plt.subplots(figsize=(7, 3.5))
 ax.plot(tr["t"], mem.iloc[:, 2], label="contiguous (MAX_LEN)")
 ax.plot(tr["t"], mem.iloc[:, 1], label="paged (blocks)")
@@ -541,11 +579,20 @@ for case, prompt in CASES.items():
         assert got == want, f"{case}, k={k}: speculative output differs from greedy generate"
         drafted, accepted = sum(s[0] for s in steps), sum(s[1] for s in steps)
         reached = sum(min(n + 1, d) for d, n in steps)  # draft positions examined (all before them accepted)
-        spec_rows.append({"case": case, "k": k, "tokens": len(got), "tokens_per_s": len(got) / seconds,
-                          "verify_passes": len(steps), "tokens_per_pass": (len(got) - 1) / max(len(steps), 1),
-                          "drafted": drafted, "accepted": accepted,
-                          "acceptance": accepted / reached if reached else float("nan"),
-                          "steps_with_draft_%": 100 * sum(d > 0 for d, _ in steps) / max(len(steps), 1)})  # fmt: skip
+        spec_rows.append(
+            {
+                "case": case,
+                "k": k,
+                "tokens": len(got),
+                "tokens_per_s": len(got) / seconds,
+                "verify_passes": len(steps),
+                "tokens_per_pass": (len(got) - 1) / max(len(steps), 1),
+                "drafted": drafted,
+                "accepted": accepted,
+                "acceptance": accepted / reached if reached else float("nan"),
+                "steps_with_draft_%": 100 * sum(d > 0 for d, _ in steps) / max(len(steps), 1),
+            }
+        )
 spec = pd.DataFrame(spec_rows)
 base = spec[spec["k"] == 0].set_index("case")["tokens_per_s"]
 spec["speedup"] = spec["tokens_per_s"] / spec["case"].map(base)
@@ -565,11 +612,15 @@ win = spec[spec["case"] == "copy (draft fits)"].iloc[1:]
 lose = spec[spec["case"] == "story (draft misses)"].iloc[1:]
 best = win.loc[win["speedup"].idxmax()]
 worst = lose.loc[lose["speedup"].idxmin()]
-print(f"Draft fits: best k={int(best['k'])}, {best['speedup']:.2f}x tokens/s, acceptance {best['acceptance']:.2f}, "
-      f"{best['tokens_per_pass']:.1f} tokens per verify pass (target >= 1.3x: "
-      f"{'met' if best['speedup'] >= 1.3 else 'missed'}).")  # fmt: skip
-print(f"Draft misses: at k={int(worst['k'])} {worst['speedup']:.2f}x (acceptance {worst['acceptance']:.2f}): a pass "
-      f"pays for up to {int(worst['k']) + 1} positions, keeps {worst['tokens_per_pass']:.1f} tokens.")  # fmt: skip
+print(
+    f"Draft fits: best k={int(best['k'])}, {best['speedup']:.2f}x tokens/s, acceptance {best['acceptance']:.2f}, "
+    f"{best['tokens_per_pass']:.1f} tokens per verify pass (target >= 1.3x: "
+    f"{'met' if best['speedup'] >= 1.3 else 'missed'})."
+)
+print(
+    f"Draft misses: at k={int(worst['k'])} {worst['speedup']:.2f}x (acceptance {worst['acceptance']:.2f}): a pass "
+    f"pays for up to {int(worst['k']) + 1} positions, keeps {worst['tokens_per_pass']:.1f} tokens."
+)
 fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 3.6))
 for i, (case, g) in enumerate(spec[spec["k"] > 0].groupby("case", sort=False)):
     ax1.plot(g["k"], g["tokens_per_pass"], marker="o", color=f"C{i}", label=f"{case}: measured")
@@ -604,8 +655,10 @@ if cu.gpu_section("16.gpu-serve"):
     g_rows = {}
     for policy in ("static", "continuous"):
         g_rng = random.Random(1)
-        g_reqs = [Request(i, pool[i % len(pool)], g_cap if g_rng.random() < 0.25 else max(1, g_cap // 8), 0.0)
-                  for i in range(g_n)]  # fmt: skip
+        g_reqs = [
+            Request(i, pool[i % len(pool)], g_cap if g_rng.random() < 0.25 else max(1, g_cap // 8), 0.0)
+            for i in range(g_n)
+        ]
         g_kv = PagedKV(gmodel.config, g_slots * -(-g_len // BLOCK) + 4, BLOCK, device="cuda")
         for r, _token, t in serve(gmodel, g_kv, g_reqs, policy=policy, max_slots=g_slots):
             r.times.append(t)
@@ -616,10 +669,18 @@ if cu.gpu_section("16.gpu-serve"):
     g_table = pd.DataFrame(g_rows).T
     display(g_table.round(2))
     for policy, r in g_table.iterrows():
-        cu.record("16", f"{policy} batching (GPU)", model=gname, device="cuda", dtype="fp32",
-                  batch_size=g_slots, throughput=r["tokens_per_s"], median_ms=r["itl_p50_ms"],
-                  speedup_vs_baseline=r["tokens_per_s"] / g_table.loc["static", "tokens_per_s"],
-                  notes=f"{g_n} requests at once, p99 TTFT {r['ttft_p99_ms']:.0f} ms")  # fmt: skip
+        cu.record(
+            "16",
+            f"{policy} batching (GPU)",
+            model=gname,
+            device="cuda",
+            dtype="fp32",
+            batch_size=g_slots,
+            throughput=r["tokens_per_s"],
+            median_ms=r["itl_p50_ms"],
+            speedup_vs_baseline=r["tokens_per_s"] / g_table.loc["static", "tokens_per_s"],
+            notes=f"{g_n} requests at once, p99 TTFT {r['ttft_p99_ms']:.0f} ms",
+        )
 else:
     cu.results.show_reference("16", "GPU")
 
@@ -640,16 +701,55 @@ else:
 # %% tags=["contract"]
 def vllm_commands(model_dir, port, *, prefix_caching, num_prompts, rate, result_dir):
     """`vllm serve` and `vllm bench serve` command lines (argument lists) for one measured configuration."""
-    serve_cmd = ["vllm", "serve", str(model_dir), "--host", "127.0.0.1", "--port", str(port),
-                 "--max-num-seqs", "64", "--gpu-memory-utilization", "0.5", "--enable-chunked-prefill",
-                 "--enable-prefix-caching" if prefix_caching else "--disable-prefix-caching"]  # fmt: skip
-    bench_cmd = ["vllm", "bench", "serve", "--backend", "vllm", "--base-url", f"http://127.0.0.1:{port}",
-                 "--model", str(model_dir), "--dataset-name", "prefix_repetition",
-                 "--prefix-repetition-prefix-len", "256", "--prefix-repetition-suffix-len", "64",
-                 "--prefix-repetition-num-prefixes", "4", "--prefix-repetition-output-len", "64",
-                 "--num-prompts", str(num_prompts), "--request-rate", str(rate), "--seed", "16",
-                 "--percentile-metrics", "ttft,tpot,itl", "--metric-percentiles", "50,99",
-                 "--save-result", "--result-dir", str(result_dir)]  # fmt: skip
+    serve_cmd = [
+        "vllm",
+        "serve",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--max-num-seqs",
+        "64",
+        "--gpu-memory-utilization",
+        "0.5",
+        "--enable-chunked-prefill",
+        "--enable-prefix-caching" if prefix_caching else "--disable-prefix-caching",
+    ]
+    bench_cmd = [
+        "vllm",
+        "bench",
+        "serve",
+        "--backend",
+        "vllm",
+        "--base-url",
+        f"http://127.0.0.1:{port}",
+        "--model",
+        str(model_dir),
+        "--dataset-name",
+        "prefix_repetition",
+        "--prefix-repetition-prefix-len",
+        "256",
+        "--prefix-repetition-suffix-len",
+        "64",
+        "--prefix-repetition-num-prefixes",
+        "4",
+        "--prefix-repetition-output-len",
+        "64",
+        "--num-prompts",
+        str(num_prompts),
+        "--request-rate",
+        str(rate),
+        "--seed",
+        "16",
+        "--percentile-metrics",
+        "ttft,tpot,itl",
+        "--metric-percentiles",
+        "50,99",
+        "--save-result",
+        "--result-dir",
+        str(result_dir),
+    ]
     return serve_cmd, bench_cmd
 
 
@@ -671,8 +771,9 @@ if cu.gpu_section("16.vllm", needs=("vllm",), why="vLLM needs a CUDA GPU and its
         out_dir = tempfile.mkdtemp(prefix="lesson16_vllm_")
         vllm_rows = []
         for caching in (False, True):
-            serve_cmd, bench_cmd = vllm_commands(cu.llm.cache_dir(), 8016, prefix_caching=caching,
-                                                 num_prompts=200, rate=16, result_dir=out_dir)  # fmt: skip
+            serve_cmd, bench_cmd = vllm_commands(
+                cu.llm.cache_dir(), 8016, prefix_caching=caching, num_prompts=200, rate=16, result_dir=out_dir
+            )
             server = subprocess.Popen(serve_cmd, start_new_session=True)
             try:
                 for _ in range(600):  # up to 10 minutes for the engine to start
@@ -688,8 +789,15 @@ if cu.gpu_section("16.vllm", needs=("vllm",), why="vLLM needs a CUDA GPU and its
                 server.wait(timeout=60)
             latest = max(Path(out_dir).glob("*.json"), key=lambda p: p.stat().st_mtime)
             res = json.loads(latest.read_text())
-            vllm_rows.append({"prefix caching": caching, **{k: res.get(k) for k in (
-                "output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms", "p99_itl_ms")}})  # fmt: skip
+            vllm_rows.append(
+                {
+                    "prefix caching": caching,
+                    **{
+                        k: res.get(k)
+                        for k in ("output_throughput", "p50_ttft_ms", "p99_ttft_ms", "p50_itl_ms", "p99_itl_ms")
+                    },
+                }
+            )
         display(pd.DataFrame(vllm_rows))
 
 # %% [markdown]
@@ -704,16 +812,24 @@ if cu.gpu_section("16.vllm", needs=("vllm",), why="vLLM needs a CUDA GPU and its
 # Printed from this run:
 
 # %%
-print(f"* A decode step for {MAX_SLOTS} sequences took {msB:.0f} ms, for one {ms1:.0f} ms: "
-      f"{MAX_SLOTS * ms1 / msB:.1f}x the tokens for the same weight reads.")  # fmt: skip
-print(f"* Continuous batching: {speedup:.2f}x static's throughput, p99 TTFT {co['ttft_p99_ms']:.0f} ms vs "
-      f"{st['ttft_p99_ms']:.0f} ms, p99 ITL {co['itl_p99_ms']:.0f} ms vs {st['itl_p99_ms']:.0f} ms"
-      + (" (newcomers' prefills stall the batch)." if co["itl_p99_ms"] > st["itl_p99_ms"] else "."))  # fmt: skip
-print(f"* Reserving {MAX_LEN} tokens per sequence took {kv_ratio:.1f}x the KV memory of 16-token blocks; the "
-      f"blocks' own waste was {100 * frag:.0f}%.")  # fmt: skip
-print(f"* Prompt lookup made the copying answer {best['speedup']:.2f}x faster at k={int(best['k'])}, the story "
-      f"{worst['speedup']:.2f}x at k={int(worst['k'])}: same code, identical output, "
-      f"{'opposite results' if worst['speedup'] < 1 else 'no gain where the draft misses'}.")  # fmt: skip
+print(
+    f"* A decode step for {MAX_SLOTS} sequences took {msB:.0f} ms, for one {ms1:.0f} ms: "
+    f"{MAX_SLOTS * ms1 / msB:.1f}x the tokens for the same weight reads."
+)
+print(
+    f"* Continuous batching: {speedup:.2f}x static's throughput, p99 TTFT {co['ttft_p99_ms']:.0f} ms vs "
+    f"{st['ttft_p99_ms']:.0f} ms, p99 ITL {co['itl_p99_ms']:.0f} ms vs {st['itl_p99_ms']:.0f} ms"
+    + (" (newcomers' prefills stall the batch)." if co["itl_p99_ms"] > st["itl_p99_ms"] else ".")
+)
+print(
+    f"* Reserving {MAX_LEN} tokens per sequence took {kv_ratio:.1f}x the KV memory of 16-token blocks; the "
+    f"blocks' own waste was {100 * frag:.0f}%."
+)
+print(
+    f"* Prompt lookup made the copying answer {best['speedup']:.2f}x faster at k={int(best['k'])}, the story "
+    f"{worst['speedup']:.2f}x at k={int(worst['k'])}: same code, identical output, "
+    f"{'opposite results' if worst['speedup'] < 1 else 'no gain where the draft misses'}."
+)
 
 # %% [markdown]
 # ## Exercises
@@ -755,16 +871,38 @@ cu.exercises.check("16.verify", verify)
 
 # %%
 for policy, r in table.iterrows():
-    cu.record("16", f"{policy} batching", model=MODEL_NAME, device="cpu", dtype="fp32", batch_size=MAX_SLOTS,
-              median_ms=r["itl_p50_ms"], throughput=r["tokens_per_s"],
-              speedup_vs_baseline=r["tokens_per_s"] / st["tokens_per_s"],
-              notes=f"{N_REQUESTS} Poisson requests at {RATE:.2f}/s, p99 TTFT {r['ttft_p99_ms']:.0f} ms, "
-              f"p99 ITL {r['itl_p99_ms']:.0f} ms")  # fmt: skip
-cu.record("16", "paged KV cache vs contiguous-max", model=MODEL_NAME, device="cpu", dtype="fp32",
-          speedup_vs_baseline=kv_ratio, notes=f"KV memory ratio (mean), block {BLOCK}, MAX_LEN {MAX_LEN}, "
-          f"{100 * frag:.0f}% of block slots unused")  # fmt: skip
+    cu.record(
+        "16",
+        f"{policy} batching",
+        model=MODEL_NAME,
+        device="cpu",
+        dtype="fp32",
+        batch_size=MAX_SLOTS,
+        median_ms=r["itl_p50_ms"],
+        throughput=r["tokens_per_s"],
+        speedup_vs_baseline=r["tokens_per_s"] / st["tokens_per_s"],
+        notes=f"{N_REQUESTS} Poisson requests at {RATE:.2f}/s, p99 TTFT {r['ttft_p99_ms']:.0f} ms, "
+        f"p99 ITL {r['itl_p99_ms']:.0f} ms",
+    )
+cu.record(
+    "16",
+    "paged KV cache vs contiguous-max",
+    model=MODEL_NAME,
+    device="cpu",
+    dtype="fp32",
+    speedup_vs_baseline=kv_ratio,
+    notes=f"KV memory ratio (mean), block {BLOCK}, MAX_LEN {MAX_LEN}, {100 * frag:.0f}% of block slots unused",
+)
 for label, r in (("draft fits", best), ("draft misses", worst)):
-    cu.record("16", f"speculative decoding, prompt lookup, {label}", model=MODEL_NAME, device="cpu", dtype="fp32",
-              batch_size=1, throughput=r["tokens_per_s"], speedup_vs_baseline=r["speedup"],
-              notes=f"k={int(r['k'])}, acceptance {r['acceptance']:.2f}, identical to greedy")  # fmt: skip
+    cu.record(
+        "16",
+        f"speculative decoding, prompt lookup, {label}",
+        model=MODEL_NAME,
+        device="cpu",
+        dtype="fp32",
+        batch_size=1,
+        throughput=r["tokens_per_s"],
+        speedup_vs_baseline=r["speedup"],
+        notes=f"k={int(r['k'])}, acceptance {r['acceptance']:.2f}, identical to greedy",
+    )
 print("Recorded. This is the last lesson: compare your machine's rows with `cu.leaderboard`.")

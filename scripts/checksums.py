@@ -15,8 +15,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from course_utils.data import CHECKSUMS, DATA_DIR, recorded_checksums, sha256
-from course_utils.errors import ChecksumError, CourseError, MissingFileError
+from course_utils.supply.data import CHECKSUMS, DATA_DIR, recorded_checksums, sha256
+from course_utils.supply.errors import ChecksumError, CourseError, MissingFileError
 
 SHIPPED_SUFFIXES = {".pt", ".jpg", ".txt", ".json", ".csv"}
 

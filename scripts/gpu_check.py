@@ -109,7 +109,7 @@ def run_lesson(path: Path, env: dict[str, str], timeout_s: float, log: Path) -> 
 def section_table(results_dir: Path) -> list[dict]:
     """One row per section and run: its final status (completed only when its cell completed)."""
     sys.path.insert(0, str(ROOT))
-    from course_utils import modes
+    from course_utils.supply import modes
 
     rows = []
     for r in modes.read_sections(results_dir / "sections.jsonl"):  # a torn line is warned about, not fatal
@@ -204,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     csvs = sorted(p for p in results_dir.glob("*.csv"))
     completed = sorted({s["section"] for s in sections if s["status"] == "completed"})
     if not args.no_save and csvs and gpu:
-        from course_utils import results
+        from course_utils.show import results
 
         rows_df = results.load_results(csvs)  # malformed rows skipped with a warning, good rows kept
         ref = ROOT / "data" / "reference"

@@ -96,7 +96,7 @@ def executed_runs(root: Path = ROOT) -> dict[str, str]:
     return out
 
 
-# what a rehearsal check counter means, in the words of the table (the counters come from course_utils.standins)
+# what a rehearsal check counter means, in the words of the table (the counters come from course_utils.check.standins)
 ENFORCED = {
     "placement checks": "placement", "stream-order checks": "stream order", "timing checks": "event timing",
     "graph captures": "CUDA-graph capture rules", "TensorRT pointer checks": "TensorRT device pointers",
@@ -116,7 +116,7 @@ def rehearsal_outcomes(folder: Path | None) -> dict[str, dict]:
     if folder is None or not folder.exists():
         return {}
     sys.path.insert(0, str(ROOT))
-    from course_utils.modes import read_sections
+    from course_utils.supply.modes import read_sections
 
     rank = {"completed": 3, "not-rehearsable": 2, "failed": 1, "entered": 0}
     out: dict[str, dict] = {}

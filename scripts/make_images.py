@@ -9,7 +9,7 @@ from __future__ import annotations
 from PIL import Image
 from skimage import data
 
-from course_utils.data import DATA_DIR
+from course_utils.supply.data import DATA_DIR
 from scripts.checksums import write_checksums
 
 NAMES = ["astronaut", "chelsea", "coffee", "rocket", "immunohistochemistry", "hubble_deep_field"]

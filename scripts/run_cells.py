@@ -5,7 +5,7 @@
     ... python -m scripts.run_cells 10_streams.py --until 10.streams   (stop after that section's cell)
 
 Cells are the ``# %%`` blocks of the jupytext percent format, executed in order in one namespace (line numbers
-kept for tracebacks). After each cell :func:`course_utils.modes.finish_cell` records the sections entered in it
+kept for tracebacks). After each cell :func:`course_utils.supply.modes.finish_cell` records the sections entered in it
 as ``completed`` or ``failed`` (or ``not-rehearsable``: that cell stops there and the run goes on, as the
 skipped section's ``else`` branch is not taken). The first failing cell ends the run with exit status 1. In
 rehearsal mode the fake TensorRT is importable from the start (lesson 08 imports it in its first cell).
@@ -69,8 +69,8 @@ def _display_shim() -> None:
 
 def run(path: Path, until: str | None = None) -> int:
     """Run ``path`` cell by cell; ``until``: stop after the cell that enters that section (0 if it completed)."""
-    from course_utils import modes
-    from course_utils.standins import rehearsal
+    from course_utils.check.standins import rehearsal
+    from course_utils.supply import modes
 
     _display_shim()
     modes._HOOKS["cells"] = True
@@ -78,7 +78,7 @@ def run(path: Path, until: str | None = None) -> int:
         import importlib.util
 
         if importlib.util.find_spec("tensorrt") is None:
-            from course_utils.standins.tensorrt import fake_from_snapshot
+            from course_utils.check.standins.tensorrt import fake_from_snapshot
 
             sys.modules["tensorrt"] = fake_from_snapshot(device_pointers=True)
     if rehearsal.enabled() and rehearsal.whole_lesson():

@@ -46,7 +46,7 @@ class NotebookRun:
 
 
 def _read_sections(path: Path) -> list[dict]:
-    from course_utils.modes import read_sections  # warns about and skips a torn line
+    from course_utils.supply.modes import read_sections  # warns about and skips a torn line
 
     return read_sections(path)
 
@@ -108,7 +108,7 @@ def render_html(nb_path: Path) -> Path:
 def leaderboard_html(results: Path) -> str:
     """The leaderboard section of the report: machines, then lesson/technique rows side by side."""
     sys.path.insert(0, str(ROOT))
-    from course_utils import leaderboard as lb
+    from course_utils.show import leaderboard as lb
 
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -152,7 +152,7 @@ font-size:0.9em;margin:0.5em 0} td,th{border:1px solid #ccc;padding:3px 8px;text
 def render_index(out: Path, runs: list[NotebookRun], results: Path, mode: str, total_s: float) -> Path:
     """Write ``out/index.html``: summary table, skipped sections with reasons, links, leaderboard."""
     sys.path.insert(0, str(ROOT))
-    from course_utils.device import describe
+    from course_utils.measuring.device import describe
 
     rows = []
     for r in runs:
@@ -195,7 +195,7 @@ def main(argv: list[str] | None = None) -> int:
 
     out: Path = args.out
     out.mkdir(parents=True, exist_ok=True)
-    from course_utils import modes, paths
+    from course_utils.supply import modes, paths
 
     set_dir = os.environ.get("COURSE_RESULTS_DIR", "").strip()
     results = paths.resolve_results_dir(set_dir) if set_dir else (out / "results").resolve()

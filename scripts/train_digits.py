@@ -9,8 +9,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from course_utils.data import DATA_DIR, load_digits_split
-from course_utils.models import DigitsCNN, DigitsMLP, accuracy
+from course_utils.supply.data import DATA_DIR, load_digits_split
+from course_utils.supply.models import DigitsCNN, DigitsMLP, accuracy
 from scripts.checksums import write_checksums
 
 

@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.backends: ONNX export, ORT helpers, and the TensorRT cache logic (no GPU)."""
+"""Unit tests for course_utils.techniques.onnx_runtime (ONNX export, ORT helpers) and the TensorRT cache logic."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import backends as B
-from course_utils import engines as E
-from course_utils.errors import CourseError, MissingBackendError
+from course_utils.supply.errors import CourseError, MissingBackendError
+from course_utils.techniques import onnx_runtime as B
+from course_utils.techniques import tensorrt_engines as E
 
 
 class Tiny(nn.Module):
@@ -94,25 +94,38 @@ def test_quantize_dynamic(tiny_onnx, tmp_path):
 # ----------------------------------------------------------------------------- TensorRT cache, no GPU
 
 BASE = dict(
-    gpu_name="NVIDIA H200", compute_capability=(9, 0), trt_version="11.1.0", precision="fp16",
-    profile=E.Profile.for_batch("input", (3, 224, 224), 1, 8, 32), onnx_sha256="ab" * 32,
-)  # fmt: skip
+    gpu_name="NVIDIA H200",
+    compute_capability=(9, 0),
+    trt_version="11.1.0",
+    precision="fp16",
+    profile=E.Profile.for_batch("input", (3, 224, 224), 1, 8, 32),
+    onnx_sha256="ab" * 32,
+)
 
 
 def test_cache_key_is_stable_and_sensitive_to_every_field():
     key = E.engine_cache_key(**BASE)
     assert key == E.engine_cache_key(**dict(BASE))
     changes = {
-        "gpu_name": "NVIDIA L4", "compute_capability": (8, 9), "trt_version": "10.13.0", "precision": "int8",
-        "profile": E.Profile.for_batch("input", (3, 224, 224), 1, 16, 32), "onnx_sha256": "cd" * 32,
+        "gpu_name": "NVIDIA L4",
+        "compute_capability": (8, 9),
+        "trt_version": "10.13.0",
+        "precision": "int8",
+        "profile": E.Profile.for_batch("input", (3, 224, 224), 1, 16, 32),
+        "onnx_sha256": "cd" * 32,
         "build": {"tf32": False},
-    }  # fmt: skip
+    }
     for field, value in changes.items():
         assert E.engine_cache_key(**{**BASE, field: value}) != key, field
     assert E.engine_cache_key(**{**BASE, "compute_capability": "9.0"}) == key
     # every engine-defining build setting changes the key; TensorRT's defaults are the key without settings
-    for setting, value in {"workspace_bytes": 2 << 30, "tf32": False, "opt_level": 5,
-                           "hardware_compat": "AMPERE_PLUS", "version_compatible": True}.items():  # fmt: skip
+    for setting, value in {
+        "workspace_bytes": 2 << 30,
+        "tf32": False,
+        "opt_level": 5,
+        "hardware_compat": "AMPERE_PLUS",
+        "version_compatible": True,
+    }.items():
         assert E.engine_cache_key(**{**BASE, "build": {setting: value}}) != key, setting
     assert E.engine_cache_key(**{**BASE, "build": dict(E.BUILD_DEFAULTS)}) == key
     # a timing cache makes builds faster, not another engine: not part of the key
@@ -180,8 +193,7 @@ def test_calibration_and_modelopt_command(tmp_path):
 def test_build_plan(tiny_onnx):
     prof = E.Profile.for_batch("input", (8,), 1, 4, 16)
     plat = {"gpu_name": "NVIDIA H200", "compute_capability": (9, 0), "trt_version": "11.1.0"}
-    df = E.build_plan({"fp32": tiny_onnx[1], "tf32": tiny_onnx[1], "int8": None}, prof, plat,
-                      {"fp32": {"tf32": False}})  # fmt: skip
+    df = E.build_plan({"fp32": tiny_onnx[1], "tf32": tiny_onnx[1], "int8": None}, prof, plat, {"fp32": {"tf32": False}})
     assert list(df["engine"]) == ["fp32", "tf32", "int8"] and len(df.loc[0, "cache key"]) == 20
     assert list(df["TF32"]) == [False, True, True]
     assert df.loc[0, "cache key"] != df.loc[1, "cache key"]  # same file, TF32 off vs on: two engines

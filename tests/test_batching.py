@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.batching (dynamic-batching simulation)."""
+"""Unit tests for course_utils.techniques.batching_sim (dynamic-batching simulation)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_utils import batching
+from course_utils.techniques import batching_sim as batching
 
 
 def _sweep() -> pd.DataFrame:
@@ -67,8 +67,9 @@ def _rate_sweep(rates, svc, *, max_batch_size, max_wait_ms, n_requests):
         arrivals = batching.poisson_arrivals(rate, n_requests, seed=0)
         for policy, (b, w) in {"no batching": (1, 0.0), "dynamic": (max_batch_size, max_wait_ms)}.items():
             res = batching.simulate(arrivals, svc, max_batch_size=b, max_wait_ms=w)
-            rows.append({"rate": float(rate), "policy": policy, **res.summary(),
-                         "overloaded": rate > batching.capacity(svc, b)})  # fmt: skip
+            rows.append(
+                {"rate": float(rate), "policy": policy, **res.summary(), "overloaded": rate > batching.capacity(svc, b)}
+            )
     return pd.DataFrame(rows)
 
 

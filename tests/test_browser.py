@@ -33,8 +33,14 @@ CHROMIUM = Path("/usr/bin/chromium")
 LESSON = "00_environment_check.ipynb"
 SHOT = REPO / "build" / "browser" / "lesson00.png"
 RUN_ALL_LIMIT_S = 90.0  # lesson 00 runs in about 15 s on a quiet 2-core machine; generous for a loaded one
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]  # fmt: skip
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--no-first-run",
+]
 
 
 def _missing() -> str:
@@ -55,8 +61,14 @@ def _free_port() -> int:
 
 def _lab_command(workspace: Path) -> list[str]:
     """The Makefile's `lab` recipe line (as `make -n` prints it), for this workspace."""
-    out = subprocess.run(["make", "-n", "--no-print-directory", "lab", f"WORKSPACE={workspace}"], cwd=REPO,
-                         capture_output=True, text=True, timeout=60, check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        ["make", "-n", "--no-print-directory", "lab", f"WORKSPACE={workspace}"],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=True,
+    ).stdout
     lines = [ln for ln in out.replace("\\\n", " ").splitlines() if re.search(r"/bin/jupyter lab\b", ln)]
     assert len(lines) == 1, f"`make -n lab` shows no single `jupyter lab` line:\n{out}"
     cmd = shlex.split(lines[0])
@@ -75,8 +87,9 @@ def _snapshot(paths: list[Path]) -> dict[str, str]:
 
 
 def _git_status() -> list[str]:
-    out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True,
-                         text=True, timeout=60).stdout  # fmt: skip
+    out = subprocess.run(
+        ["git", "status", "--porcelain", "--untracked-files=all"], cwd=REPO, capture_output=True, text=True, timeout=60
+    ).stdout
     lines = out.splitlines()
     if os.environ.get("CI"):
         return lines
@@ -95,8 +108,13 @@ def test_learner_runs_lesson_00_in_jupyterlab_in_chromium(tmp_path):
 
     t_start = time.monotonic()
     workspace = tmp_path / "workspace"
-    subprocess.run(["make", "-s", "--no-print-directory", "workspace", f"WORKSPACE={workspace}"], cwd=REPO,
-                   check=True, timeout=60, capture_output=True)  # fmt: skip
+    subprocess.run(
+        ["make", "-s", "--no-print-directory", "workspace", f"WORKSPACE={workspace}"],
+        cwd=REPO,
+        check=True,
+        timeout=60,
+        capture_output=True,
+    )
     assert (workspace / LESSON).exists() and (workspace / "jupytext.toml").exists()
     sources = [REPO / "notebooks", *sorted((REPO / "lessons").glob("00_*.py"))]
     before, status_before = _snapshot(sources), _git_status()
@@ -105,12 +123,20 @@ def test_learner_runs_lesson_00_in_jupyterlab_in_chromium(tmp_path):
     settings.mkdir(parents=True)  # every cell in the page (no windowing), so every output can be seen
     (settings / "tracker.jupyterlab-settings").write_text(json.dumps({"windowingMode": "none"}))
     port, token = _free_port(), secrets.token_hex(16)
-    cmd = _lab_command(workspace) + [f"--port={port}", "--no-browser", f"--IdentityProvider.token={token}",
-                                     f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
-                                     f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}"]  # fmt: skip
-    env = dict(os.environ, COURSE_SMOKE="1", COURSE_RESULTS_DIR=str(tmp_path / "results"),
-               JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
-               JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"))  # fmt: skip
+    cmd = _lab_command(workspace) + [
+        f"--port={port}",
+        "--no-browser",
+        f"--IdentityProvider.token={token}",
+        f"--LabApp.user_settings_dir={tmp_path / 'settings'}",
+        f"--LabApp.workspaces_dir={tmp_path / 'lab-workspaces'}",
+    ]
+    env = dict(
+        os.environ,
+        COURSE_SMOKE="1",
+        COURSE_RESULTS_DIR=str(tmp_path / "results"),
+        JUPYTER_CONFIG_DIR=str(tmp_path / "jupyter-config"),
+        JUPYTER_RUNTIME_DIR=str(tmp_path / "runtime"),
+    )
     env.pop("MPLBACKEND", None)
     log = open(tmp_path / "lab.log", "wb")
     lab = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
@@ -165,8 +191,12 @@ def _learner_path(browser, port: int, token: str, workspace: Path, t_start: floa
     outputs = page.locator(".jp-Notebook .jp-OutputArea-output")
     assert outputs.count() >= 5, "Run All showed almost no outputs"
     page.get_by_text("not solved yet").first.wait_for(state="visible", timeout=5_000)
-    assert page.locator(".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']",
-                        has_text="Traceback").count() == 0  # fmt: skip
+    assert (
+        page.locator(
+            ".jp-OutputArea-output[data-mime-type='application/vnd.jupyter.stderr']", has_text="Traceback"
+        ).count()
+        == 0
+    )
     page.get_by_text("not solved yet").first.scroll_into_view_if_needed()
     SHOT.parent.mkdir(parents=True, exist_ok=True)
     page.screenshot(path=str(SHOT))

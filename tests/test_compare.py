@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from course_utils import compare
-from course_utils.errors import ToleranceError
+from course_utils.check import compare
+from course_utils.supply.errors import ToleranceError
 
 
 def test_identical_outputs_pass():

@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.compilation: break-even arithmetic and the compile counter."""
+"""Unit tests for course_utils.techniques.compilation: break-even arithmetic and the compile counter."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import torch
 from torch import nn
 
-from course_utils import compilation as C
+from course_utils.techniques import compilation as C
 
 
 def _mlp() -> nn.Module:

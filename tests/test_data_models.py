@@ -3,8 +3,8 @@ import shutil
 import pytest
 import torch
 
-from course_utils import data, models
-from course_utils.errors import BadArgumentError, ChecksumError, CourseError, MissingFileError, WeightsFileError
+from course_utils.supply import data, models
+from course_utils.supply.errors import BadArgumentError, ChecksumError, CourseError, MissingFileError, WeightsFileError
 
 
 def test_digits_split_is_fixed_and_shaped():

@@ -1,8 +1,8 @@
 import pytest
 import torch
 
-from course_utils import device
-from course_utils.errors import CourseError, DeviceUnavailableError
+from course_utils.measuring import device
+from course_utils.supply.errors import CourseError, DeviceUnavailableError
 
 
 def test_pick_and_get_device():

@@ -6,8 +6,8 @@ import time
 import pytest
 import torch
 
-from course_utils import exercises
-from course_utils.lesson_exercises.observe import MATMUL_OPS, OpLog, cases, forbid
+from course_utils.check import exercises
+from course_utils.check.lesson_exercises.observe import MATMUL_OPS, OpLog, cases, forbid
 
 KEYS = sorted(exercises.registry())
 

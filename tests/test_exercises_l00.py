@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import torch
 
-from course_utils import exercises
+from course_utils.check import exercises
 
 verdict = exercises.verdict
 
@@ -34,9 +34,18 @@ def returns_list(cap):
     return [] if cap is None or cap < (8, 0) else ["tf32", "bf16"] + (["fp8"] if cap >= (8, 9) else [])
 
 
-REAL = {(6, 1): set(), (7, 0): set(), (7, 5): set(), (8, 0): {"tf32", "bf16"}, (8, 6): {"tf32", "bf16"},
-        (8, 7): {"tf32", "bf16"}, (8, 9): {"tf32", "bf16", "fp8"}, (9, 0): {"tf32", "bf16", "fp8"},
-        (10, 0): {"tf32", "bf16", "fp8"}, (12, 0): {"tf32", "bf16", "fp8"}}  # fmt: skip
+REAL = {
+    (6, 1): set(),
+    (7, 0): set(),
+    (7, 5): set(),
+    (8, 0): {"tf32", "bf16"},
+    (8, 6): {"tf32", "bf16"},
+    (8, 7): {"tf32", "bf16"},
+    (8, 9): {"tf32", "bf16", "fp8"},
+    (9, 0): {"tf32", "bf16", "fp8"},
+    (10, 0): {"tf32", "bf16", "fp8"},
+    (12, 0): {"tf32", "bf16", "fp8"},
+}
 
 
 def table_of_real_gpus(cap):  # the checker's old fixed cases, typed in
@@ -81,15 +90,21 @@ def test_precisions_rejects(wrong, message):
 # ---- 00.inventory ----------------------------------------------------------------------------------------------
 def _gpu(i):
     p = torch.cuda.get_device_properties(i)
-    return {"name": p.name, "capability": (p.major, p.minor), "memory_gib": p.total_memory / 2**30,
-            "multiprocessors": p.multi_processor_count}  # fmt: skip
+    return {
+        "name": p.name,
+        "capability": (p.major, p.minor),
+        "memory_gib": p.total_memory / 2**30,
+        "multiprocessors": p.multi_processor_count,
+    }
 
 
 def _rest():
     import onnxruntime
 
-    return {"cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            "ort_providers": onnxruntime.get_available_providers()}  # fmt: skip
+    return {
+        "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "ort_providers": onnxruntime.get_available_providers(),
+    }
 
 
 MINE = {"cuda": False, "gpus": [], "cpu_capability": "AVX512", "ort_providers": ["CPUExecutionProvider"]}
@@ -114,8 +129,10 @@ def always_gpu0():
 
 def memory_in_bytes():
     cuda = torch.cuda.is_available()
-    gpus = [{**_gpu(i), "memory_gib": torch.cuda.get_device_properties(i).total_memory}
-            for i in range(torch.cuda.device_count() if cuda else 0)]  # fmt: skip
+    gpus = [
+        {**_gpu(i), "memory_gib": torch.cuda.get_device_properties(i).total_memory}
+        for i in range(torch.cuda.device_count() if cuda else 0)
+    ]
     return {"cuda": cuda, "gpus": gpus, **_rest()}
 
 
@@ -141,8 +158,10 @@ def from_nvidia_smi():
 
 def capability_as_string():
     cuda = torch.cuda.is_available()
-    gpus = [{**_gpu(i), "capability": "{}.{}".format(*torch.cuda.get_device_capability(i))}
-            for i in range(torch.cuda.device_count() if cuda else 0)]  # fmt: skip
+    gpus = [
+        {**_gpu(i), "capability": "{}.{}".format(*torch.cuda.get_device_capability(i))}
+        for i in range(torch.cuda.device_count() if cuda else 0)
+    ]
     return {"cuda": cuda, "gpus": gpus, **_rest()}
 
 
@@ -178,8 +197,18 @@ def test_inventory_rejects_a_cached_answer():
 def test_inventory_restores_the_real_queries():
     import onnxruntime
 
-    real = (torch.cuda.is_available, torch.cuda.get_device_properties, onnxruntime.get_available_providers,
-            torch.backends.cpu.get_cpu_capability, subprocess.run)  # fmt: skip
+    real = (
+        torch.cuda.is_available,
+        torch.cuda.get_device_properties,
+        onnxruntime.get_available_providers,
+        torch.backends.cpu.get_cpu_capability,
+        subprocess.run,
+    )
     verdict("00.inventory", hard_coded)
-    assert real == (torch.cuda.is_available, torch.cuda.get_device_properties, onnxruntime.get_available_providers,
-                    torch.backends.cpu.get_cpu_capability, subprocess.run)  # fmt: skip
+    assert real == (
+        torch.cuda.is_available,
+        torch.cuda.get_device_properties,
+        onnxruntime.get_available_providers,
+        torch.backends.cpu.get_cpu_capability,
+        subprocess.run,
+    )

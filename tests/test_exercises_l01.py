@@ -9,8 +9,8 @@ import time
 import numpy as np
 import pytest
 
-from course_utils import exercises
-from course_utils.lesson_exercises.l01 import FakeAsyncDevice
+from course_utils.check import exercises
+from course_utils.check.lesson_exercises.l01 import FakeAsyncDevice
 
 verdict = exercises.verdict
 
@@ -198,8 +198,13 @@ def never_overhead(i, a, pf, pb):
     return "compute-bound" if i >= pf / pb else "memory-bound"
 
 
-OLD_CASES = {(100.0, 8e11): "compute-bound", (0.1, 8e9): "memory-bound", (0.1, 1e8): "overhead-bound",
-             (100.0, 5e10): "overhead-bound", (5.0, 4e11): "memory-bound"}  # fmt: skip
+OLD_CASES = {
+    (100.0, 8e11): "compute-bound",
+    (0.1, 8e9): "memory-bound",
+    (0.1, 1e8): "overhead-bound",
+    (100.0, 5e10): "overhead-bound",
+    (5.0, 4e11): "memory-bound",
+}
 
 
 def old_cases_typed_in(i, a, pf, pb):

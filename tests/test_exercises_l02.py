@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from course_utils import exercises
+from course_utils.check import exercises
 
 
 def checker(key):

@@ -6,8 +6,8 @@ import gc
 import pytest
 import torch
 
-from course_utils import exercises
-from course_utils.batching import simulate
+from course_utils.check import exercises
+from course_utils.techniques.batching_sim import simulate
 
 CHECK = exercises.get("03.max-wait").checker
 

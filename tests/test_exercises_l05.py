@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import exercises
-from course_utils.exercises import verdict
+from course_utils.check import exercises
+from course_utils.check.exercises import verdict
 
 
 @pytest.mark.parametrize("key", ["05.torchao-mlp", "05.pt2e"])
@@ -25,8 +25,11 @@ def test_reference_passes(key):
 def _q(model, keep, config=None, everything=False):
     from torchao.quantization import Int8WeightOnlyConfig, quantize_
 
-    quantize_(model, config or Int8WeightOnlyConfig(),
-              filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and (everything or fqn not in keep))  # fmt: skip
+    quantize_(
+        model,
+        config or Int8WeightOnlyConfig(),
+        filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and (everything or fqn not in keep),
+    )
     return model
 
 

@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from course_utils import exercises
-from course_utils.exercises import verdict
+from course_utils.check import exercises
+from course_utils.check.exercises import verdict
 
 
 @pytest.mark.parametrize("key", ["06.mark-dynamic", "06.pad-batch", "06.export"])

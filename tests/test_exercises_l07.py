@@ -12,13 +12,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from course_utils import exercises
-from course_utils.exercises import verdict
-from course_utils.lesson_exercises import l07
-from course_utils.lesson_exercises.observe import Cases
+from course_utils.check import exercises
+from course_utils.check.exercises import verdict
+from course_utils.check.lesson_exercises import l07
+from course_utils.check.lesson_exercises.observe import Cases
 
-LEVELS = {"disable": "ORT_DISABLE_ALL", "basic": "ORT_ENABLE_BASIC", "extended": "ORT_ENABLE_EXTENDED",
-          "all": "ORT_ENABLE_ALL"}  # fmt: skip
+LEVELS = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
 
 
 @pytest.mark.parametrize("key", ["07.session", "07.fusion", "07.static-int8"])
@@ -172,8 +176,9 @@ def _static(src, dst, batches, exclude=None, fmt=None):
             x = next(self.it, None)
             return None if x is None else {"input": x}
 
-    quantize_static(src, dst, Reader(), quant_format=fmt or QuantFormat.QDQ, per_channel=True,
-                    nodes_to_exclude=exclude or [])  # fmt: skip
+    quantize_static(
+        src, dst, Reader(), quant_format=fmt or QuantFormat.QDQ, per_channel=True, nodes_to_exclude=exclude or []
+    )
 
 
 def dynamic_instead(src, dst, calib, keep):

@@ -5,15 +5,28 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils import exercises
-from course_utils.lesson_exercises import l08
+from course_utils.check import exercises
+from course_utils.check.lesson_exercises import l08
 
 DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16}
 
 
-def _runner(*, v2=False, skip_shape=False, stream_handle=None, skip_output_address=False, first_input_only=False,
-            float_outputs=False, as_list=False, path_arg=False, no_wait_before=False, no_wait_after=False,
-            recompute=False, clones=False, own_engine=False):  # fmt: skip
+def _runner(
+    *,
+    v2=False,
+    skip_shape=False,
+    stream_handle=None,
+    skip_output_address=False,
+    first_input_only=False,
+    float_outputs=False,
+    as_list=False,
+    path_arg=False,
+    no_wait_before=False,
+    no_wait_after=False,
+    recompute=False,
+    clones=False,
+    own_engine=False,
+):
     """A run_engine with one planted mistake."""
 
     def run(trt, engine, context, feeds, stream, producer):
@@ -91,8 +104,18 @@ def test_the_runner_check_rejects_wrong_loops(mistake, reason):
 # ------------------------------------------------------------------ 08.builder
 
 
-def _builder(*, keep_tf32=False, old_workspace=False, one_input=False, swap=False, fixed=False, other_file=False,
-             engine_returned=False, fp16_flag=False, two_profiles=False):  # fmt: skip
+def _builder(
+    *,
+    keep_tf32=False,
+    old_workspace=False,
+    one_input=False,
+    swap=False,
+    fixed=False,
+    other_file=False,
+    engine_returned=False,
+    fp16_flag=False,
+    two_profiles=False,
+):
     def build(trt, onnx_path, shapes, workspace_bytes, true_fp32):
         if other_file:
             import tempfile

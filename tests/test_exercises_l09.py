@@ -15,7 +15,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_utils import exercises
+from course_utils.check import exercises
 
 KEY = "09.loader"
 

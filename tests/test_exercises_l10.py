@@ -5,13 +5,25 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils import exercises
+from course_utils.check import exercises
 
 KEY = "10.double-buffer"
 
 
-def loop(*, wait_copy=True, wait_free=True, join=True, one_stream=False, fresh=False, serial=False,
-         caller_wait=True, record=True, sync=False, events=True, aside=False):  # fmt: skip
+def loop(
+    *,
+    wait_copy=True,
+    wait_free=True,
+    join=True,
+    one_stream=False,
+    fresh=False,
+    serial=False,
+    caller_wait=True,
+    record=True,
+    sync=False,
+    events=True,
+    aside=False,
+):
     """The double-buffer loop with one step left out or changed."""
 
     def fn(model, chunks, device):
@@ -124,7 +136,7 @@ def test_reference_and_equivalent_loop_are_accepted():
         "synchronize",
         "no-events",
         "baseline-aside",
-    ],  # fmt: skip
+    ],
 )
 def test_wrong_loops_are_rejected(wrong, message):
     got = verdict(loop(**wrong))

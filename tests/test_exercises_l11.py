@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils import exercises
+from course_utils.check import exercises
 
 KEY = "11.graph-runner"
 
@@ -104,7 +104,7 @@ def test_reference_and_equivalent_runner_are_accepted():
         "bypass-wrapper",
         "torch-compile",
         "no-runner",
-    ],  # fmt: skip
+    ],
 )
 def test_wrong_runners_are_rejected(make, message):
     got = verdict(make)

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from course_utils import exercises
+from course_utils.check import exercises
 
 REF = exercises.get("12.rebuild-conv3").solution
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import exercises
-from course_utils.lesson_exercises import l13
+from course_utils.check import exercises
+from course_utils.check.lesson_exercises import l13
 
 SOLUTION = l13.SOLUTION_FILE.read_text()
 
@@ -142,19 +142,39 @@ def _cfg(**change):
         (lambda n, m, t, b, h, i: l13.triton_config("digits", m, t, b, h, i), "name the model"),
         (_cfg(replace=[('name: "input"', 'name: "x"')]), "one input named 'input'"),
         (_cfg(replace=[('name: "logits"', 'name: "output"')]), "one input named 'input'"),
-        (_cfg(replace=[("data_type: TYPE_FP32, dims: [ 1, 8, 8 ]", "data_type: TYPE_FP16, dims: [ 1, 8, 8 ]")]),
-         "TYPE_FP32"),
+        (
+            _cfg(replace=[("data_type: TYPE_FP32, dims: [ 1, 8, 8 ]", "data_type: TYPE_FP16, dims: [ 1, 8, 8 ]")]),
+            "TYPE_FP32",
+        ),
         (_cfg(replace=[("data_type: TYPE_FP32, dims: [ 10 ]", "data_type: TYPE_INT64, dims: [ 10 ]")]), "TYPE_FP32"),
         (_cfg(replace=[("dims: [ 1, 8, 8 ]", "dims: [ -1, 1, 8, 8 ]")]), "no batch dimension"),
         (lambda n, m, t, b, h, i: l13.triton_config(n, m, t, b, h, 0), "count of 0 serves nothing"),
         (_cfg(replace=[("kind: KIND_CPU", "kind: KIND_GPU")]), "KIND_CPU"),
-        (lambda n, m, t, b, h, i: l13.triton_config(n, m, t, b, h, i).split("instance_group")[0]
-         + f"dynamic_batching {{ max_queue_delay_microseconds: {max(0, round((t - 2 * b - h) * 1000))} }}",
-         "instance_group"),
+        (
+            lambda n, m, t, b, h, i: (
+                l13.triton_config(n, m, t, b, h, i).split("instance_group")[0]
+                + f"dynamic_batching {{ max_queue_delay_microseconds: {max(0, round((t - 2 * b - h) * 1000))} }}"
+            ),
+            "instance_group",
+        ),
     ],
-    ids=["preferred", "no-http", "hard-coded-delay", "unparsable", "batch-1", "fixed-name", "input-name",
-         "output-name", "input-fp16", "output-int64", "batch-dim", "zero-instances", "gpu-kind", "no-instances"],
-)  # fmt: skip
+    ids=[
+        "preferred",
+        "no-http",
+        "hard-coded-delay",
+        "unparsable",
+        "batch-1",
+        "fixed-name",
+        "input-name",
+        "output-name",
+        "input-fp16",
+        "output-int64",
+        "batch-dim",
+        "zero-instances",
+        "gpu-kind",
+        "no-instances",
+    ],
+)
 def test_triton_config_checker_rejects(fn, words):
     with pytest.raises(AssertionError, match=words):
         exercises.get("13.triton-config").checker(fn)

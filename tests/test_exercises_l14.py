@@ -13,8 +13,8 @@ import torch.nn.functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torch.profiler import ProfilerActivity, profile
 
-from course_utils import exercises
-from course_utils.lesson_exercises import l14
+from course_utils.check import exercises
+from course_utils.check.lesson_exercises import l14
 
 
 def verdict(fn, key="14.stack") -> str:
@@ -29,8 +29,18 @@ def _fold(m):
     return m
 
 
-def _variant(*, prof=True, prof_after=False, fold=True, cl=True, amp=torch.bfloat16, out_float=True, inference=True,
-             copy_model=True, scale=1.0):  # fmt: skip
+def _variant(
+    *,
+    prof=True,
+    prof_after=False,
+    fold=True,
+    cl=True,
+    amp=torch.bfloat16,
+    out_float=True,
+    inference=True,
+    copy_model=True,
+    scale=1.0,
+):
     def stacked(model, example):
         p = None
         if prof and not prof_after:
@@ -68,8 +78,11 @@ def decoy_functional(model, example):
                 decoy(x.contiguous(memory_format=torch.channels_last))  # the decoy: bf16, channels_last
             h = x
             for layer in m.features:
-                h = F.conv2d(h, layer.weight, layer.bias, padding=layer.padding) if isinstance(
-                    layer, torch.nn.Conv2d) else layer(h)  # fmt: skip
+                h = (
+                    F.conv2d(h, layer.weight, layer.bias, padding=layer.padding)
+                    if isinstance(layer, torch.nn.Conv2d)
+                    else layer(h)
+                )
             return m.classifier(h).float()
 
     return p, run
@@ -85,8 +98,11 @@ def decoy_functional_bf16(model, example):
         with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
             h = x.contiguous(memory_format=torch.channels_last)
             for layer in m.features:
-                h = F.conv2d(h, layer.weight, layer.bias, padding=layer.padding) if isinstance(
-                    layer, torch.nn.Conv2d) else layer(h)  # fmt: skip
+                h = (
+                    F.conv2d(h, layer.weight, layer.bias, padding=layer.padding)
+                    if isinstance(layer, torch.nn.Conv2d)
+                    else layer(h)
+                )
             return m.classifier(h).float()
 
     return p, run
@@ -158,7 +174,7 @@ def test_reference_passes():
         "in-place-layout",
         "in-place-fold",
         "no-model",
-    ],  # fmt: skip
+    ],
 )
 def test_wrong_stacks_are_rejected(fn, message):
     got = verdict(fn)
@@ -174,16 +190,29 @@ def test_the_seed_is_printed_on_failure():
     [
         (lambda rows, budget: "onnxruntime", "got 'onnxruntime'"),  # the old fixed case's answer
         (lambda rows, budget: max(rows, key=lambda r: r["speedup"])["technique"] if rows else "baseline", "within"),
-        (lambda rows, budget: next((r["technique"] for r in rows if r["accuracy_drop"] <= budget), "baseline"),
-         "got"),  # the first acceptable row, not the fastest
-        (lambda rows, budget: max((r for r in rows if r["accuracy_drop"] <= budget), key=lambda r: r["speedup"],
-                                  default={"technique": "baseline"})["technique"], "got"),  # slower than baseline kept
-        (lambda rows, budget: min((r for r in rows if r["speedup"] > 1 and r["accuracy_drop"] <= budget),
-                                  key=lambda r: r["accuracy_drop"], default={"technique": "baseline"})["technique"],
-         "got"),  # the most accurate, not the fastest
+        (
+            lambda rows, budget: next((r["technique"] for r in rows if r["accuracy_drop"] <= budget), "baseline"),
+            "got",
+        ),  # the first acceptable row, not the fastest
+        (
+            lambda rows, budget: max(
+                (r for r in rows if r["accuracy_drop"] <= budget),
+                key=lambda r: r["speedup"],
+                default={"technique": "baseline"},
+            )["technique"],
+            "got",
+        ),  # slower than baseline kept
+        (
+            lambda rows, budget: min(
+                (r for r in rows if r["speedup"] > 1 and r["accuracy_drop"] <= budget),
+                key=lambda r: r["accuracy_drop"],
+                default={"technique": "baseline"},
+            )["technique"],
+            "got",
+        ),  # the most accurate, not the fastest
     ],
     ids=["hard-coded", "ignores-budget", "first-not-fastest", "keeps-slowdowns", "most-accurate"],
-)  # fmt: skip
+)
 def test_wrong_picks_are_rejected(fn, message):
     got = verdict(fn, "14.pick")
     assert message in got and "random case seed" in got, got

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from course_utils import exercises
+from course_utils.check import exercises
 
 SEEDS = (1, 2, 3)
 
@@ -143,8 +143,12 @@ def test_memory_rejects_attention_heads():
 
 
 def test_memory_rejects_missing_factor_two():
-    _rejected("15.kv-memory", lambda c, b, t, dt: c.num_hidden_layers * b * c.num_key_value_heads * t * c.head_dim
-              * _bytes(dt), "factor 2", seeds=SEEDS)  # fmt: skip
+    _rejected(
+        "15.kv-memory",
+        lambda c, b, t, dt: c.num_hidden_layers * b * c.num_key_value_heads * t * c.head_dim * _bytes(dt),
+        "factor 2",
+        seeds=SEEDS,
+    )
 
 
 def test_memory_rejects_fixed_element_size():

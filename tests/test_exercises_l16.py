@@ -8,8 +8,8 @@ from collections import deque
 import pytest
 import torch
 
-from course_utils import exercises
-from course_utils.lesson_exercises import l16
+from course_utils.check import exercises
+from course_utils.check.lesson_exercises import l16
 
 SEEDS = [1, 2, 3]
 

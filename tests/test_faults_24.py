@@ -17,8 +17,9 @@ import pandas as pd
 import pytest
 import torch
 
-from course_utils import data, leaderboard, models, paths, results
-from course_utils.errors import ChecksumError, SettingError, WeightsFileError
+from course_utils.show import leaderboard, results
+from course_utils.supply import data, models, paths
+from course_utils.supply.errors import ChecksumError, SettingError, WeightsFileError
 
 # ---- data loss ---------------------------------------------------------------------------------------------
 
@@ -194,8 +195,18 @@ def _board_file(tmp_path: Path, speedups: list[str]) -> Path:
     rows = []
     for i, s in enumerate(speedups):
         row = dict.fromkeys(results.COLUMNS, "")
-        row.update(lesson="14", technique=f"t{i}", model="m", dtype="fp32", batch_size="1", median_ms="1.0",
-                   speedup_vs_baseline=s, machine=f"host_cpu_{i:06x}", cpu="cpu", time="2026-12-01T10:00")  # fmt: skip
+        row.update(
+            lesson="14",
+            technique=f"t{i}",
+            model="m",
+            dtype="fp32",
+            batch_size="1",
+            median_ms="1.0",
+            speedup_vs_baseline=s,
+            machine=f"host_cpu_{i:06x}",
+            cpu="cpu",
+            time="2026-12-01T10:00",
+        )
         rows.append(row)
     out = io.StringIO()
     w = csv.DictWriter(out, fieldnames=results.COLUMNS, lineterminator="\n")

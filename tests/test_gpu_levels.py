@@ -35,16 +35,32 @@ LESSON = "".join(f'if cu.gpu_section("50.{k}"):\n    pass\n' for k in "abcdef")
 CONTRACT = 'COVERS = {"50.b": "checks b", "50.c": "checks c"}\nNOT_TESTABLE = {"50.e": "needs the hardware"}\n'
 RECORDS = [
     {"section": "50.a", "ran": False, "reason": "", "status": "entered", "mode": "rehearsal"},
-    {"section": "50.a", "ran": True, "reason": "", "status": "completed", "mode": "rehearsal",
-     "checks": {"placement checks": 12, "stream-order checks": 3, "stream-order violations": 0, "other": 1}},
+    {
+        "section": "50.a",
+        "ran": True,
+        "reason": "",
+        "status": "completed",
+        "mode": "rehearsal",
+        "checks": {"placement checks": 12, "stream-order checks": 3, "stream-order violations": 0, "other": 1},
+    },
     {"section": "50.b", "ran": False, "reason": "", "status": "entered", "mode": "rehearsal"},
-    {"section": "50.b", "ran": False, "reason": "not rehearsable: torch.compile", "status": "not-rehearsable",
-     "mode": "rehearsal"},
+    {
+        "section": "50.b",
+        "ran": False,
+        "reason": "not rehearsable: torch.compile",
+        "status": "not-rehearsable",
+        "mode": "rehearsal",
+    },
     {"section": "50.d", "ran": False, "reason": "", "status": "entered", "mode": "rehearsal"},
-    {"section": "50.d", "ran": False, "reason": "RehearsalError: stream order", "status": "failed",
-     "mode": "rehearsal"},
+    {
+        "section": "50.d",
+        "ran": False,
+        "reason": "RehearsalError: stream order",
+        "status": "failed",
+        "mode": "rehearsal",
+    },
     {"section": "50.f", "ran": True, "reason": "", "status": "completed", "mode": "gpu"},  # not a rehearsal row
-]  # fmt: skip
+]
 
 
 def test_levels_from_records_claims_and_reference_runs(tmp_path):

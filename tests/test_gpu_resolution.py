@@ -138,10 +138,26 @@ def resolve(requirements: list[str], python: str, tmp: Path) -> subprocess.Compl
     links.mkdir(exist_ok=True)
     for name, (version, requires) in SOURCE_ONLY.items():
         placeholder_wheel(links, name, version, requires)
-    cmd = [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--quiet",
-           "--only-binary=:all:", "--implementation", "cp", "--python-version", python,
-           "--target", str(tmp / "target"), "--find-links", str(links),
-           "--report", str(tmp / f"report-{python}.json")]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "install",
+        "--dry-run",
+        "--ignore-installed",
+        "--quiet",
+        "--only-binary=:all:",
+        "--implementation",
+        "cp",
+        "--python-version",
+        python,
+        "--target",
+        str(tmp / "target"),
+        "--find-links",
+        str(links),
+        "--report",
+        str(tmp / f"report-{python}.json"),
+    ]
     for p in PLATFORMS:
         cmd += ["--platform", p]
     return subprocess.run(cmd + requirements, capture_output=True, text=True, timeout=600)
@@ -223,8 +239,11 @@ def test_resolution_cache_skips_only_while_the_pins_are_unchanged(tmp_path, monk
     assert cached_pass("t", d1, cache, now=1000.0) is None, "the recheck switch forces a rerun"
     monkeypatch.delenv(RECHECK_VAR)
     # any pin change gives a new digest, so the cached pass no longer applies
-    for path, old, new in [(project, "numpy==2.0.0", "numpy==2.0.1"), (project, "a==1", "a==2"),
-                           (makefile, "2.73.0", "2.74.0")]:  # fmt: skip
+    for path, old, new in [
+        (project, "numpy==2.0.0", "numpy==2.0.1"),
+        (project, "a==1", "a==2"),
+        (makefile, "2.73.0", "2.74.0"),
+    ]:
         path.write_text(path.read_text().replace(old, new))
         d2 = pins_digest("3.12", project, makefile)
         assert d2 != d1, f"changing {old} -> {new} must change the digest"

@@ -8,18 +8,30 @@ import warnings
 import pandas as pd
 import pytest
 
-from course_utils import leaderboard as lb
-from course_utils.errors import BadArgumentError
-from course_utils.results import COLUMNS
+from course_utils.show import leaderboard as lb
+from course_utils.show.results import COLUMNS
+from course_utils.supply.errors import BadArgumentError
 
 
 def _rows(machine: str, gpu: str, cpu: str, speeds: dict[str, float], time: str = "2026-11-01T10:00:00"):
     rows = []
     for tech, ms in speeds.items():
         row = {c: None for c in COLUMNS}
-        row.update(lesson="14", technique=tech, model="digits-cnn", dtype="fp32", batch_size=1, median_ms=ms,
-                   speedup_vs_baseline=speeds["baseline"] / ms, machine=machine, gpu=gpu, cpu=cpu,
-                   torch="2.14.1", mode="full", time=time)  # fmt: skip
+        row.update(
+            lesson="14",
+            technique=tech,
+            model="digits-cnn",
+            dtype="fp32",
+            batch_size=1,
+            median_ms=ms,
+            speedup_vs_baseline=speeds["baseline"] / ms,
+            machine=machine,
+            gpu=gpu,
+            cpu=cpu,
+            torch="2.14.1",
+            mode="full",
+            time=time,
+        )
         rows.append(row)
     return pd.DataFrame(rows, columns=COLUMNS)
 
@@ -84,8 +96,9 @@ def test_newest_row_wins_and_references_are_labelled(tmp_path):
     ref = tmp_path / "ref"
     ref.mkdir()
     _rows("lab_H100", "NVIDIA H100", "Xeon", {"baseline": 0.2}).to_csv(ref / "H100_2026-11-20.csv", index=False)
-    (ref / "H100_2026-11-20.env.json").write_text(json.dumps({"gpu": "NVIDIA H100", "torch": "2.14.1",
-                                                              "tensorrt": "11.1", "date": "2026-11-20"}))  # fmt: skip
+    (ref / "H100_2026-11-20.env.json").write_text(
+        json.dumps({"gpu": "NVIDIA H100", "torch": "2.14.1", "tensorrt": "11.1", "date": "2026-11-20"})
+    )
     refs = lb.references(ref)
     assert refs["label"].iloc[0].startswith("reference: NVIDIA H100") and "2026-11-20" in refs["label"].iloc[0]
     df = pd.concat([lb.load(own, include_reference=False), refs], ignore_index=True)

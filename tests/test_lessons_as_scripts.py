@@ -4,7 +4,8 @@ That catches what a notebook hides: names only IPython defines (``display``), ce
 out of order, magics. Scripts use matplotlib's agg backend; kernels keep the inline one.
 
 The scripts run cell by cell (``scripts/run_cells.py``) with ``COURSE_REHEARSE=1``: on this CPU machine every
-GPU-only section's body executes on the checked stand-ins of ``course_utils.standins.rehearsal`` (placement, stream
+GPU-only section's body executes on the checked stand-ins of ``course_utils.check.standins.rehearsal`` (placement,
+stream
 order, CUDA-graph capture rules, TensorRT pointers, ORT provider options). A section that breaks a rule fails its
 lesson; one that needs what no stand-in offers is recorded "not rehearsable" with the reason. The section rows
 go to ``$COURSE_RESULTS_DIR/sections-rehearsal.jsonl`` of the run (``make test``), from which
@@ -21,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.paths import append_text
+from course_utils.supply.paths import append_text
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))
@@ -38,9 +39,13 @@ def test_lesson_runs_as_a_script(lesson, tmp_path):
     env["COURSE_RESULTS_DIR"] = str(tmp_path / "results")
     env.pop("COURSE_STRICT_GPU", None)
     proc = subprocess.run(
-        [sys.executable, "-m", "scripts.run_cells", lesson.name], cwd=lesson.parent, env=env, capture_output=True,
-        text=True, timeout=900,
-    )  # fmt: skip
+        [sys.executable, "-m", "scripts.run_cells", lesson.name],
+        cwd=lesson.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     record = tmp_path / "results" / "sections.jsonl"
     rows = [json.loads(line) for line in record.read_text().splitlines()] if record.exists() else []
     if RUN_RESULTS:

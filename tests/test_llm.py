@@ -1,4 +1,4 @@
-"""course_utils.llm: the SmolLM2 file is found, converted once into a checksummed cache, and a stand-in of its shape."""
+"""course_utils.supply.llm: the SmolLM2 file found, converted once into a checksummed cache; a stand-in of its shape."""
 
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import json
 import pytest
 import torch
 
-from course_utils import llm
-from course_utils.errors import MissingFileError
+from course_utils.supply import llm
+from course_utils.supply.errors import MissingFileError
 
 
 def test_tiny_llama_has_smollm2s_shape_and_is_seeded():

@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.memory (CPU memory measurement for lesson 11)."""
+"""Unit tests for course_utils.measuring.memory (CPU memory measurement for lesson 11)."""
 
 from __future__ import annotations
 
@@ -7,14 +7,14 @@ import sys
 import pytest
 import torch
 
-from course_utils import memory as mem
+from course_utils.measuring import memory
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc")
 
 
 def test_rss_and_peak_are_positive() -> None:
-    assert mem.rss_mb() > 0
-    assert mem.peak_rss_mb() >= mem.rss_mb() * 0.5
+    assert memory.rss_mb() > 0
+    assert memory.peak_rss_mb() >= memory.rss_mb() * 0.5
 
 
 @linux
@@ -25,39 +25,39 @@ def test_cpu_peak_sees_a_large_tensor() -> None:
         t = torch.ones(n)
         return float(t[0])
 
-    peak, out = mem.cpu_peak_mb(work)
+    peak, out = memory.cpu_peak_mb(work)
     assert out == 1.0
     assert 48 <= peak <= 200, peak
 
 
 def test_malloc_trim_returns_bool() -> None:
-    assert isinstance(mem.malloc_trim(), bool)
+    assert isinstance(memory.malloc_trim(), bool)
 
 
 @linux
 def test_rss_follows_tensors_inside_the_block() -> None:
     n = 8 * 2**20 // 4  # 8 MiB blocks, below glibc's adaptive ceiling: kept on the heap unless the block is active
-    with mem.rss_follows_tensors() as ok:
+    with memory.rss_follows_tensors() as ok:
         assert ok is True
-        peak, _ = mem.cpu_peak_mb(lambda: torch.ones(n).sum())
+        peak, _ = memory.cpu_peak_mb(lambda: torch.ones(n).sum())
         assert peak >= 6
 
 
 def test_grad_context_modes() -> None:
     w = torch.ones(2, requires_grad=True)
-    with mem.grad_context("grad"):
+    with memory.grad_context("grad"):
         assert (w * 2).requires_grad
-    with mem.grad_context("no_grad"):
+    with memory.grad_context("no_grad"):
         assert not (w * 2).requires_grad
-    with mem.grad_context("inference_mode"):
+    with memory.grad_context("inference_mode"):
         assert torch.is_inference_mode_enabled()
     with pytest.raises(ValueError):
-        mem.grad_context("eval")
+        memory.grad_context("eval")
 
 
 @linux
 def test_peak_vs_batch_grows_with_batch() -> None:
     model = torch.nn.Sequential(*[torch.nn.Linear(512, 512) for _ in range(3)])
-    df = mem.peak_vs_batch(model, lambda b: torch.randn(b, 512), [64, 4096], mode="grad")
+    df = memory.peak_vs_batch(model, lambda b: torch.randn(b, 512), [64, 4096], mode="grad")
     assert list(df.columns) == ["batch_size", "peak_mb", "input_mb"]
     assert df["peak_mb"].iloc[1] > df["peak_mb"].iloc[0]

@@ -4,8 +4,8 @@ import warnings
 import pytest
 import torch
 
-from course_utils import modes
-from course_utils.errors import CourseError, GPURequiredError, SettingError
+from course_utils.supply import modes
+from course_utils.supply.errors import CourseError, GPURequiredError, SettingError
 
 
 def test_pick_follows_smoke(monkeypatch):
@@ -57,9 +57,19 @@ def test_mode_summary():
 
 @pytest.mark.parametrize(
     ("raw", "on"),
-    [("1", True), (" 1 ", True), ("TRUE", True), ("yes", True), ("On", True), ("0", False), ("false", False),
-     (" no", False), ("OFF", False), ("", False)],
-)  # fmt: skip
+    [
+        ("1", True),
+        (" 1 ", True),
+        ("TRUE", True),
+        ("yes", True),
+        ("On", True),
+        ("0", False),
+        ("false", False),
+        (" no", False),
+        ("OFF", False),
+        ("", False),
+    ],
+)
 def test_switch_accepts_on_off_words(monkeypatch, raw, on):
     monkeypatch.setenv("COURSE_SMOKE", raw)
     assert modes.switch("COURSE_SMOKE") is on and modes.is_smoke() is on
@@ -86,7 +96,7 @@ def test_unset_switch_is_off(monkeypatch):
 
 
 def test_reported_mode_matches_the_mode_used(monkeypatch):
-    from course_utils import results
+    from course_utils.show import results
 
     monkeypatch.setenv("COURSE_SMOKE", " 1 ")
     assert modes.pick(full="full", smoke="smoke") == "smoke"

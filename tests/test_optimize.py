@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import optimize as opt
-from course_utils.errors import CourseError
+from course_utils.supply.errors import CourseError
+from course_utils.techniques import optimize as opt
 
 
 class Conv1dNet(nn.Module):
@@ -53,8 +53,15 @@ FAST = {"min_time_s": 0.01, "min_repeats": 3, "warmup": 1, "warn_spread": False}
 
 def test_conv1d_net_reports_every_technique():
     model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["batching", "precision", "int8"],
-                          measure_kwargs=FAST, verbose=False)  # fmt: skip
+    report = opt.optimize(
+        model,
+        example,
+        acc,
+        device="cpu",
+        techniques=["batching", "precision", "int8"],
+        measure_kwargs=FAST,
+        verbose=False,
+    )
     df = report.df
     assert [t.split(" ")[0] for t in df["technique"][:7]] == list(opt.TECHNIQUES)
     for col in ["technique", "applied", "reason", "median_ms", "speedup", "accuracy", "within_budget"]:
@@ -78,8 +85,7 @@ def test_conv1d_net_reports_every_technique():
 def test_gru_gets_dynamic_int8():
     model, example, acc = _setup(GRUTagger(), (1, 12, 8))
     assert opt.linear_share(model) > opt.LINEAR_HEAVY_SHARE
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["int8"], measure_kwargs=FAST,
-                          verbose=False)  # fmt: skip
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["int8"], measure_kwargs=FAST, verbose=False)
     step = report.step("int8")
     assert step.applied, step.reason
     assert step.accuracy is not None and step.precision == "int8"
@@ -93,8 +99,9 @@ def test_tensorrt_skips_with_reason_on_cpu():
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["tensorrt"], measure_kwargs=FAST,
-                          verbose=False)  # fmt: skip
+    report = opt.optimize(
+        model, example, acc, device="cpu", techniques=["tensorrt"], measure_kwargs=FAST, verbose=False
+    )
     trt = report.step("tensorrt")
     assert not trt.applied and "GPU" in trt.reason
 
@@ -106,8 +113,9 @@ def test_variant_outside_tolerance_is_not_timed(monkeypatch):
         return [opt._Variant("precision broken", lambda x: model(x) * 0 + 1.0, "bf16", 0.0, "")]
 
     monkeypatch.setattr(opt, "_precision", broken_precision)
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["precision"], measure_kwargs=FAST,
-                          verbose=False)  # fmt: skip
+    report = opt.optimize(
+        model, example, acc, device="cpu", techniques=["precision"], measure_kwargs=FAST, verbose=False
+    )
     step = report.step("precision")
     assert step.applied and step.speedup is None and step.within_budget is False and "not timed" in step.reason
     assert "Outside the budget" in opt.decision_guide(report)
@@ -120,8 +128,16 @@ def test_failing_technique_is_reported_and_others_run(monkeypatch):
         raise RuntimeError("export exploded")
 
     monkeypatch.setattr(opt, "_onnxruntime", boom)
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime", "batching"],
-                          measure_kwargs=FAST, verbose=False, on_error="record")  # fmt: skip
+    report = opt.optimize(
+        model,
+        example,
+        acc,
+        device="cpu",
+        techniques=["onnxruntime", "batching"],
+        measure_kwargs=FAST,
+        verbose=False,
+        on_error="record",
+    )
     assert (
         report.step("onnxruntime").reason.startswith("failed")
         and "export exploded" in report.step("onnxruntime").reason
@@ -138,15 +154,24 @@ def test_failing_technique_raises_in_tests_and_smoke_runs(monkeypatch):
 
     monkeypatch.setattr(opt, "_onnxruntime", boom)
     with pytest.raises(RuntimeError, match="export exploded"):
-        opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
-                     verbose=False, on_error="raise")  # fmt: skip
+        opt.optimize(
+            model,
+            example,
+            acc,
+            device="cpu",
+            techniques=["onnxruntime"],
+            measure_kwargs=FAST,
+            verbose=False,
+            on_error="raise",
+        )
     monkeypatch.setenv("COURSE_SMOKE", "1")
     monkeypatch.delenv(opt.ON_ERROR_ENV, raising=False)
     with pytest.raises(RuntimeError, match="export exploded"):  # default in smoke mode
         opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST, verbose=False)
     monkeypatch.setenv(opt.ON_ERROR_ENV, "record")
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
-                          verbose=False)  # fmt: skip
+    report = opt.optimize(
+        model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST, verbose=False
+    )
     assert "failed" in report.step("onnxruntime").reason
     monkeypatch.setenv(opt.ON_ERROR_ENV, "ignore")
     with pytest.raises(CourseError, match="'raise' or 'record'"):
@@ -157,10 +182,18 @@ def test_failed_rows_are_recorded(tmp_path, monkeypatch):
     monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
     model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
     monkeypatch.setattr(opt, "_onnxruntime", lambda *a, **k: 1 / 0)
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
-                          verbose=False, on_error="record")  # fmt: skip
+    report = opt.optimize(
+        model,
+        example,
+        acc,
+        device="cpu",
+        techniques=["onnxruntime"],
+        measure_kwargs=FAST,
+        verbose=False,
+        on_error="record",
+    )
     assert report.record("99", model="conv1d") == 2  # the baseline, and the failed step (no timing)
-    from course_utils import results
+    from course_utils.show import results
 
     rows = results.load_results(sorted(tmp_path.glob("*.csv")))
     assert rows["notes"].astype(str).str.startswith("failed").sum() == 1
@@ -183,26 +216,42 @@ def test_backend_that_fails_to_import_is_a_skipped_technique(tmp_path, monkeypat
         monkeypatch.setitem(sys.modules, "onnxruntime", None)  # import raises ImportError
     else:
         _broken_package(tmp_path, monkeypatch, "onnxruntime")
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime", "batching"],
-                          measure_kwargs=FAST, verbose=False, on_error="raise")  # fmt: skip
+    report = opt.optimize(
+        model,
+        example,
+        acc,
+        device="cpu",
+        techniques=["onnxruntime", "batching"],
+        measure_kwargs=FAST,
+        verbose=False,
+        on_error="raise",
+    )
     step = report.step("onnxruntime")
     assert not step.applied and "cannot be imported" in step.reason and "make setup" in step.reason
     assert report.step("batching").applied, "the other techniques still run"
 
 
 def test_require_onnxruntime_names_the_fix_for_a_broken_install(tmp_path, monkeypatch):
-    from course_utils import backends
-    from course_utils.errors import MissingBackendError
+    from course_utils.supply.errors import MissingBackendError
+    from course_utils.techniques import onnx_runtime
 
     _broken_package(tmp_path, monkeypatch, "onnxruntime")
     with pytest.raises(MissingBackendError, match="RuntimeError.*make setup"):
-        backends.require_onnxruntime()
+        onnx_runtime.require_onnxruntime()
 
 
 def test_onnxruntime_step_matches_the_model():
     model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
-    report = opt.optimize(model, example, acc, device="cpu", techniques=["onnxruntime"], measure_kwargs=FAST,
-                          verbose=False, on_error="raise")  # fmt: skip
+    report = opt.optimize(
+        model,
+        example,
+        acc,
+        device="cpu",
+        techniques=["onnxruntime"],
+        measure_kwargs=FAST,
+        verbose=False,
+        on_error="raise",
+    )
     step = report.step("onnxruntime")
     assert step.applied and step.comparison.within and step.precision == "fp32", step.reason
 
@@ -212,8 +261,16 @@ def test_no_batch_dim_and_record(tmp_path, monkeypatch):
     model, _, _ = _setup(Conv1dNet(), (2, 4, 32))
     single = nn.Sequential(model.body, nn.Flatten(0))
     example = torch.randn(4, 32).unsqueeze(0)
-    report = opt.optimize(single, example, lambda run: 1.0, device="cpu", techniques=["batching"],
-                          has_batch_dim=False, measure_kwargs=FAST, verbose=False)  # fmt: skip
+    report = opt.optimize(
+        single,
+        example,
+        lambda run: 1.0,
+        device="cpu",
+        techniques=["batching"],
+        has_batch_dim=False,
+        measure_kwargs=FAST,
+        verbose=False,
+    )
     assert "no batch dimension" in report.step("batching").reason
     assert report.record("99", model="conv1d") == 1
     assert list(tmp_path.glob("*.csv"))

@@ -8,8 +8,15 @@ import course_utils as cu
 
 
 def test_every_module_is_listed():
-    files = {p.stem for p in Path(cu.__file__).parent.glob("*.py") if p.stem != "__init__"}
-    assert files == set(cu._MODULES)
+    """Every module of every room folder (and each room's subpackage) is reachable as cu.<name>."""
+    root = Path(cu.__file__).parent
+    found = {}
+    for room in (d for d in root.iterdir() if d.is_dir() and (d / "__init__.py").exists()):
+        for p in room.iterdir():
+            if p.suffix == ".py" and p.stem != "__init__" or p.is_dir() and (p / "__init__.py").exists():
+                found[p.stem] = f"course_utils.{room.name}.{p.stem}"
+    assert found == cu._MODULES
+    assert set(cu._ROOMS) == {"measuring", "show", "check", "supply", "serve", "techniques"}
 
 
 def test_shortcuts_resolve(monkeypatch):

@@ -10,8 +10,9 @@ from pathlib import Path
 import pytest
 
 import course_utils
-from course_utils import paths, results
-from course_utils.errors import CourseError, SettingError
+from course_utils.show import results
+from course_utils.supply import paths
+from course_utils.supply.errors import CourseError, SettingError
 
 PACKAGE = Path(course_utils.__file__).parent
 
@@ -72,16 +73,25 @@ def test_append_text_adds_header_only_to_an_empty_file(tmp_path):
 
 
 def _imports(module: Path) -> set[str]:
-    """Course modules imported anywhere in ``module`` (also inside functions)."""
+    """Course modules (as ``room.module``) imported anywhere in ``module`` (also inside functions)."""
     out = set()
     for node in ast.walk(ast.parse(module.read_text())):
-        if isinstance(node, ast.ImportFrom) and node.level == 1:
-            if node.module:
-                out.add(node.module.split(".")[0])
-            else:
-                out.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_utils."):
-            out.add(node.module.split(".")[1])
+        if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("course_utils."):
+            name = node.module.removeprefix("course_utils.")
+            if "." in name:
+                out.add(".".join(name.split(".")[:2]))
+            else:  # from course_utils.<room> import <module>
+                out.update(f"{name}.{a.name}" for a in node.names)
+    return out
+
+
+def _modules() -> dict[str, Path]:
+    """``room.module`` -> file, for every module of the package's room folders."""
+    out = {}
+    for p in PACKAGE.rglob("*.py"):
+        rel = p.relative_to(PACKAGE).with_suffix("").parts
+        if len(rel) >= 2 and rel[-1] != "__init__":
+            out[".".join(rel[:2])] = p
     return out
 
 
@@ -104,9 +114,11 @@ def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
 
 
 def test_no_import_cycles_in_the_package():
-    graph = {p.stem: _imports(p) for p in PACKAGE.glob("*.py")}
-    assert "results" not in graph["modes"] and "results" not in graph["paths"]
-    assert graph["paths"] <= {"errors"}, "paths must stay importable by every module"
+    graph: dict[str, set[str]] = {}
+    for key, p in _modules().items():
+        graph.setdefault(key, set()).update(_imports(p) - {key})
+    assert "show.results" not in graph["supply.modes"] and "show.results" not in graph["supply.paths"]
+    assert graph["supply.paths"] <= {"supply.errors"}, "paths must stay importable by every module"
     assert not _cycles(graph), f"import cycles: {_cycles(graph)}"
 
 
@@ -120,13 +132,14 @@ NOT_YET_MIGRATED: set[str] = set()
 
 
 def test_one_repo_root_for_the_package():
-    pattern = re.compile(r"__file__\)(\.resolve\(\))?\.(parent\.parent|parents\[1\])")
-    computing = {p.name for p in PACKAGE.glob("*.py") if pattern.search(p.read_text())}
-    extra = sorted(computing - NOT_YET_MIGRATED - {"paths.py"})
-    assert not extra, f"{extra} compute the repository root: use `from .paths import REPO_ROOT` instead"
-    assert "paths.py" in computing
+    # a module two folders down (course_utils/<room>/x.py) reaches the repository root with parents[2]
+    pattern = re.compile(r"__file__\)(\.resolve\(\))?\.(parent\.parent\.parent|parents\[2\])")
+    computing = {p.relative_to(PACKAGE).as_posix() for p in PACKAGE.rglob("*.py") if pattern.search(p.read_text())}
+    extra = sorted(computing - NOT_YET_MIGRATED - {"supply/paths.py"})
+    assert not extra, f"{extra} compute the repository root: use `from course_utils.supply.paths import REPO_ROOT`"
+    assert "supply/paths.py" in computing
     assert results.REPO_ROOT is paths.REPO_ROOT
-    from course_utils import data
+    from course_utils.supply import data
 
     assert data.DATA_DIR == paths.DATA_DIR == paths.REPO_ROOT / "data"
 

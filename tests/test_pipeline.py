@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.pipeline (the data-pipeline plumbing lessons 09 and 10 share)."""
+"""Unit tests for course_utils.techniques.pipeline (the data-pipeline plumbing lessons 09 and 10 share)."""
 
 from __future__ import annotations
 
@@ -9,33 +9,33 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from course_utils import pipeline as pl
+from course_utils.techniques import pipeline
 
 
 def test_preprocess_shape_and_normalization() -> None:
     img = torch.full((3, 10, 20), 255, dtype=torch.uint8)
-    out = pl.preprocess(img, 8)
+    out = pipeline.preprocess(img, 8)
     assert out.shape == (3, 8, 8) and out.dtype == torch.float32
-    want = (1.0 - torch.tensor(pl.IMAGENET_MEAN)) / torch.tensor(pl.IMAGENET_STD)
+    want = (1.0 - torch.tensor(pipeline.IMAGENET_MEAN)) / torch.tensor(pipeline.IMAGENET_STD)
     assert torch.allclose(out[:, 0, 0], want, atol=1e-5)
 
 
 def test_decode_jpeg_matches_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    raw = pl.JpegDataset(1).raw(0)
-    img = pl.decode_jpeg(raw)
+    raw = pipeline.JpegDataset(1).raw(0)
+    img = pipeline.decode_jpeg(raw)
     assert img.dtype == torch.uint8 and img.ndim == 3 and img.shape[0] == 3
-    monkeypatch.setattr(pl, "jpeg_decoder", lambda: "torchvision.io")
-    assert torch.equal(pl.decode_jpeg(raw), img)
-    assert isinstance(pl.decode_jpeg([raw, raw]), list)
+    monkeypatch.setattr(pipeline, "jpeg_decoder", lambda: "torchvision.io")
+    assert torch.equal(pipeline.decode_jpeg(raw), img)
+    assert isinstance(pipeline.decode_jpeg([raw, raw]), list)
 
 
 def test_preprocess_rejects_bad_input() -> None:
     with pytest.raises(ValueError, match="decode_jpeg"):
-        pl.preprocess(torch.zeros(3, 4, 4), 4)
+        pipeline.preprocess(torch.zeros(3, 4, 4), 4)
 
 
 def test_dataset_repeats_shipped_jpegs() -> None:
-    ds = pl.JpegDataset(8, size=16)
+    ds = pipeline.JpegDataset(8, size=16)
     assert len(ds) == 8
     x, label = ds[len(ds.paths)]
     assert x.shape == (3, 16, 16) and label == 0
@@ -43,30 +43,30 @@ def test_dataset_repeats_shipped_jpegs() -> None:
     with pytest.raises(IndexError):
         ds[8]
     with pytest.raises(ValueError):
-        pl.JpegDataset(0)
+        pipeline.JpegDataset(0)
 
 
 def test_dataset_uint8_variant_matches_normalized() -> None:
-    ds = pl.JpegDataset(2, size=16)
-    raw = pl.JpegDataset(2, size=16, normalize=False)
+    ds = pipeline.JpegDataset(2, size=16)
+    raw = pipeline.JpegDataset(2, size=16, normalize=False)
     img, label = raw[1]
     assert img.dtype == torch.uint8 and img.shape == (3, 16, 16) and label == 1
-    mean = torch.tensor(pl.IMAGENET_MEAN).view(3, 1, 1)
-    std = torch.tensor(pl.IMAGENET_STD).view(3, 1, 1)
+    mean = torch.tensor(pipeline.IMAGENET_MEAN).view(3, 1, 1)
+    std = torch.tensor(pipeline.IMAGENET_STD).view(3, 1, 1)
     assert torch.allclose((img.float() / 255 - mean) / std, ds[1][0], atol=1e-5)
 
 
 def test_loader_batches_stops_workers_after_early_exit() -> None:
-    ds = pl.JpegDataset(4, size=16)
+    ds = pipeline.JpegDataset(4, size=16)
     ref = next(iter(DataLoader(ds, batch_size=4)))[0]
-    with pl.loader_batches(DataLoader(ds, batch_size=2, num_workers=1)) as batches:
+    with pipeline.loader_batches(DataLoader(ds, batch_size=2, num_workers=1)) as batches:
         first = next(batches)[0]  # leave the loop early: workers must still stop
     assert torch.equal(first, ref[:2])
     assert multiprocessing.active_children() == []
 
 
 def test_prefetcher_order_errors_and_stop() -> None:
-    with pl.Prefetcher(range(10), lambda v: v * 2) as it:
+    with pipeline.Prefetcher(range(10), lambda v: v * 2) as it:
         assert list(it) == [v * 2 for v in range(10)]
 
     def boom(v: int) -> int:
@@ -74,9 +74,9 @@ def test_prefetcher_order_errors_and_stop() -> None:
             raise RuntimeError("bad item")
         return v
 
-    with pytest.raises(RuntimeError, match="bad item"), pl.Prefetcher(range(10), boom) as it:
+    with pytest.raises(RuntimeError, match="bad item"), pipeline.Prefetcher(range(10), boom) as it:
         list(it)
-    p = pl.Prefetcher(range(1000), lambda v: v, depth=1)
+    p = pipeline.Prefetcher(range(1000), lambda v: v, depth=1)
     with p as it:
         for v in it:
             if v == 2:
@@ -84,18 +84,18 @@ def test_prefetcher_order_errors_and_stop() -> None:
     assert not p.alive
     assert not any(t.name == "prefetcher" for t in threading.enumerate())
     with pytest.raises(ValueError):
-        pl.Prefetcher([], depth=0)
+        pipeline.Prefetcher([], depth=0)
 
 
 def test_overlap_bound() -> None:
-    assert pl.overlap_bound(1.0, 3.0, 4) == 1.0 + 3 * 3.0 + 3.0
-    assert pl.overlap_bound(2.0, 2.0, 1) == 4.0
+    assert pipeline.overlap_bound(1.0, 3.0, 4) == 1.0 + 3 * 3.0 + 3.0
+    assert pipeline.overlap_bound(2.0, 2.0, 1) == 4.0
     with pytest.raises(ValueError):
-        pl.overlap_bound(1.0, 1.0, 0)
+        pipeline.overlap_bound(1.0, 1.0, 0)
 
 
 def test_timeline_records_and_plots() -> None:
-    tl = pl.Timeline()
+    tl = pipeline.Timeline()
     tl.add("a", "a", 0.0, 2.0)
     tl.add("b", "b", 1.0, 3.0)
     assert tl.busy_overlap_s("a", "b") == pytest.approx(1.0)

@@ -5,10 +5,17 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from course_utils import plots
+from course_utils.show import plots
 
-DF = pd.DataFrame({"batch_size": [4, 1, 2], "median_ms": [2.5, 1.0, 1.5], "p10_ms": [2.2, 0.9, 1.4],
-                   "p90_ms": [2.9, 1.2, 1.7], "throughput": [1600.0, 1000.0, 1333.0]})  # fmt: skip
+DF = pd.DataFrame(
+    {
+        "batch_size": [4, 1, 2],
+        "median_ms": [2.5, 1.0, 1.5],
+        "p10_ms": [2.2, 0.9, 1.4],
+        "p90_ms": [2.9, 1.2, 1.7],
+        "throughput": [1600.0, 1000.0, 1333.0],
+    }
+)
 
 
 @pytest.fixture(autouse=True)

@@ -1,11 +1,11 @@
-"""Unit tests for course_utils.precision: weight bytes, the per-layer dtype recorder, the layout test."""
+"""Unit tests for course_utils.techniques.precision: weight bytes, the per-layer dtype recorder, the layout test."""
 
 from __future__ import annotations
 
 import torch
 from torch import nn
 
-from course_utils import precision as prec
+from course_utils.techniques import precision as prec
 
 
 def small_cnn() -> nn.Module:

@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.profiling: the trace folder, operator call counts, the Nsight command."""
+"""Unit tests for course_utils.techniques.profiling: the trace folder, operator call counts, the Nsight command."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile, record_function
 
-from course_utils import profiling
+from course_utils.techniques import profiling
 
 
 @pytest.fixture(autouse=True)

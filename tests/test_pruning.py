@@ -1,13 +1,13 @@
-"""Unit tests for course_utils.pruning: sparsity report, channel pruning, the training loop."""
+"""Unit tests for course_utils.techniques.pruning: sparsity report, channel pruning, the training loop."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from course_utils import pruning as P
-from course_utils.errors import CourseError
-from course_utils.models import DigitsCNN
+from course_utils.supply.errors import CourseError
+from course_utils.supply.models import DigitsCNN
+from course_utils.techniques import pruning
 
 
 def cnn() -> DigitsCNN:
@@ -24,7 +24,7 @@ def test_sparsity_report_counts_zeros():
     m = cnn()
     with torch.no_grad():
         m.features[0].weight.zero_()
-    report = P.sparsity_report(m)
+    report = pruning.sparsity_report(m)
     assert report["layer"].iloc[-1] == "total"
     row = report[report.layer == "features.0"].iloc[0]
     assert row.zeros == row.weights and row.sparsity == 1.0
@@ -33,12 +33,12 @@ def test_sparsity_report_counts_zeros():
 
 def test_channel_prune_full_keep_is_identical_and_half_is_smaller():
     m, x = cnn(), torch.rand(4, 1, 8, 8)
-    same = P.channel_prune_cnn(m, 1.0)
+    same = pruning.channel_prune_cnn(m, 1.0)
     with torch.no_grad():
         assert torch.allclose(same(x), m(x), atol=1e-5)
-    half = P.channel_prune_cnn(m, 0.5)
+    half = pruning.channel_prune_cnn(m, 0.5)
     assert half(x).shape == (4, 10)
-    assert P.count_params(half) < P.count_params(m) / 2
+    assert pruning.count_params(half) < pruning.count_params(m) / 2
     assert half.features[0].out_channels == 4 and half.classifier[1].in_features == 16 * 4
 
 
@@ -47,22 +47,22 @@ def test_channel_prune_keeps_largest_filters():
     with torch.no_grad():
         m.features[0].weight.mul_(0.01)
         m.features[0].weight[[1, 5]] *= 1000
-    small = P.channel_prune_cnn(m, 0.25)
+    small = pruning.channel_prune_cnn(m, 0.25)
     assert torch.allclose(small.features[0].weight, m.features[0].weight[[1, 5]])
 
 
 def test_channel_prune_rejects_other_models():
     with pytest.raises(CourseError):
-        P.channel_prune_cnn(torch.nn.Linear(2, 2), 0.5)
+        pruning.channel_prune_cnn(torch.nn.Linear(2, 2), 0.5)
     with pytest.raises(CourseError):
-        P.channel_prune_cnn(cnn(), 0.0)
+        pruning.channel_prune_cnn(cnn(), 0.0)
 
 
 def test_train_and_distill_learn_a_tiny_task():
     torch.manual_seed(0)
     x = torch.rand(64, 1, 8, 8)
     y = (x.mean((1, 2, 3)) > 0.5).long()
-    student = P.train(DigitsCNN(4, 4, 4, hidden=8), x, y, epochs=5, lr=1e-2, batch_size=32)
+    student = pruning.train(DigitsCNN(4, 4, 4, hidden=8), x, y, epochs=5, lr=1e-2, batch_size=32)
     assert not student.training
     teacher = cnn()
     seen = []
@@ -71,8 +71,8 @@ def test_train_and_distill_learn_a_tiny_task():
         seen.append(t_logits.shape)
         return torch.nn.functional.mse_loss(s_logits, t_logits)
 
-    s2 = P.train(DigitsCNN(4, 4, 4, hidden=8), x, y, epochs=1, batch_size=32, teacher=teacher, loss_fn=loss_fn)
+    s2 = pruning.train(DigitsCNN(4, 4, 4, hidden=8), x, y, epochs=1, batch_size=32, teacher=teacher, loss_fn=loss_fn)
     assert s2(x).shape == (64, 10) and seen == [(32, 10), (32, 10)]
-    assert P.train(DigitsCNN(4, 4, 4, hidden=8), x, y, epochs=0) is not None
+    assert pruning.train(DigitsCNN(4, 4, 4, hidden=8), x, y, epochs=0) is not None
     with pytest.raises(CourseError, match="loss_fn"):
-        P.train(DigitsCNN(4, 4, 4, hidden=8), x, y, teacher=teacher)
+        pruning.train(DigitsCNN(4, 4, 4, hidden=8), x, y, teacher=teacher)

@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.quant on small models (MiniLM is exercised by lesson 05 itself)."""
+"""Unit tests for course_utils.techniques.quantization on small models (MiniLM is exercised by lesson 05 itself)."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import quant as Q
-from course_utils.errors import CourseError
+from course_utils.supply.errors import CourseError
+from course_utils.techniques import quantization
 
 
 class Tiny(nn.Module):
@@ -32,7 +32,7 @@ def tiny():
 
 def count_quantized(model):
     """How many modules quantize_dynamic replaced (its dynamic quantized Linear modules)."""
-    return sum(Q.is_dynamic_quantized_linear(m) for m in model.modules())
+    return sum(quantization.is_dynamic_quantized_linear(m) for m in model.modules())
 
 
 def dynamic(model):
@@ -44,14 +44,16 @@ def dynamic(model):
 def test_sizes_of_dynamic_int8_and_torchao(tiny):
     q = dynamic(tiny)
     assert count_quantized(q) == 3 and count_quantized(tiny) == 0
-    ratio = Q.linear_weight_bytes(tiny) / Q.linear_weight_bytes(q)
+    ratio = quantization.linear_weight_bytes(tiny) / quantization.linear_weight_bytes(q)
     assert 3.5 < ratio <= 4.0
-    assert Q.state_dict_bytes(q) < Q.state_dict_bytes(tiny)
+    assert quantization.state_dict_bytes(q) < quantization.state_dict_bytes(tiny)
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
 
     ao = copy.deepcopy(tiny)
     quantize_(ao, Int8DynamicActivationInt8WeightConfig())
-    assert 3.0 < Q.linear_weight_bytes(tiny) / Q.linear_weight_bytes(ao) < 4.0  # per-row scales cost a little
+    assert (
+        3.0 < quantization.linear_weight_bytes(tiny) / quantization.linear_weight_bytes(ao) < 4.0
+    )  # per-row scales cost a little
 
 
 def test_sensitivity_and_greedy(tiny):
@@ -62,34 +64,34 @@ def test_sensitivity_and_greedy(tiny):
 
     def score(m):
         with torch.no_grad():
-            return Q.mean_cosine(m(x), ref)
+            return quantization.mean_cosine(m(x), ref)
 
-    sens = Q.layer_sensitivity(tiny, q, score)
+    sens = quantization.layer_sensitivity(tiny, q, score)
     assert list(sens.table.layer) == ["a", "b", "c"] and (sens.table.cosine > 0.9).all()
     assert count_quantized(tiny) == 0  # swapped back
     assert len(sens.worst(2)) == 2
-    keep, path = Q.greedy_keep_fp32(tiny, q, sens, score, target=1.01, max_keep=3)
+    keep, path = quantization.greedy_keep_fp32(tiny, q, sens, score, target=1.01, max_keep=3)
     assert len(keep) == 3 and len(path) == 4 and path.cosine.iloc[-1] == pytest.approx(1.0, abs=1e-6)
     with pytest.raises(CourseError):
-        Q.layer_sensitivity(tiny, q, score, layers=["nope"])
+        quantization.layer_sensitivity(tiny, q, score, layers=["nope"])
 
 
 def test_tensor_bytes_quantized_and_plain():
-    assert Q.tensor_bytes(torch.zeros(10)) == 40
+    assert quantization.tensor_bytes(torch.zeros(10)) == 40
     qt = torch.quantize_per_tensor(torch.zeros(10), 0.1, 0, torch.qint8)
-    assert Q.tensor_bytes(qt) == 10 + 8
+    assert quantization.tensor_bytes(qt) == 10 + 8
 
 
 def test_neighbour_agreement():
     torch.manual_seed(0)
     e = torch.randn(10, 8)
-    same = Q.neighbour_agreement(e, e, k=3)
+    same = quantization.neighbour_agreement(e, e, k=3)
     assert same == {"top1": 1.0, "topk_overlap": 1.0}
-    other = Q.neighbour_agreement(torch.randn(10, 8), e, k=3)
+    other = quantization.neighbour_agreement(torch.randn(10, 8), e, k=3)
     assert other["topk_overlap"] < 1.0
     with pytest.raises(CourseError):
-        Q.neighbour_agreement(e, e[:5], k=3)
-    assert Q.mean_cosine(e, e) == pytest.approx(1.0)
+        quantization.neighbour_agreement(e, e[:5], k=3)
+    assert quantization.mean_cosine(e, e) == pytest.approx(1.0)
 
 
 class FakeST(nn.Module):
@@ -118,37 +120,38 @@ class FakeST(nn.Module):
 def test_fixed_length_features_and_embed_batched():
     st = FakeST()
     sents = ["a b c", "d e", "f g h i", "j"]
-    f = Q.fixed_length_features(st, sents)
+    f = quantization.fixed_length_features(st, sents)
     assert f["input_ids"].shape == (4, 4)
-    full = Q.embed(st, f)
+    full = quantization.embed(st, f)
     assert torch.allclose(full.norm(dim=-1), torch.ones(4))
-    assert torch.allclose(Q.embed_batched(st, f, 3), full, atol=1e-6)
+    assert torch.allclose(quantization.embed_batched(st, f, 3), full, atol=1e-6)
     with pytest.raises(CourseError):
-        Q.fixed_length_features(st, [])
+        quantization.fixed_length_features(st, [])
 
 
 def small_cnn():
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(),
-                         nn.Linear(4 * 64, 10)).eval()  # fmt: skip
+    return nn.Sequential(
+        nn.Conv2d(1, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 64, 10)
+    ).eval()
 
 
 def test_fold_batchnorm_same_outputs():
     m, x = small_cnn(), torch.rand(3, 1, 8, 8)
     with torch.no_grad():
         m[1].running_mean.uniform_(-1, 1)
-        f = Q.fold_batchnorm(m)
+        f = quantization.fold_batchnorm(m)
         assert isinstance(f[1], nn.Identity)
         assert torch.allclose(f(x), m(x), atol=1e-5)
 
 
 def test_accuracy_flag():
-    assert Q.accuracy_flag(0.99, 0.99, 1.0) == "OK"
-    assert Q.accuracy_flag(0.97, 0.99, 1.0).startswith("FLAG")
+    assert quantization.accuracy_flag(0.99, 0.99, 1.0) == "OK"
+    assert quantization.accuracy_flag(0.97, 0.99, 1.0).startswith("FLAG")
 
 
 def test_layer_kind():
-    assert Q.layer_kind("0.model.encoder.layer.3.output.dense") == "output.dense"
-    assert Q.layer_kind("0.model.encoder.layer.3.attention.output.dense") == "attention.output.dense"
-    assert Q.layer_kind("0.model.pooler.dense") == "model.pooler.dense"
-    assert Q.layer_kind("fc") == "fc"
+    assert quantization.layer_kind("0.model.encoder.layer.3.output.dense") == "output.dense"
+    assert quantization.layer_kind("0.model.encoder.layer.3.attention.output.dense") == "attention.output.dense"
+    assert quantization.layer_kind("0.model.pooler.dense") == "model.pooler.dense"
+    assert quantization.layer_kind("fc") == "fc"

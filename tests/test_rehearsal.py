@@ -13,9 +13,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import modes
-from course_utils.standins import rehearsal
-from course_utils.standins.tensor import RehearsalError
+from course_utils.check.standins import rehearsal
+from course_utils.check.standins.tensor import RehearsalError
+from course_utils.supply import modes
 from scripts import run_cells
 from scripts.gpu_levels import ROOT
 
@@ -169,8 +169,17 @@ class _Lin(torch.nn.Module):
 def _onnx(tmp_path):
     model = _Lin().eval()
     path = tmp_path / "m.onnx"
-    torch.onnx.export(model, (torch.randn(2, 4),), path, dynamo=True, dynamic_shapes={"x": {0: "batch"}},
-                      input_names=["x"], output_names=["y"], external_data=False, verbose=False)  # fmt: skip
+    torch.onnx.export(
+        model,
+        (torch.randn(2, 4),),
+        path,
+        dynamo=True,
+        dynamic_shapes={"x": {0: "batch"}},
+        input_names=["x"],
+        output_names=["y"],
+        external_data=False,
+        verbose=False,
+    )
     return model, path
 
 
@@ -208,7 +217,7 @@ def test_ort_cuda_provider_options_iobinding_and_graphs(gpu, tmp_path):
 
 
 def test_tensorrt_fake_needs_device_pointers_and_stream_order(gpu, tmp_path):
-    from course_utils.standins.tensorrt import fake_from_snapshot
+    from course_utils.check.standins.tensorrt import fake_from_snapshot
 
     trt = fake_from_snapshot(device_pointers=True)
     model, path = _onnx(tmp_path)
@@ -290,7 +299,10 @@ def test_plain_script_run_settles_sections_at_the_next_one(monkeypatch, tmp_path
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
     assert modes.gpu_section("99.first") and modes.gpu_section("99.second")
     rows = [json.loads(line) for line in modes.sections_file().read_text().splitlines()]
-    assert [(r["section"], r["status"]) for r in rows] == [("99.first", "entered"), ("99.first", "completed"),
-                                                           ("99.second", "entered")]  # fmt: skip
+    assert [(r["section"], r["status"]) for r in rows] == [
+        ("99.first", "entered"),
+        ("99.first", "completed"),
+        ("99.second", "entered"),
+    ]
     modes.finish_cell(False, ValueError("boom\nmore"))
     assert modes.read_sections()[-1] == {**modes.read_sections()[-1], "status": "failed", "reason": "ValueError: boom"}

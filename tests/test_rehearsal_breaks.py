@@ -36,11 +36,24 @@ def _rehearse(source: str, tmp_path: Path) -> subprocess.CompletedProcess:
     lesson = tmp_path / "lessons" / "10_streams.py"
     lesson.parent.mkdir()
     lesson.write_text(source)
-    env = dict(os.environ, COURSE_SMOKE="1", COURSE_REHEARSE="1", COURSE_REHEARSE_SCOPE="lesson", MPLBACKEND="agg",
-               PYTHONPATH=str(ROOT), COURSE_RESULTS_DIR=str(tmp_path / "results"))  # fmt: skip
+    env = dict(
+        os.environ,
+        COURSE_SMOKE="1",
+        COURSE_REHEARSE="1",
+        COURSE_REHEARSE_SCOPE="lesson",
+        MPLBACKEND="agg",
+        PYTHONPATH=str(ROOT),
+        COURSE_RESULTS_DIR=str(tmp_path / "results"),
+    )
     env.pop("COURSE_STRICT_GPU", None)
-    return subprocess.run([sys.executable, "-m", "scripts.run_cells", lesson.name], cwd=lesson.parent, env=env,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "scripts.run_cells", lesson.name],
+        cwd=lesson.parent,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")

@@ -46,7 +46,7 @@ def test_notebooks_run_through_nbmake_strict_and_full_size():
 
 
 def test_environment_switches_are_read_by_the_course(monkeypatch):
-    from course_utils import modes
+    from course_utils.supply import modes
 
     readers = {"COURSE_STRICT_GPU": modes.is_strict_gpu, "COURSE_SMOKE": modes.is_smoke}
     for step in STEPS:
@@ -60,8 +60,9 @@ def test_environment_switches_are_read_by_the_course(monkeypatch):
 
 def test_make_gpu_targets_call_gpu_check_with_known_flags():
     text = (ROOT / "Makefile").read_text()
-    help_text = subprocess.run([sys.executable, "-m", "scripts.gpu_check", "--help"], capture_output=True, text=True,
-                               cwd=ROOT).stdout  # fmt: skip
+    help_text = subprocess.run(
+        [sys.executable, "-m", "scripts.gpu_check", "--help"], capture_output=True, text=True, cwd=ROOT
+    ).stdout
     for target in ("gpu-test", "gpu-check"):
         recipe = re.search(rf"^{target}:.*\n((?:\t.*\n)+)", text, re.MULTILINE).group(1)
         assert "scripts.gpu_check" in recipe

@@ -1,7 +1,7 @@
 import pytest
 
-from course_utils import results
-from course_utils.timing import Measurement
+from course_utils.measuring.timing import Measurement
+from course_utils.show import results
 
 
 def test_record_appends_rows_with_machine_fields():
@@ -101,7 +101,7 @@ def test_non_number_row_skipped_and_repeated_header_dropped(tmp_path):
 
 def test_identical_machine_images_keep_distinct_machines_and_labels(tmp_path, monkeypatch):
     """Two attendees: same host name and CPU (a cloned image), each with their own results folder."""
-    from course_utils import leaderboard as lb
+    from course_utils.show import leaderboard as lb
 
     pooled = tmp_path / "pooled"
     pooled.mkdir()
@@ -123,8 +123,18 @@ def _sample_reference(folder):
     import pandas as pd
 
     row = dict.fromkeys(results.COLUMNS)
-    row.update(lesson="01", technique="H2D copy pinned", model="digits-cnn", dtype="fp32", batch_size=64,
-               median_ms=0.123, gpu="NVIDIA H200", torch="2.14.1", time="2026-11-30T10:00", machine="lab")  # fmt: skip
+    row.update(
+        lesson="01",
+        technique="H2D copy pinned",
+        model="digits-cnn",
+        dtype="fp32",
+        batch_size=64,
+        median_ms=0.123,
+        gpu="NVIDIA H200",
+        torch="2.14.1",
+        time="2026-11-30T10:00",
+        machine="lab",
+    )
     folder.mkdir()
     pd.DataFrame([row], columns=results.COLUMNS).to_csv(folder / "H200.csv", index=False)
     return folder
@@ -136,7 +146,7 @@ def test_show_reference_prints_its_table_in_a_plain_script(tmp_path):
 
     ref = _sample_reference(tmp_path / "ref")
     code = (
-        f"from pathlib import Path\nfrom course_utils import results\nresults.REFERENCE_DIR = Path({str(ref)!r})\n"
+        f"from pathlib import Path\nfrom course_utils.show import results\nresults.REFERENCE_DIR = Path({str(ref)!r})\n"
         "if False:\n    pass\nelse:\n    results.show_reference('01', 'H2D')\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
@@ -150,7 +160,7 @@ def test_show_reference_displays_its_table_in_a_notebook(tmp_path):
 
     ref = _sample_reference(tmp_path / "ref")
     src = (
-        f"from pathlib import Path\nfrom course_utils import results\nresults.REFERENCE_DIR = Path({str(ref)!r})\n"
+        f"from pathlib import Path\nfrom course_utils.show import results\nresults.REFERENCE_DIR = Path({str(ref)!r})\n"
         "if False:\n    pass\nelse:\n    results.show_reference('01')"
     )
     nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(src)])

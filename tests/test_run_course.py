@@ -7,7 +7,7 @@ import json
 import nbformat
 import pandas as pd
 
-from course_utils.results import COLUMNS
+from course_utils.show.results import COLUMNS
 from scripts import run_course
 
 OK_CELL = """
@@ -35,8 +35,15 @@ def test_run_course_reports_ok_failed_skipped_and_leaderboard(tmp_path, monkeypa
     results = tmp_path / "results"
     results.mkdir()
     row = {c: None for c in COLUMNS}
-    row.update(lesson="14", technique="baseline", median_ms=1.5, machine="tiny_cpu", cpu="Tiny CPU", mode="full",
-               time="2026-11-01T00:00:00")  # fmt: skip
+    row.update(
+        lesson="14",
+        technique="baseline",
+        median_ms=1.5,
+        machine="tiny_cpu",
+        cpu="Tiny CPU",
+        mode="full",
+        time="2026-11-01T00:00:00",
+    )
     pd.DataFrame([row], columns=COLUMNS).to_csv(results / "tiny_cpu.csv", index=False)
     monkeypatch.setenv("COURSE_RESULTS_DIR", str(results))
 

@@ -22,9 +22,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from course_utils import load
-from course_utils import server_guard as g
-from course_utils import server_process as sp
+from course_utils.serve import load_generator, server_process
+from course_utils.serve import server_guard as g
 
 API = textwrap.dedent(
     """
@@ -67,10 +66,16 @@ def api_file(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def server(api_file):
-    with sp.serve(f"{api_file}:Double", max_batch_size=8, batch_timeout=0.02, header_timeout=2.0,
-                  max_connections=64, limit_concurrency=96) as srv:  # fmt: skip
+    with server_process.serve(
+        f"{api_file}:Double",
+        max_batch_size=8,
+        batch_timeout=0.02,
+        header_timeout=2.0,
+        max_connections=64,
+        limit_concurrency=96,
+    ) as srv:
         yield srv
-    assert sp.group_pids(srv.pgid) == [] and not sp.port_open(srv.port)
+    assert server_process.group_pids(srv.pgid) == [] and not server_process.port_open(srv.port)
 
 
 # ---- pure functions ---------------------------------------------------------------------------------------
@@ -101,24 +106,24 @@ def test_check_json_accepts_ordinary_json():
 
 
 def test_loopback_only():
-    load.check_loopback("http://127.0.0.1:8000/predict")
-    load.check_loopback("http://localhost:1/x")
-    load.check_loopback("http://[::1]:1/x")
+    load_generator.check_loopback("http://127.0.0.1:8000/predict")
+    load_generator.check_loopback("http://localhost:1/x")
+    load_generator.check_loopback("http://[::1]:1/x")
     for url in ("http://10.0.0.1:8000/predict", "http://example.com/p", "http://169.254.169.254/"):
-        with pytest.raises(load.LoopbackOnlyError):
-            load.closed_loop(url, [b"{}"], n_requests=1, concurrency=1)
-        with pytest.raises(load.LoopbackOnlyError):
-            load.open_loop(url, [b"{}"], rate=1.0, n_requests=1)
+        with pytest.raises(load_generator.LoopbackOnlyError):
+            load_generator.closed_loop(url, [b"{}"], n_requests=1, concurrency=1)
+        with pytest.raises(load_generator.LoopbackOnlyError):
+            load_generator.open_loop(url, [b"{}"], rate=1.0, n_requests=1)
 
 
 def test_load_result_percentiles():
-    r = load.LoadResult("closed", 4, float("nan"), 100, 0, 2.0, [float(i) for i in range(1, 101)])
+    r = load_generator.LoadResult("closed", 4, float("nan"), 100, 0, 2.0, [float(i) for i in range(1, 101)])
     assert r.throughput == 50.0 and r.p50_ms == pytest.approx(50.5) and r.p99_ms == pytest.approx(99.01)
 
 
 def test_serve_rejects_a_bad_target(tmp_path):
-    with pytest.raises(sp.ServingError, match="file.py:name"):
-        with sp.serve(tmp_path / "missing.py"):
+    with pytest.raises(server_process.ServingError, match="file.py:name"):
+        with server_process.serve(tmp_path / "missing.py"):
             pass
 
 
@@ -126,7 +131,7 @@ def test_serve_rejects_a_bad_target(tmp_path):
 
 
 def test_answers_and_batches(server):
-    answers = load.post_many(server.predict_url, [{"x": i} for i in range(20)], concurrency=20)
+    answers = load_generator.post_many(server.predict_url, [{"x": i} for i in range(20)], concurrency=20)
     assert [a["y"] for _, a in answers] == [2.0 * i for i in range(20)]
     assert len(server.calls()) < 20  # batches were formed
 
@@ -143,7 +148,7 @@ def test_probes_get_4xx_and_the_connection_stays_usable(server):
     }
     with httpx.Client(trust_env=False, timeout=30) as client:  # one keep-alive connection for everything
         for body, (status, words) in probes.items():
-            r = client.post(server.predict_url, content=body, headers=load.HEADERS)
+            r = client.post(server.predict_url, content=body, headers=load_generator.HEADERS)
             assert r.status_code == status, (body[:30], r.status_code, r.text[:200])
             detail = r.json()["detail"]
             assert words in detail and len(detail) < 1000, detail[:300]  # huge values are not echoed back
@@ -162,7 +167,7 @@ def test_mixed_load_500_requests_half_bad(server):
         else:
             bodies.append(json.dumps({"x": i}).encode())
             expect.append(2.0 * i)
-    answers = load.post_many(server.predict_url, bodies, concurrency=50)
+    answers = load_generator.post_many(server.predict_url, bodies, concurrency=50)
     for (code, ans), want in zip(answers, expect, strict=True):
         if want is None:
             assert 400 <= code < 500, (code, ans)
@@ -171,13 +176,13 @@ def test_mixed_load_500_requests_half_bad(server):
 
 
 def test_load_generators(server):
-    r = load.closed_loop(server.predict_url, [{"x": 1}], n_requests=30, concurrency=4, max_seconds=30)
+    r = load_generator.closed_loop(server.predict_url, [{"x": 1}], n_requests=30, concurrency=4, max_seconds=30)
     assert r.n_ok == 30 and r.n_failed == 0 and r.p50_ms <= r.p99_ms
-    r = load.closed_loop(server.predict_url, [{"x": 1}], n_requests=10**6, concurrency=2, max_seconds=0.5)
+    r = load_generator.closed_loop(server.predict_url, [{"x": 1}], n_requests=10**6, concurrency=2, max_seconds=0.5)
     assert r.n_ok < 10**6 and r.wall_s < 30
-    o = load.open_loop(server.predict_url, [{"x": 1}], rate=200.0, n_requests=60, max_seconds=10)
+    o = load_generator.open_loop(server.predict_url, [{"x": 1}], rate=200.0, n_requests=60, max_seconds=10)
     assert o.n_ok + o.n_failed + o.n_not_sent == 60 and o.n_ok > 0 and o.mode == "open"
-    o = load.open_loop(server.predict_url, [{"x": 1}], rate=50.0, n_requests=10**6, max_seconds=0.5)
+    o = load_generator.open_loop(server.predict_url, [{"x": 1}], rate=50.0, n_requests=10**6, max_seconds=0.5)
     assert o.n_ok < 100  # arrivals due after max_seconds are never sent
 
 
@@ -200,14 +205,14 @@ def test_slow_client_times_out_and_idle_connections_are_capped(server):
     finally:
         for s in idle:
             s.close()
-    assert load.post(server.predict_url, {"x": 2}) == (200, {"y": 4.0})  # still serving
+    assert load_generator.post(server.predict_url, {"x": 2}) == (200, {"y": 4.0})  # still serving
 
 
 def test_overload_gives_503_not_resets(api_file):
     """More connections than uvicorn's limit_concurrency: each extra request gets a 503 answer, none a reset."""
-    with sp.serve(f"{api_file}:Double", max_batch_size=1, limit_concurrency=4) as srv:
-        answers = load.post_many(srv.predict_url, [{"x": 1}] * 60, concurrency=30)
-        after = load.post(srv.predict_url, {"x": 5})
+    with server_process.serve(f"{api_file}:Double", max_batch_size=1, limit_concurrency=4) as srv:
+        answers = load_generator.post_many(srv.predict_url, [{"x": 1}] * 60, concurrency=30)
+        after = load_generator.post(srv.predict_url, {"x": 5})
     codes = {c for c, _ in answers}
     assert codes <= {200, 503} and 503 in codes, codes
     assert after == (200, {"y": 10.0})  # the overload passed, the server answers again
@@ -242,9 +247,9 @@ def test_readiness_checks_the_instance_not_the_port(impostor, tmp_path):
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"], start_new_session=True)
     try:
         (tmp_path / "port").write_text(str(impostor))
-        srv = sp.Server("127.0.0.1", 0, proc.pid, tmp_path, {}, proc)
-        with pytest.raises(sp.ServingError, match="answered by another program"):
-            sp._wait_ready(srv, "our-id", 2.0)
+        srv = server_process.Server("127.0.0.1", 0, proc.pid, tmp_path, {}, proc)
+        with pytest.raises(server_process.ServingError, match="answered by another program"):
+            server_process._wait_ready(srv, "our-id", 2.0)
     finally:
         proc.kill()
         proc.wait()
@@ -252,33 +257,37 @@ def test_readiness_checks_the_instance_not_the_port(impostor, tmp_path):
 
 def test_bind_failure_is_reported(api_file, impostor):
     """A port already taken: serve() reports the bind failure (never 'ready' on the other program's answers)."""
-    with pytest.raises(sp.ServingError, match="could not bind"):
-        with sp.serve(f"{api_file}:Double", port=impostor, start_timeout=120):
+    with pytest.raises(server_process.ServingError, match="could not bind"):
+        with server_process.serve(f"{api_file}:Double", port=impostor, start_timeout=120):
             pass
 
 
 def test_server_dies_with_its_parent(api_file, tmp_path):
     """SIGKILL of the process that started the server: the server group and its run folder go too."""
     script = tmp_path / "parent.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import sys, time
-        from course_utils import server_process as sp
-        with sp.serve("{api_file}:Double") as srv:
+        from course_utils.serve import server_process
+        with server_process.serve("{api_file}:Double") as srv:
             print(srv.pgid, srv.port, srv.run_dir, flush=True)
             time.sleep(600)
-    """))  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(sp.REPO_ROOT))
+    """)
+    )
+    env = dict(os.environ, PYTHONPATH=str(server_process.REPO_ROOT))
     parent = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
     try:
         pgid, port, run_dir = parent.stdout.readline().split()
         pgid, port = int(pgid), int(port)
-        assert sp.group_pids(pgid) and sp.port_open(port)
+        assert server_process.group_pids(pgid) and server_process.port_open(port)
         parent.send_signal(signal.SIGKILL)
         parent.wait(10)
         end = time.monotonic() + 20
-        while (sp.group_pids(pgid) or sp.port_open(port)) and time.monotonic() < end:
+        while (server_process.group_pids(pgid) or server_process.port_open(port)) and time.monotonic() < end:
             time.sleep(0.2)
-        assert sp.group_pids(pgid) == [] and not sp.port_open(port) and not Path(run_dir).exists()
+        assert (
+            server_process.group_pids(pgid) == [] and not server_process.port_open(port) and not Path(run_dir).exists()
+        )
     finally:
         if parent.poll() is None:
             parent.kill()
@@ -287,31 +296,36 @@ def test_server_dies_with_its_parent(api_file, tmp_path):
 def test_server_stopped_at_interpreter_exit(api_file, tmp_path):
     """A server left running (the with-block never closed) is stopped by atexit when Python exits."""
     script = tmp_path / "leaky.py"
-    script.write_text(textwrap.dedent(f"""
-        from course_utils import server_process as sp
-        cm = sp.serve("{api_file}:Double")
+    script.write_text(
+        textwrap.dedent(f"""
+        from course_utils.serve import server_process
+        cm = server_process.serve("{api_file}:Double")
         srv = cm.__enter__()
         print(srv.pgid, srv.port, flush=True)
-    """))  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(sp.REPO_ROOT))
+    """)
+    )
+    env = dict(os.environ, PYTHONPATH=str(server_process.REPO_ROOT))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=120)
     pgid, port = map(int, out.stdout.split())
-    assert sp.group_pids(pgid) == [] and not sp.port_open(port)
+    assert server_process.group_pids(pgid) == [] and not server_process.port_open(port)
 
 
 def test_stopped_even_when_the_body_raises(api_file):
     with pytest.raises(RuntimeError, match="boom"):
-        with sp.serve(f"{api_file}:Double") as srv:
-            assert sp.group_pids(srv.pgid)
+        with server_process.serve(f"{api_file}:Double") as srv:
+            assert server_process.group_pids(srv.pgid)
             raise RuntimeError("boom")
-    assert sp.group_pids(srv.pgid) == [] and not sp.port_open(srv.port)
+    assert server_process.group_pids(srv.pgid) == [] and not server_process.port_open(srv.port)
 
 
 def test_listens_on_loopback_only(server):
     import psutil
 
-    listening = [c for c in psutil.net_connections("tcp") if c.laddr and c.laddr.port == server.port
-                 and c.status == psutil.CONN_LISTEN]  # fmt: skip
+    listening = [
+        c
+        for c in psutil.net_connections("tcp")
+        if c.laddr and c.laddr.port == server.port and c.status == psutil.CONN_LISTEN
+    ]
     assert listening and all(c.laddr.ip == "127.0.0.1" for c in listening)
     asyncio.run(asyncio.sleep(0))
 
@@ -320,24 +334,26 @@ def test_writefile_fallback_writes_the_cell_body(tmp_path):
     lesson = tmp_path / "lesson.py"
     cells = '# %%\nx = 1\n\n# %%\n# %%writefile {WORK}/a.py\nimport os\nprint("hi")\n\n\n# %% [markdown]\n# text\n'
     lesson.write_text(cells)
-    out = sp.writefile_fallback(tmp_path / "a.py", lesson)
+    out = server_process.writefile_fallback(tmp_path / "a.py", lesson)
     assert out.read_text() == 'import os\nprint("hi")\n'
-    with pytest.raises(sp.ServingError, match="b.py"):
-        sp.writefile_fallback(tmp_path / "b.py", lesson)
+    with pytest.raises(server_process.ServingError, match="b.py"):
+        server_process.writefile_fallback(tmp_path / "b.py", lesson)
 
 
 def test_post_many_reuses_connections_under_a_low_descriptor_limit(server, tmp_path):
     """600 bodies with a 128-descriptor limit: only possible when one client reuses a bounded pool."""
     script = tmp_path / "many.py"
-    script.write_text(textwrap.dedent(f"""
+    script.write_text(
+        textwrap.dedent(f"""
         import resource
         resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
-        from course_utils import load
-        answers = load.post_many("{server.predict_url}", [{{"x": i}} for i in range(600)], concurrency=32)
+        from course_utils.serve import load_generator
+        answers = load_generator.post_many("{server.predict_url}", [{{"x": i}} for i in range(600)], concurrency=32)
         assert [a["y"] for _, a in answers] == [2.0 * i for i in range(600)], answers[:3]
         print("ok")
-    """))  # fmt: skip
-    env = dict(os.environ, PYTHONPATH=str(sp.REPO_ROOT))
+    """)
+    )
+    env = dict(os.environ, PYTHONPATH=str(server_process.REPO_ROOT))
     out = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, env=env, timeout=300)
     assert out.stdout.strip() == "ok", out.stderr[-2000:]
 
@@ -389,7 +405,7 @@ def faulty(tmp_path, monkeypatch):
 
 def _rss_peak_kb(pgid: int) -> int:
     total = 0
-    for pid in sp.group_pids(pgid):
+    for pid in server_process.group_pids(pgid):
         with contextlib.suppress(OSError):
             for line in Path(f"/proc/{pid}/status").read_text().splitlines():
                 if line.startswith("VmHWM:"):
@@ -420,7 +436,7 @@ def test_a_header_flood_gets_431_and_memory_stays_bounded(server):
     t = threading.Thread(target=attack)
     t.start()
     t0 = time.perf_counter()
-    status, out = load.post(server.predict_url, {"x": 2.0}, timeout=10)  # a normal request meanwhile
+    status, out = load_generator.post(server.predict_url, {"x": 2.0}, timeout=10)  # a normal request meanwhile
     normal_s = time.perf_counter() - t0
     t.join(30)
     assert not t.is_alive()
@@ -436,20 +452,20 @@ def test_a_header_flood_gets_431_and_memory_stays_bounded(server):
     with socket.create_connection((server.host, server.port), timeout=10) as s:  # one huge field: 431 too
         s.sendall(b"GET /health HTTP/1.1\r\nhost: x\r\nx-big: " + b"v" * 100_000 + b"\r\n\r\n")
         assert s.recv(4096).startswith(b"HTTP/1.1 431 ")
-    assert load.post(server.predict_url, {"x": 1.0}) == (200, {"y": 2.0})
+    assert load_generator.post(server.predict_url, {"x": 1.0}) == (200, {"y": 2.0})
 
 
 def test_workers_die_when_the_server_main_process_is_killed(api_file):
     """SIGKILL of the server's main process alone (then the kernel dies too): no worker keeps the port."""
-    with pytest.warns(UserWarning, match="stopped on its own"), sp.serve(f"{api_file}:Double") as srv:
-        workers = [p for p in sp.group_pids(srv.pgid) if p != srv.process.pid]
-        assert workers and sp.port_open(srv.port)
+    with pytest.warns(UserWarning, match="stopped on its own"), server_process.serve(f"{api_file}:Double") as srv:
+        workers = [p for p in server_process.group_pids(srv.pgid) if p != srv.process.pid]
+        assert workers and server_process.port_open(srv.port)
         os.kill(srv.process.pid, signal.SIGKILL)
         end = time.monotonic() + 20
-        while (sp.group_pids(srv.pgid) or sp.port_open(srv.port)) and time.monotonic() < end:
+        while (server_process.group_pids(srv.pgid) or server_process.port_open(srv.port)) and time.monotonic() < end:
             time.sleep(0.2)
-        assert sp.group_pids(srv.pgid) == [], "worker processes outlived the server's main process"
-        assert not sp.port_open(srv.port)
+        assert server_process.group_pids(srv.pgid) == [], "worker processes outlived the server's main process"
+        assert not server_process.port_open(srv.port)
     import shutil
 
     shutil.rmtree(srv.run_dir, ignore_errors=True)  # kept for the learner after an unexpected stop
@@ -457,10 +473,10 @@ def test_workers_die_when_the_server_main_process_is_killed(api_file):
 
 def test_a_dead_model_worker_fails_requests_fast_naming_the_log(faulty):
     with pytest.warns(UserWarning, match=r"stopped on its own while in use; its log is kept at .*server.log"):
-        with sp.serve(faulty, max_batch_size=1) as srv:
-            assert load.post(srv.predict_url, {"x": 2.0}) == (200, {"y": 6.0})
+        with server_process.serve(faulty, max_batch_size=1) as srv:
+            assert load_generator.post(srv.predict_url, {"x": 2.0}) == (200, {"y": 6.0})
             t0 = time.perf_counter()
-            results = load.post_many(srv.predict_url, [{"x": 666}, {"x": 1.0}], concurrency=2, timeout=25)
+            results = load_generator.post_many(srv.predict_url, [{"x": 666}, {"x": 1.0}], concurrency=2, timeout=25)
             waited = time.perf_counter() - t0
             log = srv.run_dir / "server.log"
             assert waited < 10, f"in-flight requests waited {waited:.0f} s for a dead worker"
@@ -473,27 +489,29 @@ def test_a_dead_model_worker_fails_requests_fast_naming_the_log(faulty):
 
 
 def test_load_generators_keep_their_time_bound_against_a_hung_model(faulty):
-    with sp.serve(faulty, max_batch_size=1) as srv:
+    with server_process.serve(faulty, max_batch_size=1) as srv:
         for gen in (
-            lambda: load.closed_loop(srv.predict_url, [{"x": 13}], n_requests=50, concurrency=4, max_seconds=2),
-            lambda: load.open_loop(srv.predict_url, [{"x": 13}], rate=5, n_requests=50, max_seconds=2),
+            lambda: load_generator.closed_loop(
+                srv.predict_url, [{"x": 13}], n_requests=50, concurrency=4, max_seconds=2
+            ),
+            lambda: load_generator.open_loop(srv.predict_url, [{"x": 13}], rate=5, n_requests=50, max_seconds=2),
         ):
             t0 = time.perf_counter()
             res = gen()
             took = time.perf_counter() - t0
-            assert took < 2 + load.DRAIN_S + 3, f"max_seconds=2 returned after {took:.0f} s"
+            assert took < 2 + load_generator.DRAIN_S + 3, f"max_seconds=2 returned after {took:.0f} s"
             assert res.n_ok == 0 and res.n_cancelled + res.n_failed >= 1
 
 
 def test_setup_with_a_relative_path_runs_in_the_callers_folder(faulty, tmp_path, monkeypatch):
-    with sp.serve(faulty) as srv:
-        assert load.post(srv.predict_url, {"x": 2.0}) == (200, {"y": 6.0})
+    with server_process.serve(faulty) as srv:
+        assert load_generator.post(srv.predict_url, {"x": 2.0}) == (200, {"y": 6.0})
         assert srv.settings["cwd"] == str(tmp_path)
     elsewhere = tmp_path / "elsewhere"
     elsewhere.mkdir()
     monkeypatch.chdir(elsewhere)  # no factor.txt here: the error says where relative paths are looked up
-    with pytest.raises(sp.ServingError, match=rf"runs in the folder {elsewhere}.*relative"):
-        with sp.serve(faulty, start_timeout=120):
+    with pytest.raises(server_process.ServingError, match=rf"runs in the folder {elsewhere}.*relative"):
+        with server_process.serve(faulty, start_timeout=120):
             pass
 
 
@@ -501,7 +519,7 @@ def test_lesson_13_writefile_cells_work_with_a_space_in_tmpdir(tmp_path):
     """TMPDIR with a space: every `%%writefile {WORK}/...` line of lesson 13 must still write its file."""
     from IPython.testing.globalipapp import start_ipython
 
-    lesson = sp.REPO_ROOT / "lessons" / "13_serving.py"
+    lesson = server_process.REPO_ROOT / "lessons" / "13_serving.py"
     lines = [ln[2:] for ln in lesson.read_text().splitlines() if ln.startswith("# %%writefile")]
     assert len(lines) >= 2
     work = tmp_path / "my temp dir" / "lesson13_x"
@@ -513,5 +531,5 @@ def test_lesson_13_writefile_cells_work_with_a_space_in_tmpdir(tmp_path):
         ip.run_cell_magic(magic.lstrip("%"), arg, "x = 1\n")
     assert sorted(p.name for p in work.iterdir()) == ["embed_server.py", "my_api.py"]
     for name in ("embed_server.py", "my_api.py"):  # and a plain-script run finds the same cells
-        out = sp.writefile_fallback(tmp_path / name, lesson)
+        out = server_process.writefile_fallback(tmp_path / name, lesson)
         assert out.read_text().startswith("import litserve as ls")

@@ -14,8 +14,9 @@ def test_lesson_01_fails_in_strict_mode_without_gpu(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_STRICT_GPU", "1")
     monkeypatch.setenv("COURSE_SMOKE", "1")
     nb = nbformat.read(nbcheck.ROOT / "notebooks" / "01_measuring.ipynb", as_version=4)
-    client = NotebookClient(nb, timeout=600, kernel_name=nbcheck.KERNEL_NAME,
-                            resources={"metadata": {"path": str(tmp_path)}})  # fmt: skip
+    client = NotebookClient(
+        nb, timeout=600, kernel_name=nbcheck.KERNEL_NAME, resources={"metadata": {"path": str(tmp_path)}}
+    )
     with pytest.raises(CellExecutionError) as info:
         client.execute()
     text = str(info.value)

@@ -3,7 +3,7 @@ import time
 import pytest
 import torch
 
-from course_utils import timing
+from course_utils.measuring import timing
 
 
 def test_measure_summary_fields():
@@ -35,7 +35,7 @@ def test_high_spread_warns():
 def test_measure_cuda_without_gpu_is_one_clear_error():
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    from course_utils.errors import DeviceUnavailableError
+    from course_utils.supply.errors import DeviceUnavailableError
 
     with pytest.raises(DeviceUnavailableError, match="no usable NVIDIA GPU"):
         timing.measure(lambda: None, device="cuda")

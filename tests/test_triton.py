@@ -1,4 +1,4 @@
-"""Tests of course_utils.triton: config text, validation with Triton's protobuf classes, repository layout."""
+"""course_utils.techniques.triton_server: config text, validation with Triton's protobuf classes, repository layout."""
 
 from __future__ import annotations
 
@@ -6,17 +6,25 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import triton as tr
-from course_utils.models import DigitsCNN
+from course_utils.supply.models import DigitsCNN
+from course_utils.techniques import triton_server
 
-INP = [tr.TensorSpec("input", "TYPE_FP32", (1, 8, 8))]
-OUT = [tr.TensorSpec("logits", "TYPE_FP32", (10,))]
+INP = [triton_server.TensorSpec("input", "TYPE_FP32", (1, 8, 8))]
+OUT = [triton_server.TensorSpec("logits", "TYPE_FP32", (10,))]
 
 
 def test_make_config_parses_with_the_given_settings():
-    text = tr.make_config("m", INP, OUT, max_batch_size=16, preferred_batch_sizes=(4, 8), max_queue_delay_us=300,
-                          instance_count=2, kind="KIND_GPU")  # fmt: skip
-    cfg = tr.validate_config(text)
+    text = triton_server.make_config(
+        "m",
+        INP,
+        OUT,
+        max_batch_size=16,
+        preferred_batch_sizes=(4, 8),
+        max_queue_delay_us=300,
+        instance_count=2,
+        kind="KIND_GPU",
+    )
+    cfg = triton_server.validate_config(text)
     assert cfg.name == "m" and cfg.max_batch_size == 16
     assert list(cfg.dynamic_batching.preferred_batch_size) == [4, 8]
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 300
@@ -24,15 +32,17 @@ def test_make_config_parses_with_the_given_settings():
 
 
 def test_misspelled_field_is_caught():
-    text = tr.make_config("m", INP, OUT).replace("max_queue_delay_microseconds", "max_queue_delay_microsecond")
-    with pytest.raises(tr.TritonConfigError, match="max_queue_delay_microsecond"):
-        tr.validate_config(text)
+    text = triton_server.make_config("m", INP, OUT).replace(
+        "max_queue_delay_microseconds", "max_queue_delay_microsecond"
+    )
+    with pytest.raises(triton_server.TritonConfigError, match="max_queue_delay_microsecond"):
+        triton_server.validate_config(text)
 
 
 def test_preferred_size_above_maximum_is_caught():
-    text = tr.make_config("m", INP, OUT, max_batch_size=8, preferred_batch_sizes=(4, 16))
-    with pytest.raises(tr.TritonConfigError, match="preferred_batch_size 16 exceeds max_batch_size 8"):
-        tr.validate_config(text)
+    text = triton_server.make_config("m", INP, OUT, max_batch_size=8, preferred_batch_sizes=(4, 16))
+    with pytest.raises(triton_server.TritonConfigError, match="preferred_batch_size 16 exceeds max_batch_size 8"):
+        triton_server.validate_config(text)
 
 
 @pytest.mark.parametrize(
@@ -44,23 +54,24 @@ def test_preferred_size_above_maximum_is_caught():
     ],
 )
 def test_other_semantic_errors(kwargs, words):
-    with pytest.raises(tr.TritonConfigError, match=words):
-        tr.validate_config(tr.make_config("m", INP, OUT, **kwargs))
+    with pytest.raises(triton_server.TritonConfigError, match=words):
+        triton_server.validate_config(triton_server.make_config("m", INP, OUT, **kwargs))
 
 
 def test_wrong_enum_value_is_caught():
-    with pytest.raises(tr.TritonConfigError, match="KIND_TPU"):
-        tr.validate_config(tr.make_config("m", INP, OUT).replace("KIND_CPU", "KIND_TPU"))
+    with pytest.raises(triton_server.TritonConfigError, match="KIND_TPU"):
+        triton_server.validate_config(triton_server.make_config("m", INP, OUT).replace("KIND_CPU", "KIND_TPU"))
 
 
 def test_write_model_repository(tmp_path):
     torch.manual_seed(0)
     model = DigitsCNN().eval()
-    folder = tr.write_model_repository(tmp_path, model, torch.randn(2, 1, 8, 8), name="digits", max_batch_size=16,
-                                       preferred_batch_sizes=(8, 16))  # fmt: skip
+    folder = triton_server.write_model_repository(
+        tmp_path, model, torch.randn(2, 1, 8, 8), name="digits", max_batch_size=16, preferred_batch_sizes=(8, 16)
+    )
     assert folder == tmp_path / "digits"
     assert (folder / "1" / "model.onnx").is_file() and not list(folder.rglob("*.data"))  # one self-contained file
-    cfg = tr.validate_config(folder / "config.pbtxt")
+    cfg = triton_server.validate_config(folder / "config.pbtxt")
     assert cfg.name == "digits" and cfg.input[0].name and list(cfg.output[0].dims) == [10]
     import onnxruntime as ort
 
@@ -72,29 +83,29 @@ def test_write_model_repository(tmp_path):
 
 
 def test_write_model_repository_rejects_bad_settings(tmp_path):
-    with pytest.raises(tr.TritonConfigError, match="kind"):
-        tr.write_model_repository(tmp_path, DigitsCNN(), torch.randn(1, 1, 8, 8), kind="GPU")
+    with pytest.raises(triton_server.TritonConfigError, match="kind"):
+        triton_server.write_model_repository(tmp_path, DigitsCNN(), torch.randn(1, 1, 8, 8), kind="GPU")
 
 
 def test_docker_line(tmp_path):
-    line = tr.docker_run_line(tmp_path, gpus=False)
+    line = triton_server.docker_run_line(tmp_path, gpus=False)
     assert line.startswith("docker run") and "--gpus" not in line and f"{tmp_path.resolve()}:/models" in line
     assert "-p 127.0.0.1:8001:8001" in line and "tritonserver --model-repository=/models" in line
-    assert "--gpus all" in tr.docker_run_line(tmp_path)
+    assert "--gpus all" in triton_server.docker_run_line(tmp_path)
 
 
 def test_default_config_has_no_preferred_sizes():
     """Triton's batcher guide: most models should not set preferred_batch_size; the delay is the knob."""
-    text = tr.make_config("m", INP, OUT, max_queue_delay_us=2500)
-    cfg = tr.validate_config(text)
+    text = triton_server.make_config("m", INP, OUT, max_queue_delay_us=2500)
+    cfg = triton_server.validate_config(text)
     assert "preferred_batch_size" not in text and not cfg.dynamic_batching.preferred_batch_size
     assert cfg.dynamic_batching.max_queue_delay_microseconds == 2500
 
 
 def test_perf_analyzer_line():
-    line = tr.perf_analyzer_line("digits", concurrency=(1, 64))
+    line = triton_server.perf_analyzer_line("digits", concurrency=(1, 64))
     assert line.startswith("perf_analyzer -m digits -u 127.0.0.1:8001") and "--concurrency-range 1:64:2" in line
-    line = tr.perf_analyzer_line("digits", rate=(100, 500))
+    line = triton_server.perf_analyzer_line("digits", rate=(100, 500))
     assert "--request-rate-range 100:500:100" in line and "--request-distribution=poisson" in line
-    with pytest.raises(tr.TritonConfigError, match="exactly one"):
-        tr.perf_analyzer_line("digits")
+    with pytest.raises(triton_server.TritonConfigError, match="exactly one"):
+        triton_server.perf_analyzer_line("digits")

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils import compare
-from course_utils.errors import ToleranceError
+from course_utils.check import compare
+from course_utils.supply.errors import ToleranceError
 
 
 def test_tolerance_values_are_the_documented_ones():

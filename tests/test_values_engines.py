@@ -5,10 +5,16 @@ from __future__ import annotations
 
 import pytest
 
-from course_utils import engines
+from course_utils.techniques import tensorrt_engines as engines
 
-BASE = dict(gpu_name="NVIDIA H200", compute_capability=(9, 0), trt_version="11.1.0", precision="fp16",
-            profile=engines.Profile.for_batch("input", (3, 224, 224), 1, 8, 32), onnx_sha256="ab" * 32)  # fmt: skip
+BASE = dict(
+    gpu_name="NVIDIA H200",
+    compute_capability=(9, 0),
+    trt_version="11.1.0",
+    precision="fp16",
+    profile=engines.Profile.for_batch("input", (3, 224, 224), 1, 8, 32),
+    onnx_sha256="ab" * 32,
+)
 
 
 def test_same_facts_are_fresh():
@@ -25,7 +31,7 @@ def test_same_facts_are_fresh():
         ("workspace_bytes", 1 << 28),
         ("hardware_compat", "AMPERE_PLUS"),
         ("version_compatible", True),
-    ],  # fmt: skip
+    ],
 )
 def test_only_a_build_setting_changed_is_stale(setting, value):
     stored = engines.engine_metadata(**BASE)
@@ -43,9 +49,15 @@ def test_a_timing_cache_is_not_a_build_setting():
 
 @pytest.mark.parametrize(
     "field, value",
-    [("gpu_name", "NVIDIA L4"), ("compute_capability", (8, 9)), ("trt_version", "10.9.0"), ("precision", "int8"),
-     ("profile", engines.Profile.for_batch("input", (3, 224, 224), 1, 16, 32)), ("onnx_sha256", "cd" * 32)],
-)  # fmt: skip
+    [
+        ("gpu_name", "NVIDIA L4"),
+        ("compute_capability", (8, 9)),
+        ("trt_version", "10.9.0"),
+        ("precision", "int8"),
+        ("profile", engines.Profile.for_batch("input", (3, 224, 224), 1, 16, 32)),
+        ("onnx_sha256", "cd" * 32),
+    ],
+)
 def test_each_key_field_alone_makes_it_stale(field, value):
     changed = {**BASE, field: value}
     reasons = engines.engine_staleness(engines.engine_metadata(**BASE), engines.engine_metadata(**changed))

@@ -12,20 +12,26 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from course_utils import load
-from course_utils import server_guard as g
+from course_utils.serve import load_generator
+from course_utils.serve import server_guard as g
 
 
 def test_load_result_percentiles_of_a_known_list():
     lat = [float(x) for x in range(101)]
-    r = load.LoadResult("open", 8, 5.0, 101, 3, 4.0, lat, {200: 101, 500: 3}, n_not_sent=2)
+    r = load_generator.LoadResult("open", 8, 5.0, 101, 3, 4.0, lat, {200: 101, 500: 3}, n_not_sent=2)
     assert (r.p50_ms, r.p90_ms, r.p99_ms) == (50.0, 90.0, 99.0)
     assert r.percentile(10) == 10.0 and r.percentile(75) == 75.0
     assert r.throughput == pytest.approx(101 / 4.0)
     d = r.as_dict()
     assert (d["p50_ms"], d["p90_ms"], d["p99_ms"], d["n_ok"], d["n_failed"], d["n_not_sent"]) == (
-        50.0, 90.0, 99.0, 101, 3, 2)  # fmt: skip
-    empty = load.LoadResult("closed", 1, float("nan"), 0, 0, 0.0, [])
+        50.0,
+        90.0,
+        99.0,
+        101,
+        3,
+        2,
+    )
+    empty = load_generator.LoadResult("closed", 1, float("nan"), 0, 0, 0.0, [])
     assert empty.throughput == 0.0 and empty.p50_ms != empty.p50_ms  # nan, not an error
 
 
@@ -77,7 +83,7 @@ def test_open_loop_latency_counts_from_the_due_time(slow_server):
     # (encoding its body) blocks the event loop for BLOCK_S, so no answer can be read before all N have started,
     # N * BLOCK_S after they were due. Counted from the due time, every latency is at least that; counted from
     # the moment each request was started or sent, the backlog would vanish (request k would lose k * BLOCK_S).
-    r = load.open_loop(slow_server, [SlowBody(x=1)], rate=1e6, n_requests=N, max_in_flight=64, seed=3)
+    r = load_generator.open_loop(slow_server, [SlowBody(x=1)], rate=1e6, n_requests=N, max_in_flight=64, seed=3)
     assert r.n_ok == N and r.n_failed == 0 and r.n_not_sent == 0
     lat = sorted(r.latencies_ms)
     assert lat[0] >= N * BLOCK_S * 1000 * 0.9, (
@@ -89,13 +95,13 @@ def test_open_loop_latency_counts_from_the_due_time(slow_server):
 
 def test_open_loop_refuses_beyond_max_in_flight(slow_server):
     # six arrivals at once, at most two outstanding: exactly two are sent, four are counted as not sent
-    r = load.open_loop(slow_server, [b'{"x": 1}'], rate=1e6, n_requests=6, max_in_flight=2, seed=0)
+    r = load_generator.open_loop(slow_server, [b'{"x": 1}'], rate=1e6, n_requests=6, max_in_flight=2, seed=0)
     assert (r.n_ok, r.n_not_sent, r.n_failed) == (2, 4, 0), r.as_dict()
     assert r.concurrency == 2 and r.rate == 1e6 and r.mode == "open"
 
 
 def test_closed_loop_counts_every_answer(slow_server):
-    r = load.closed_loop(slow_server, [b'{"x": 1}'], n_requests=6, concurrency=2)
+    r = load_generator.closed_loop(slow_server, [b'{"x": 1}'], n_requests=6, concurrency=2)
     assert r.n_ok == 6 and r.statuses == {200: 6} and len(r.latencies_ms) == 6
     assert min(r.latencies_ms) >= DELAY_S * 1000 * 0.9
 

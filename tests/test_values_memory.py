@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from course_utils import memory as mem
+from course_utils.measuring import memory
 
 linux = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="needs /proc (Linux)")
 
@@ -32,7 +32,7 @@ class Spy(torch.nn.Module):
 def test_peak_vs_batch_runs_in_the_mode_asked_for(mode, want):
     model = Spy()
     kwargs = {} if mode is None else {"mode": mode}
-    df = mem.peak_vs_batch(model, lambda b: torch.zeros(b, 512), [64, 128], **kwargs)
+    df = memory.peak_vs_batch(model, lambda b: torch.zeros(b, 512), [64, 128], **kwargs)
     assert model.seen == [want, want]
     assert list(df["batch_size"]) == [64, 128]
     assert list(df["input_mb"]) == [0.125, 0.25], "64 x 512 float32 is exactly 0.125 MiB"
@@ -41,5 +41,5 @@ def test_peak_vs_batch_runs_in_the_mode_asked_for(mode, want):
 
 @linux
 def test_cpu_peak_is_the_extra_memory_of_the_call():
-    peak, out = mem.cpu_peak_mb(lambda: 7)
+    peak, out = memory.cpu_peak_mb(lambda: 7)
     assert out == 7 and peak < 16, f"{peak:.1f} MiB for a call that allocates nothing: subtract the RSS before it"

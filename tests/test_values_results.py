@@ -12,7 +12,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from course_utils import paths, results, timing
+from course_utils.measuring import timing
+from course_utils.show import results
+from course_utils.supply import paths
 
 
 def test_record_fills_each_timing_column_from_its_statistic():
@@ -29,10 +31,25 @@ def test_record_fills_each_timing_column_from_its_statistic():
 
 def test_explicit_values_win_over_the_measurement():
     m = timing.Measurement(times_ms=[1.0, 2.0, 3.0], device="cpu", batch_size=2)
-    row = results.record("01", "x", measurement=m, median_ms=7.0, p90_ms=9.0, throughput=5.0, batch_size=3,
-                         device="cuda", speedup_vs_baseline=1.5, error_vs_baseline=0.01)  # fmt: skip
+    row = results.record(
+        "01",
+        "x",
+        measurement=m,
+        median_ms=7.0,
+        p90_ms=9.0,
+        throughput=5.0,
+        batch_size=3,
+        device="cuda",
+        speedup_vs_baseline=1.5,
+        error_vs_baseline=0.01,
+    )
     assert (row["median_ms"], row["p90_ms"], row["throughput"], row["batch_size"], row["device"]) == (
-        7.0, 9.0, 5.0, 3, "cuda")  # fmt: skip
+        7.0,
+        9.0,
+        5.0,
+        3,
+        "cuda",
+    )
     assert (row["speedup_vs_baseline"], row["error_vs_baseline"]) == (1.5, 0.01)
     row = results.record("01", "y", median_ms=2.0)
     assert row["p90_ms"] is None and row["throughput"] is None and row["batch_size"] is None

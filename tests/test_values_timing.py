@@ -10,8 +10,8 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import device as device_mod
-from course_utils import timing
+from course_utils.measuring import device as device_mod
+from course_utils.measuring import timing
 
 WORK_MS = 4.0
 

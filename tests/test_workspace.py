@@ -80,10 +80,23 @@ def test_running_and_saving_a_lesson_in_the_workspace_leaves_the_repo_clean(tmp_
 
     port, token = _free_port(), secrets.token_hex(16)
     server = subprocess.Popen(
-        [sys.executable, "-m", "jupyter", "server", f"--ServerApp.root_dir={ws}", "--ServerApp.ip=127.0.0.1",
-         f"--ServerApp.port={port}", f"--IdentityProvider.token={token}", "--no-browser", "--allow-root"],
-        cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "jupyter",
+            "server",
+            f"--ServerApp.root_dir={ws}",
+            "--ServerApp.ip=127.0.0.1",
+            f"--ServerApp.port={port}",
+            f"--IdentityProvider.token={token}",
+            "--no-browser",
+            "--allow-root",
+        ],
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        start_new_session=True,
+    )
     try:
         url = f"http://127.0.0.1:{port}/api/contents/{lesson.name}"
         deadline = time.time() + 60

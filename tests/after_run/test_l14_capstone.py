@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from course_utils import results
+from course_utils.show import results
 
 pytestmark = pytest.mark.skipif(not os.environ.get("COURSE_AFTER_RUN"), reason="runs after the notebooks (make test)")
 

@@ -4,7 +4,8 @@ import os
 
 import pytest
 
-from course_utils import modes, results
+from course_utils.show import results
+from course_utils.supply import modes
 from scripts import gpu_levels
 
 pytestmark = pytest.mark.skipif(not os.environ.get("COURSE_AFTER_RUN"), reason="runs after the notebooks (make test)")

@@ -11,7 +11,7 @@ import warnings
 import pytest
 import torch
 
-from course_utils import timing
+from course_utils.measuring import timing
 
 pytestmark = pytest.mark.skipif(not os.environ.get("COURSE_AFTER_RUN"), reason="runs alone after the notebooks")
 

@@ -73,8 +73,10 @@ def _check_kwargs(fake: FakePycuda, func: str, args: tuple, kwargs: dict) -> Non
     params = fake.spec["driver_functions"][func] or []
     unknown = [k for k in kwargs if k not in params]
     if unknown or len(args) + len(kwargs) > len(params):
-        raise TypeError(f"pycuda.driver.{func}() takes ({', '.join(params)}); got {len(args)} positional "
-                        f"and keywords {sorted(kwargs)}")  # fmt: skip
+        raise TypeError(
+            f"pycuda.driver.{func}() takes ({', '.join(params)}); got {len(args)} positional "
+            f"and keywords {sorted(kwargs)}"
+        )
 
 
 class Stream:
@@ -198,8 +200,10 @@ class FakePycuda:
 
     def _stream(self, stream: Any, what: str) -> None:
         if not isinstance(stream, Stream):
-            raise FakePycudaError(f"{what} without a stream runs on the default stream, which serializes with every "
-                                  "other stream: pass the runner's cuda.Stream()")  # fmt: skip
+            raise FakePycudaError(
+                f"{what} without a stream runs on the default stream, which serializes with every "
+                "other stream: pass the runner's cuda.Stream()"
+            )
 
     def is_device_pointer(self, ptr: int) -> bool:
         return int(ptr) in self.allocations
@@ -220,8 +224,7 @@ class FakePycuda:
 
         auto = AutoInit("pycuda.autoinit")
         auto.context, auto.device = "a second context (Device.make_context)", "device 0"
-        mods = {"pycuda": pkg, "pycuda.driver": self.driver, "pycuda.autoprimaryctx": primary,
-                "pycuda.autoinit": auto}  # fmt: skip
+        mods = {"pycuda": pkg, "pycuda.driver": self.driver, "pycuda.autoprimaryctx": primary, "pycuda.autoinit": auto}
         original_import = __builtins__["__import__"] if isinstance(__builtins__, dict) else __builtins__.__import__
 
         def record(name, *a, **k):

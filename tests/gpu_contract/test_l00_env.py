@@ -26,8 +26,15 @@ def ns():
 def fake_props():
     """An object with exactly the attributes torch's real CUDA device properties have (values made up)."""
     names = [a for a in dir(torch._C._CudaDeviceProperties) if not a.startswith("_")]
-    values = {a: 1 for a in names} | {"name": "NVIDIA H200", "major": 9, "minor": 0, "total_memory": 141 * 2**30,
-                                      "L2_cache_size": 60 * 2**20, "clock_rate": 1980000, "uuid": "GPU-x"}  # fmt: skip
+    values = {a: 1 for a in names} | {
+        "name": "NVIDIA H200",
+        "major": 9,
+        "minor": 0,
+        "total_memory": 141 * 2**30,
+        "L2_cache_size": 60 * 2**20,
+        "clock_rate": 1980000,
+        "uuid": "GPU-x",
+    }
     return types.SimpleNamespace(**{k: v for k, v in values.items() if k in names})
 
 

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import timing
+from course_utils.measuring import timing
 from tests.gpu_contract.lesson_code import lesson_namespace
 
 COVERS = {

@@ -22,8 +22,15 @@ COVERS = {
 
 @pytest.fixture(scope="module")
 def ns():
-    return lesson_namespace("02", torch=torch, pd=pd, profile=profile, ProfilerActivity=ProfilerActivity,
-                            record_function=record_function, schedule=schedule)  # fmt: skip
+    return lesson_namespace(
+        "02",
+        torch=torch,
+        pd=pd,
+        profile=profile,
+        ProfilerActivity=ProfilerActivity,
+        record_function=record_function,
+        schedule=schedule,
+    )
 
 
 def work():
@@ -76,8 +83,17 @@ def test_cuda_activity_requested(ns, tmp_path, monkeypatch):
 def _event(i, name, start, end, children=(), kernel_us=0.0):
     from torch.autograd.profiler_util import FunctionEvent
 
-    e = FunctionEvent(i, name, thread=1, start_us=start, end_us=end, use_device="cuda", input_shapes=[], stack=[],
-                      is_user_annotation=name in ("preprocess", "model", "postprocess"))  # fmt: skip
+    e = FunctionEvent(
+        i,
+        name,
+        thread=1,
+        start_us=start,
+        end_us=end,
+        use_device="cuda",
+        input_shapes=[],
+        stack=[],
+        is_user_annotation=name in ("preprocess", "model", "postprocess"),
+    )
     if kernel_us:
         e.append_kernel(f"kernel of {name}", 0, kernel_us)
     for c in children:

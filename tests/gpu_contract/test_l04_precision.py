@@ -35,8 +35,14 @@ def restore_tf32():
 
 def _tiny() -> nn.Module:
     torch.manual_seed(0)
-    return nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1),
-                         nn.Flatten(), nn.Linear(4, 5)).eval()  # fmt: skip
+    return nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 5),
+    ).eval()
 
 
 def test_set_tf32_toggles_both_switches_in_one_family(ns):
@@ -51,8 +57,18 @@ def test_set_tf32_toggles_both_switches_in_one_family(ns):
 
 def test_precision_grid_rows(ns):
     df = ns["precision_grid"](_tiny(), "cpu", (1, 3), image_size=8, tf32=True, warmup=0, min_repeats=2, min_time_s=0)
-    names = ["fp32", "fp32 channels_last", "tf32", "tf32 channels_last", "bf16 autocast", "bf16 cast",
-             "bf16 autocast channels_last", "fp16 autocast", "fp16 cast", "fp16 autocast channels_last"]  # fmt: skip
+    names = [
+        "fp32",
+        "fp32 channels_last",
+        "tf32",
+        "tf32 channels_last",
+        "bf16 autocast",
+        "bf16 cast",
+        "bf16 autocast channels_last",
+        "fp16 autocast",
+        "fp16 cast",
+        "fp16 autocast channels_last",
+    ]
     for b in (1, 3):
         rows = df[df.batch == b]
         assert rows.variant.tolist() == names, "one row per distinct variant, baseline first"
@@ -68,7 +84,7 @@ def test_precision_grid_rows(ns):
 def test_make_variants_apply_what_they_say(ns):
     model, x = _tiny(), torch.rand(2, 3, 8, 8)
     variants = ns["make_variants"](model, (torch.bfloat16,))
-    from course_utils.lesson_exercises.observe import CONV_OPS, OpLog
+    from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog
 
     with torch.inference_mode():
         for name, run in variants.items():
@@ -105,8 +121,9 @@ class FakeMemory:
 def test_peak_memory_is_the_variant_alone(ns):
     """The old grid reported max_memory_allocated(): every resident model copy counted in every row."""
     model, mem = _tiny(), FakeMemory()
-    df = ns["precision_grid"](model, "cpu", (2,), image_size=8, tf32=False, memory=mem, warmup=0, min_repeats=2,
-                              min_time_s=0)  # fmt: skip
+    df = ns["precision_grid"](
+        model, "cpu", (2,), image_size=8, tf32=False, memory=mem, warmup=0, min_repeats=2, min_time_s=0
+    )
     fp32_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     x_bytes = 2 * 3 * 8 * 8 * 4
     rows = df.set_index("variant")

@@ -64,7 +64,7 @@ def test_fp8_only_on_capable_gpus(ns):
 def test_timing_carries_the_input_device_on_a_gpu_machine(ns, monkeypatch):
     """On a CUDA machine the lesson's CPU models are timed (and recorded) as cpu, not as the default cuda."""
     import course_utils as cu
-    from course_utils import device as D
+    from course_utils.measuring import device as D
 
     monkeypatch.setattr(D, "pick_device", lambda: torch.device("cuda"))  # what a GPU machine's default is
     assert str(cu.device.pick_device()) == "cuda"
@@ -96,7 +96,7 @@ def test_lesson_no_longer_claims_int4_halves_int8():
 
     src = lesson_path("05").read_text()
     assert "halves INT8's weight bytes again" not in src, "false for MiniLM: the tile format pads 384 to 1024"
-    assert "bytes_phrase(name, quant.linear_weight_bytes(mg)" in src, "the GPU section prints the measured bytes"
+    assert "bytes_phrase(name, quantization.linear_weight_bytes(mg)" in src, "the GPU section prints the measured bytes"
 
 
 def test_freezing_is_scoped_not_left_on():
@@ -105,11 +105,18 @@ def test_freezing_is_scoped_not_left_on():
     from tests.gpu_contract.lesson_code import lesson_path
 
     tree = ast.parse(lesson_path("05").read_text())
-    stores = [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Assign)
-              and any("config.freezing" in ast.unparse(t) for t in n.targets)]  # fmt: skip
+    stores = [
+        n.lineno
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Assign) and any("config.freezing" in ast.unparse(t) for t in n.targets)
+    ]
     assert not stores, f"line(s) {stores}: freezing set globally stays on for every later compile (GPU ones too)"
-    patches = [n for n in ast.walk(tree) if isinstance(n, ast.With)
-               and any("config.patch(freezing=True)" in ast.unparse(i.context_expr) for i in n.items)]  # fmt: skip
+    patches = [
+        n
+        for n in ast.walk(tree)
+        if isinstance(n, ast.With)
+        and any("config.patch(freezing=True)" in ast.unparse(i.context_expr) for i in n.items)
+    ]
     assert len(patches) >= 2, "both compiled-with-freezing comparisons use `with torch._inductor.config.patch(...)`"
 
 

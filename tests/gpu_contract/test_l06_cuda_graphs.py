@@ -152,8 +152,14 @@ def _setup(ns):
     fake = FakeCuda()
     ns["torch"] = TorchWithFakeCuda(fake)  # the lesson's functions look `torch` up in this namespace
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.BatchNorm2d(4), nn.ReLU(inplace=True),
-                          nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(4, 5)).eval()  # fmt: skip
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(inplace=True),
+        nn.AdaptiveAvgPool2d(1),
+        nn.Flatten(),
+        nn.Linear(4, 5),
+    ).eval()
     with torch.no_grad():
         model[1].running_mean.uniform_(-1, 1)
     return ns, fake, model

@@ -15,14 +15,14 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import backends as be
+from course_utils.techniques import onnx_runtime
 
 from .lesson_code import lesson_namespace, lesson_path
 
 
 @pytest.fixture(scope="module")
 def ns():
-    return lesson_namespace("07", np=np, torch=torch, backends=be)
+    return lesson_namespace("07", np=np, torch=torch, onnx_runtime=onnx_runtime)
 
 
 def test_qdq_counts_sees_both_node_kinds(ns, tmp_path):
@@ -30,12 +30,13 @@ def test_qdq_counts_sees_both_node_kinds(ns, tmp_path):
 
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 4, 3, padding=1), nn.ReLU(), nn.Flatten(), nn.Linear(4 * 6 * 6, 5)).eval()
-    path = be.export_onnx(model, torch.randn(2, 3, 6, 6), tmp_path / "m.onnx")
+    path = onnx_runtime.export_onnx(model, torch.randn(2, 3, 6, 6), tmp_path / "m.onnx")
 
     class Reader(CalibrationDataReader):
         def __init__(self):
-            self.it = iter([{"input": np.random.default_rng(i).standard_normal((2, 3, 6, 6), np.float32)}
-                            for i in range(2)])  # fmt: skip
+            self.it = iter(
+                [{"input": np.random.default_rng(i).standard_normal((2, 3, 6, 6), np.float32)} for i in range(2)]
+            )
 
         def get_next(self):
             return next(self.it, None)
@@ -59,8 +60,11 @@ def _section_body(lesson: str, section: str) -> ast.If:
 
 def test_cuda_graph_session_is_made_per_batch_size():
     body = _section_body("07", "07.cuda-provider")
-    graph_calls = [n for n in ast.walk(body) if isinstance(n, ast.Call) and "cuda_graph=True" in ast.unparse(n)
-                   and ast.unparse(n.func) == "cuda_session"]  # fmt: skip
+    graph_calls = [
+        n
+        for n in ast.walk(body)
+        if isinstance(n, ast.Call) and "cuda_graph=True" in ast.unparse(n) and ast.unparse(n.func) == "cuda_session"
+    ]
     assert graph_calls, "the section no longer builds a CUDA-graph session"
     loops = [n for n in ast.walk(body) if isinstance(n, ast.For)]
     inside = {id(c) for loop in loops for stmt in loop.body for c in ast.walk(stmt)}

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils import engines as eng
+from course_utils.techniques import tensorrt_engines as eng
 
 from . import trt_api
 
@@ -60,8 +60,11 @@ def modelopt_parser():
         raise AssertionError("the contract suite only parses; it never quantizes")
 
     main = pkg / "__main__.py"
-    ns = {"__name__": "modelopt_cli", "quantize": quantize,
-          **{k: helpers[k] for k in ("MODE_PRESETS", "StoreWithExplicitFlag", "get_node_filter_list")}}  # fmt: skip
+    ns = {
+        "__name__": "modelopt_cli",
+        "quantize": quantize,
+        **{k: helpers[k] for k in ("MODE_PRESETS", "StoreWithExplicitFlag", "get_node_filter_list")},
+    }
     exec(_without_modelopt_imports(main.read_text(), str(main)), ns)  # noqa: S102 - ModelOpt's own source
     print(f"ModelOpt parser from {wheel.name}")
 

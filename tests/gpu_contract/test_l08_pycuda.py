@@ -16,10 +16,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils import backends as be
-from course_utils import engines as trt_engines
-from course_utils.compare import compare_outputs
-from course_utils.standins.tensorrt import fake_from_snapshot
+from course_utils.check.compare import compare_outputs
+from course_utils.check.standins.tensorrt import fake_from_snapshot
+from course_utils.techniques import onnx_runtime, tensorrt_engines
 
 from . import lesson_code
 from .fake_pycuda import SNAPSHOT, FakePycuda, FakePycudaError
@@ -31,28 +30,34 @@ COVERS = {
 }
 
 PLANTS = [
-    ("no synchronize before reading the host output",
-     "        self.stream.synchronize()  # the copies", "        pass  # the copies"),
+    (
+        "no synchronize before reading the host output",
+        "        self.stream.synchronize()  # the copies",
+        "        pass  # the copies",
+    ),
     ("pageable host buffers (np.empty)", "cuda.pagelocked_empty(shape,", "np.empty(shape,"),
-    ("host pointer given to TensorRT", "self.context.set_tensor_address(t, int(self.device[t]))",
-     "self.context.set_tensor_address(t, self.host[t].ctypes.data)"),
+    (
+        "host pointer given to TensorRT",
+        "self.context.set_tensor_address(t, int(self.device[t]))",
+        "self.context.set_tensor_address(t, self.host[t].ctypes.data)",
+    ),
     ("copy on the default stream", "self.host[self.input], self.stream)", "self.host[self.input])"),
     ("engine on another stream than the copies", "execute_async_v3(self.stream.handle)", "execute_async_v3(0x5EED)"),
-]  # fmt: skip
+]
 
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    from course_utils.models import load_digits_model
+    from course_utils.supply.models import load_digits_model
 
     model = load_digits_model("cnn")
-    path = be.export_onnx(model, torch.zeros(2, 1, 8, 8), tmp_path_factory.mktemp("onnx") / "digits.onnx")
+    path = onnx_runtime.export_onnx(model, torch.zeros(2, 1, 8, 8), tmp_path_factory.mktemp("onnx") / "digits.onnx")
     return model, path
 
 
 def scenario(ns, trt, pyc: FakePycuda, model, onnx_path) -> None:
     """Build an FP32 engine with the lesson's builder, run it with the lesson's PycudaRunner, check everything."""
-    profile = trt_engines.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
+    profile = tensorrt_engines.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
         ns["build_engine"](trt, onnx_path, profile, tf32=False)
     )

@@ -15,9 +15,9 @@ import sys
 import pytest
 import torch
 
-from course_utils import backends as be
-from course_utils import engines as eng
-from course_utils.compare import compare_outputs
+from course_utils.check.compare import compare_outputs
+from course_utils.techniques import onnx_runtime
+from course_utils.techniques import tensorrt_engines as eng
 
 from . import lesson_code, trt_api
 from .fake_trt import FakeTRT
@@ -40,25 +40,40 @@ NOT_TESTABLE = {
 
 # Classic mistakes from TensorRT 8-era tutorials: (label, shipped code, planted code). Each must break the suite.
 PLANTS = [
-    ("config.max_workspace_size = n",
-     "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)",
-     "config.max_workspace_size = workspace_bytes"),
+    (
+        "config.max_workspace_size = n",
+        "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)",
+        "config.max_workspace_size = workspace_bytes",
+    ),
     ("trt.BuilderFlag.FP16", "config.set_flag(trt.BuilderFlag.TF32)", "config.set_flag(trt.BuilderFlag.FP16)"),
-    ("context.execute_async_v2(...)",
-     "self.context.execute_async_v3(self.stream.cuda_stream)",
-     "self.context.execute_async_v2([x.data_ptr()], self.stream.cuda_stream)"),
-    ("engine.get_binding_shape(0)",
-     "tuple(self.context.get_tensor_shape(n))", "tuple(self.engine.get_binding_shape(0))"),
-    ("builder.build_engine(...)",
-     "builder.build_serialized_network(network, config)", "builder.build_engine(network, config)"),
+    (
+        "context.execute_async_v2(...)",
+        "self.context.execute_async_v3(self.stream.cuda_stream)",
+        "self.context.execute_async_v2([x.data_ptr()], self.stream.cuda_stream)",
+    ),
+    (
+        "engine.get_binding_shape(0)",
+        "tuple(self.context.get_tensor_shape(n))",
+        "tuple(self.engine.get_binding_shape(0))",
+    ),
+    (
+        "builder.build_engine(...)",
+        "builder.build_serialized_network(network, config)",
+        "builder.build_engine(network, config)",
+    ),
     ("parse_from_file(Path)", "parser.parse_from_file(str(onnx_path))", "parser.parse_from_file(onnx_path)"),
     ("wrong argument count", "engine.get_tensor_mode(n)", "engine.get_tensor_mode(n, 0)"),
-    ("enum property set from a str",
-     "config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, hardware_compat)",
-     "config.hardware_compatibility_level = hardware_compat"),
-    ("output address of the input", "self.context.set_tensor_address(n, outs[n].data_ptr())",
-     "self.context.set_tensor_address(n, x.data_ptr())"),
-]  # fmt: skip
+    (
+        "enum property set from a str",
+        "config.hardware_compatibility_level = getattr(trt.HardwareCompatibilityLevel, hardware_compat)",
+        "config.hardware_compatibility_level = hardware_compat",
+    ),
+    (
+        "output address of the input",
+        "self.context.set_tensor_address(n, outs[n].data_ptr())",
+        "self.context.set_tensor_address(n, x.data_ptr())",
+    ),
+]
 
 
 class CpuStream:
@@ -84,10 +99,10 @@ def fake(spec):
 
 @pytest.fixture(scope="module")
 def digits(tmp_path_factory):
-    from course_utils.models import load_digits_model
+    from course_utils.supply.models import load_digits_model
 
     model = load_digits_model("cnn")
-    path = be.export_onnx(model, torch.zeros(2, 1, 8, 8), tmp_path_factory.mktemp("onnx") / "digits.onnx")
+    path = onnx_runtime.export_onnx(model, torch.zeros(2, 1, 8, 8), tmp_path_factory.mktemp("onnx") / "digits.onnx")
     return model, path
 
 
@@ -108,7 +123,7 @@ def scenario(ns, trt, model, onnx_path, tmp) -> None:
     rebuilt = ns["load_or_build"](*args, tf32=False, opt_level=5, hardware_compat="AMPERE_PLUS")[1]
     assert rebuilt["built"] and rebuilt["key"] != info["key"], "another optimization level is another engine"
     layers = ns["engine_layers"](trt, engine)
-    assert 0 < len(layers) < sum(be.count_nodes(onnx_path).values()), layers
+    assert 0 < len(layers) < sum(onnx_runtime.count_nodes(onnx_path).values()), layers
     runner = ns["TrtRunner"](trt, engine, CpuStream())
     for b in (1, 4, 8):
         x = torch.rand(b, 1, 8, 8)
@@ -118,9 +133,9 @@ def scenario(ns, trt, model, onnx_path, tmp) -> None:
         assert cmp.within, f"batch {b}: {cmp}"
     handles = [a[0] for a in trt.called("IExecutionContext.execute_async_v3")]
     assert handles and all(h == CpuStream.cuda_stream for h in handles), "run on the runner's own stream"
-    with pytest.raises(be.BadInputError, match="outside the engine's profile"):
+    with pytest.raises(onnx_runtime.BadInputError, match="outside the engine's profile"):
         runner(torch.rand(9, 1, 8, 8))
-    with pytest.raises(be.BadInputError, match="float16"):
+    with pytest.raises(onnx_runtime.BadInputError, match="float16"):
         runner(torch.rand(2, 1, 8, 8).half())
 
 
@@ -138,15 +153,20 @@ def test_planted_api_breaks_fail(label, shipped, planted, fake, digits, tmp_path
     assert source.count(shipped) == 1, f"the lesson's code changed: '{shipped}' should occur once"
     ns = {"__name__": "planted"}
     exec(compile(source.replace(shipped, planted), "lessons/08_tensorrt.py (planted)", "exec"), ns)  # noqa: S102
-    with pytest.raises((AttributeError, TypeError, AssertionError, RuntimeError, be.CourseError)) as err:
+    with pytest.raises((AttributeError, TypeError, AssertionError, RuntimeError, onnx_runtime.CourseError)) as err:
         scenario(ns, fake, model, onnx_path, tmp_path)
     print(f"planted {label}: {type(err.value).__name__}: {str(err.value).splitlines()[0][:200]}")
 
 
 def test_fake_refuses_what_tensorrt_11_removed(fake):
     config = fake.Builder(fake.Logger()).create_builder_config()
-    for bad in (lambda: fake.BuilderFlag.FP16, lambda: fake.BuilderFlag.INT8, lambda: fake.IInt8EntropyCalibrator2,
-                lambda: setattr(config, "max_workspace_size", 1 << 30), lambda: config.int8_calibrator):  # fmt: skip
+    for bad in (
+        lambda: fake.BuilderFlag.FP16,
+        lambda: fake.BuilderFlag.INT8,
+        lambda: fake.IInt8EntropyCalibrator2,
+        lambda: setattr(config, "max_workspace_size", 1 << 30),
+        lambda: config.int8_calibrator,
+    ):
         with pytest.raises(AttributeError, match="TensorRT 11.1"):
             bad()
     with pytest.raises(TypeError, match="incompatible function arguments"):
@@ -164,8 +184,9 @@ def test_optimize_engine_step_runs_against_the_fake(fake, monkeypatch):
     Its accuracy probe calls the variant on more rows than the profile's maximum batch: the runner must cover
     every batch it is asked to run (issue 13).
     """
-    from course_utils import modes, optimize
-    from course_utils.models import load_digits_model
+    from course_utils.supply import modes
+    from course_utils.supply.models import load_digits_model
+    from course_utils.techniques import optimize
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     monkeypatch.setattr(modes, "gpu_section", lambda *a, **k: True)
@@ -190,7 +211,7 @@ def test_backends_runner_refuses_below_profile_min(fake, digits, monkeypatch):
     engine = fake.Runtime(fake.Logger()).deserialize_cuda_engine(eng.build_engine(onnx_path, profile=profile))
     runner = eng.TrtRunner(engine, stream=CpuStream())
     assert (runner.min_batch, runner.max_batch) == (2, 8)
-    with pytest.raises(be.BadInputError, match="batch 2 to 8"):
+    with pytest.raises(onnx_runtime.BadInputError, match="batch 2 to 8"):
         runner(torch.rand(1, 1, 8, 8))
     assert runner(torch.rand(20, 1, 8, 8)).shape == (20, 10)
 
@@ -223,20 +244,27 @@ def test_signature_parser_handles_overloads_and_brackets():
 
 
 BACKEND_PLANTS = [
-    ("config.max_workspace_size = n",
-     "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))",
-     "config.max_workspace_size = int(workspace_bytes)"),
+    (
+        "config.max_workspace_size = n",
+        "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))",
+        "config.max_workspace_size = int(workspace_bytes)",
+    ),
     ("trt.BuilderFlag.FP16", "config.set_flag(trt.BuilderFlag.TF32)", "config.set_flag(trt.BuilderFlag.FP16)"),
-    ("context.execute_async_v2(...)",
-     "if not self.context.execute_async_v3(self.stream.cuda_stream):",
-     "if not self.context.execute_async_v2([x.data_ptr()], self.stream.cuda_stream):"),
-    ("engine.get_binding_shape(0)",
-     "shape = tuple(self.context.get_tensor_shape(out))", "shape = tuple(self.engine.get_binding_shape(0))"),
-]  # fmt: skip
+    (
+        "context.execute_async_v2(...)",
+        "if not self.context.execute_async_v3(self.stream.cuda_stream):",
+        "if not self.context.execute_async_v2([x.data_ptr()], self.stream.cuda_stream):",
+    ),
+    (
+        "engine.get_binding_shape(0)",
+        "shape = tuple(self.context.get_tensor_shape(out))",
+        "shape = tuple(self.engine.get_binding_shape(0))",
+    ),
+]
 
 
 def backends_engine_step(b, trt, model, onnx_path) -> None:
-    """optimize()'s engine step on module ``b`` (course_utils.engines or a planted copy)."""
+    """optimize()'s engine step on module ``b`` (course_utils.techniques.tensorrt_engines or a planted copy)."""
     profile = b.Profile.for_batch("input", (1, 8, 8), 1, 4, 8)
     engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(
         b.build_engine(onnx_path, profile=profile)
@@ -250,7 +278,7 @@ def backends_engine_step(b, trt, model, onnx_path) -> None:
 
 @pytest.mark.parametrize("label, shipped, planted", BACKEND_PLANTS, ids=[p[0] for p in BACKEND_PLANTS])
 def test_planted_api_breaks_fail_in_backends(label, shipped, planted, fake, digits, monkeypatch):
-    """The same mistakes planted into course_utils/engines.py (lesson 14's engine step) fail too."""
+    """The same mistakes planted into course_utils/techniques/tensorrt_engines.py (lesson 14's engine step) fail too."""
     import types
 
     model, onnx_path = digits
@@ -262,7 +290,7 @@ def test_planted_api_breaks_fail_in_backends(label, shipped, planted, fake, digi
     planted_mod.__package__ = "course_utils"
     monkeypatch.setitem(sys.modules, planted_mod.__name__, planted_mod)  # dataclasses look their module up
     exec(compile(source.replace(shipped, planted), "engines.py (planted)", "exec"), planted_mod.__dict__)  # noqa: S102
-    with pytest.raises((AttributeError, TypeError, AssertionError, be.CourseError)) as err:
+    with pytest.raises((AttributeError, TypeError, AssertionError, onnx_runtime.CourseError)) as err:
         backends_engine_step(planted_mod, fake, model, onnx_path)
     print(f"planted in backends {label}: {type(err.value).__name__}: {str(err.value).splitlines()[0][:160]}")
 
@@ -270,7 +298,7 @@ def test_planted_api_breaks_fail_in_backends(label, shipped, planted, fake, digi
 STREAM_PLANTS = [
     ("no wait before execute", "self.stream.wait_stream(dev.current_stream())", "pass"),
     ("no wait after execute", "dev.current_stream().wait_stream(self.stream)", "pass"),
-]  # fmt: skip
+]
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")
@@ -278,7 +306,7 @@ STREAM_PLANTS = [
 def test_runner_on_the_rehearsal_gpu_checks_pointers_and_stream_order(planted, spec, digits):
     """The lesson's TrtRunner on the rehearsal's stand-in GPU: CUDA tensors' pointers, a real (stand-in) stream;
     each of its two wait_stream calls removed makes the stream-order check fail; a host tensor is refused."""
-    from course_utils.standins import rehearsal
+    from course_utils.check.standins import rehearsal
 
     model, onnx_path = digits
     source = "\n".join(lesson_code.tagged_cells("08"))

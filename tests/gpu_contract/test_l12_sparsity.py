@@ -82,7 +82,7 @@ def test_sparsify_config_imports():
 
 def test_timing_carries_the_input_device_on_a_gpu_machine(ns, monkeypatch):
     import course_utils as cu
-    from course_utils import device as D
+    from course_utils.measuring import device as D
 
     monkeypatch.setattr(D, "pick_device", lambda: torch.device("cuda"))  # what a GPU machine's default is
     m = ns["time_model"](nn.Linear(4, 2), torch.rand(3, 4), "cpu model", warmup=1, min_repeats=2, min_time_s=0.0)

@@ -13,8 +13,7 @@ import pandas as pd
 import pytest
 import torch
 
-from course_utils import load
-from course_utils import server_process as sp
+from course_utils.serve import load_generator, server_process
 from tests.gpu_contract.lesson_code import lesson_namespace
 
 COVERS = {
@@ -55,16 +54,16 @@ API = textwrap.dedent(
 
 @pytest.fixture(scope="module")
 def ns():
-    return lesson_namespace("13", load=load, pd=pd, torch=torch, bodies=[{"text": "abc"}])
+    return lesson_namespace("13", load_generator=load_generator, pd=pd, torch=torch, bodies=[{"text": "abc"}])
 
 
 def test_load_server_rows(ns, tmp_path):
     path = tmp_path / "length_api.py"
     path.write_text(API)
     bodies = [{"text": "a" * i} for i in range(1, 9)]
-    with sp.serve(f"{path}:Length", max_batch_size=8, batch_timeout=0.01, accelerator="cpu") as srv:
+    with server_process.serve(f"{path}:Length", max_batch_size=8, batch_timeout=0.01, accelerator="cpu") as srv:
         df = ns["load_server"](srv, bodies, [4], [50.0], n_requests=24, max_seconds=10, label="batched")
-        code, ans = load.post(srv.predict_url, {"text": "abcd"})
+        code, ans = load_generator.post(srv.predict_url, {"text": "abcd"})
     assert code == 200 and ans["n"] == 4 and ans["device"] == "cpu"
     assert list(df["mode"]) == ["closed", "open"] and set(df["server"]) == {"batched"}
     assert (df["n_ok"] > 0).all() and (df["mean_batch"] >= 1).all()
@@ -75,6 +74,6 @@ def test_accelerator_reaches_litserver(tmp_path):
     """The knob the GPU section sets is passed to LitServer: an unknown accelerator fails the start, named."""
     path = tmp_path / "length_api.py"
     path.write_text(API)
-    with pytest.raises(sp.ServingError, match="did not start"):
-        with sp.serve(f"{path}:Length", accelerator="tpu", start_timeout=120):
+    with pytest.raises(server_process.ServingError, match="did not start"):
+        with server_process.serve(f"{path}:Length", accelerator="tpu", start_timeout=120):
             pass

@@ -1,7 +1,7 @@
 """optimize()'s CUDA path for ONNX Runtime, run on CPU: the session is bound with IOBinding (no host copies).
 
 On a CUDA machine ``optimize()`` asks for the CUDA provider and runs the session through
-``backends.ort_iobinding_runner`` with torch tensors bound by address; ``run()`` with numpy arrays would copy
+``onnx_runtime.ort_iobinding_runner`` with torch tensors bound by address; ``run()`` with numpy arrays would copy
 every input to the host and back. Here the provider request is answered with a CPU session, so the very same
 branch runs on CPU tensors (IOBinding with ``device_type="cpu"``), and ``session.run`` must never be called.
 The TensorRT step (``14.optimize-tensorrt``) is run against the fake TensorRT in ``test_l08_tensorrt.py``.
@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils import backends
-from course_utils.compare import compare_outputs
-from course_utils.optimizing import techniques
+from course_utils.check.compare import compare_outputs
+from course_utils.techniques import onnx_runtime
+from course_utils.techniques.optimizing import techniques
 from tests.gpu_contract.lesson_code import lesson_namespace, lesson_path
 
 COVERS: dict[str, str] = {}  # lesson 14's only GPU section, 14.optimize-tensorrt, is covered in test_l08_tensorrt.py
@@ -42,13 +42,13 @@ def test_optimize_onnxruntime_on_cuda_uses_iobinding(monkeypatch):
     with torch.no_grad():
         ref = model(example)
     asked = {}
-    real_session = backends.ort_session
+    real_session = onnx_runtime.ort_session
 
     def fake_session(path, *, providers=None, **kw):
         asked["providers"] = providers
         return _NoCopySession(real_session(path, **kw))
 
-    monkeypatch.setattr(backends, "ort_session", fake_session)
+    monkeypatch.setattr(onnx_runtime, "ort_session", fake_session)
     (variant,) = techniques.onnxruntime(model, example, ref, torch.device("cuda"))
     assert asked["providers"][0] == "CUDAExecutionProvider"
     assert "IOBinding" in variant.note

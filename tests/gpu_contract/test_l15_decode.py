@@ -14,7 +14,7 @@ import torch
 from torch.nn.attention import SDPBackend, sdpa_kernel
 from transformers import DynamicCache, StaticCache
 
-from course_utils import llm
+from course_utils.supply import llm
 from tests.gpu_contract.lesson_code import lesson_namespace
 
 COVERS = {

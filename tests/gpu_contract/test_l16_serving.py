@@ -40,8 +40,9 @@ def model():
 
 def prompts(n, seed=0):
     g = torch.Generator().manual_seed(seed)
-    return [torch.randint(3, 49152, (int(torch.randint(5, 40, (1,), generator=g)),), generator=g).tolist()
-            for _ in range(n)]  # fmt: skip
+    return [
+        torch.randint(3, 49152, (int(torch.randint(5, 40, (1,), generator=g)),), generator=g).tolist() for _ in range(n)
+    ]
 
 
 def test_paged_pool_accounting(ns, model):

@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WHEEL_REQ = "tensorrt-cu13-bindings==11.1.*"
 LIBS = ("nvinfer", "nvonnxparser", "nvinfer_plugin")
-SNAPSHOT = HERE.parents[1] / "course_utils" / "standins" / "trt_11_1_api.json"  # shipped: exercises use it
+SNAPSHOT = HERE.parents[1] / "course_utils" / "check" / "standins" / "trt_11_1_api.json"  # shipped: exercises use it
 
 
 class Unavailable(RuntimeError):
@@ -187,8 +187,13 @@ def _enum_members(cls) -> dict[str, int] | None:
 def introspect(trt) -> dict[str, Any]:
     """The API of module ``trt`` as data: classes (bases, methods, properties, class attributes), enums,
     module functions and module-level constants (``trt.float32`` is ``DataType.FLOAT``)."""
-    spec: dict[str, Any] = {"version": str(trt.__version__), "classes": {}, "enums": {}, "functions": {},
-                            "constants": {}}  # fmt: skip
+    spec: dict[str, Any] = {
+        "version": str(trt.__version__),
+        "classes": {},
+        "enums": {},
+        "functions": {},
+        "constants": {},
+    }
     todo = [(n, getattr(trt, n)) for n in dir(trt) if not n.startswith("_")]
     seen: set[int] = set()
     while todo:
@@ -203,16 +208,23 @@ def introspect(trt) -> dict[str, Any]:
                 continue
             dunders = sorted(n for n in vars(obj) if n.startswith("__") and "pybind" not in n)
             dunders = sorted(n for n in vars(obj) if n.startswith("__") and "pybind" not in n)
-            cls = {"bases": [b.__qualname__ for b in obj.__mro__[1:] if b.__module__.startswith("tensorrt")],
-                   "init": parse_signatures(obj.__init__.__doc__), "methods": {}, "properties": {},
-                   "attrs": {}, "dunders": dunders}  # fmt: skip
+            cls = {
+                "bases": [b.__qualname__ for b in obj.__mro__[1:] if b.__module__.startswith("tensorrt")],
+                "init": parse_signatures(obj.__init__.__doc__),
+                "methods": {},
+                "properties": {},
+                "attrs": {},
+                "dunders": dunders,
+            }
             for attr, value in vars(obj).items():
                 if attr.startswith("_"):
                     continue
                 if isinstance(value, property):
                     sig = parse_signatures(value.fget.__doc__) if value.fget else []
-                    cls["properties"][attr] = {"type": sig[0]["returns"] if sig else "object",
-                                               "writable": value.fset is not None}  # fmt: skip
+                    cls["properties"][attr] = {
+                        "type": sig[0]["returns"] if sig else "object",
+                        "writable": value.fset is not None,
+                    }
                 elif inspect.isclass(value):
                     todo.append((attr, value))
                     cls["attrs"][attr] = "class:" + value.__qualname__

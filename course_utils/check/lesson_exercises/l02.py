@@ -1,0 +1,251 @@
+"""Lesson 02 exercises: remove per-item work found by the profiler; read the profiler's table yourself.
+
+The checkers watch the work where it runs: the operators on the calling thread (``observe.OpLog``, a dispatch
+mode), numpy calls on each image (images handed over as a counting ndarray subclass), threads started during the
+call (refused: work moved to a worker thread is hidden from the profiler), and whether the workload really ran
+under ``torch.profiler``. Inputs and workloads are drawn at random per call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import numpy as np
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import Cases, OpLog, cases
+
+
+@contextlib.contextmanager
+def _no_threads(what: str) -> Iterator[None]:
+    """Refuse to start a thread while active: work moved to a worker thread escapes the profiler's view."""
+    real = threading.Thread.start
+
+    def refuse(self: threading.Thread, *a: Any, **k: Any) -> None:
+        raise AssertionError(
+            f"{what} started a thread: work moved to a worker thread is still done once per item, only hidden from "
+            "the profiler of the calling thread. Do the work on this thread, with whole-batch torch operations"
+        )
+
+    threading.Thread.start = refuse  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        threading.Thread.start = real  # type: ignore[method-assign]
+
+
+def _op_calls(fn: Callable[[], object]) -> int:
+    """Operator calls made on this thread by one call of ``fn``."""
+    with OpLog() as log:
+        fn()
+    return len(log.ops)
+
+
+class _Img(np.ndarray):
+    """An image that counts the numpy operations done on it alone (a per-image loop, in numpy)."""
+
+    touched = 0
+
+    def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
+        _Img.touched += 1
+        args = [np.asarray(i) if isinstance(i, _Img) else i for i in inputs]
+        return getattr(ufunc, method)(*args, **kwargs)
+
+    def astype(self, *args: Any, **kwargs: Any) -> Any:  # type: ignore[override]
+        _Img.touched += 1
+        return np.asarray(self).astype(*args, **kwargs)
+
+
+def _images(c: Cases, n: int, counting: bool = False) -> list[np.ndarray]:
+    batch = torch.randint(0, 17, (n, 8, 8), generator=c.torch_gen, dtype=torch.uint8).numpy()
+    imgs = [batch[i].copy() for i in range(n)]
+    return [im.view(_Img) for im in imgs] if counting else imgs
+
+
+def _check_vectorize(fn: Callable[[list[np.ndarray]], torch.Tensor]) -> None:
+    with cases("02.vectorize") as c:
+        n = c.randint(9, 40)
+        imgs = _images(c, n)
+        with _no_threads("preprocess_vectorized"):
+            out = fn(imgs)
+        assert isinstance(out, torch.Tensor), "return a torch.Tensor"
+        assert tuple(out.shape) == (n, 1, 8, 8), f"expected shape ({n}, 1, 8, 8), got {tuple(out.shape)}"
+        assert out.dtype == torch.float32, f"expected float32, got {out.dtype}"
+        expected = torch.from_numpy(np.stack(imgs).astype(np.float32) / 16.0).unsqueeze(1)
+        assert torch.allclose(out, expected, atol=1e-6), "values differ: divide the 0-16 pixel values by 16"
+        small_n, large_n = c.randint(4, 8), c.randint(48, 96)
+        small_imgs, large_imgs = _images(c, small_n), _images(c, large_n)
+        with _no_threads("preprocess_vectorized"):
+            small, large = _op_calls(lambda: fn(small_imgs)), _op_calls(lambda: fn(large_imgs))
+        assert large <= small, (
+            f"{small} operator calls for {small_n} images but {large} for {large_n}: something still runs once per "
+            "image (stack the images with numpy first, then convert once)"
+        )
+        for k in (small_n, large_n):
+            _Img.touched = 0
+            fn(_images(c, k, counting=True))
+            assert _Img.touched <= 2, (
+                f"{_Img.touched} numpy operations on single images for {k} images: a Python loop over the images, "
+                "in numpy instead of torch, is still a loop. np.stack the list, then convert and scale the whole "
+                "batch at once"
+            )
+
+
+@exercise(
+    "02.vectorize",
+    "Turn a list of uint8 8x8 images into a (N, 1, 8, 8) float tensor in [0, 1] with a fixed number of ops.",
+    _check_vectorize,
+    time_limit=30,
+)
+def preprocess_vectorized(images: list[np.ndarray]) -> torch.Tensor:
+    return torch.from_numpy(np.stack(images)).float().div_(16.0).unsqueeze(1)
+
+
+def _reference_post(logits: torch.Tensor) -> list[tuple[int, float]]:
+    probs = torch.softmax(logits, dim=1)
+    return [(int(p.argmax()), float(p.max())) for p in probs]
+
+
+_SOFTMAX = ("aten._softmax", "aten.softmax", "aten._log_softmax", "aten.exp")
+_PICK = ("aten.max.dim", "aten.argmax", "aten.topk", "aten.max.default", "aten.sort")
+
+
+def _check_one_sync(fn: Callable[[torch.Tensor], list]) -> None:
+    with cases("02.one-sync") as c:
+        n, k = c.randint(20, 60), c.randint(3, 12)
+        logits = c.randn(n, k) * c.choice([1.0, 3.0, 6.0])
+        with _no_threads("postprocess_batched"), OpLog() as log:
+            out = fn(logits)
+        assert isinstance(out, list) and len(out) == n, f"return a list with one (label, confidence) per row ({n})"
+        for i, ((lab, conf), (rlab, rconf)) in enumerate(zip(out, _reference_post(logits), strict=True)):
+            assert int(lab) == rlab, f"row {i}: label {lab}, expected {rlab}: the label is the argmax of the logits"
+            assert abs(float(conf) - rconf) < 1e-5, (
+                f"row {i}: confidence {float(conf):.6f}, expected {rconf:.6f}: use the softmax probability of the label"
+            )
+        small_n, large_n = c.randint(4, 8), c.randint(100, 160)
+        small_x, large_x = c.randn(small_n, k), c.randn(large_n, k)
+        with _no_threads("postprocess_batched"):
+            small, large = _op_calls(lambda: fn(small_x)), _op_calls(lambda: fn(large_x))
+        assert large <= small, (
+            f"{small} operator calls for {small_n} rows but {large} for {large_n}: a per-row op (.item(), indexing) "
+            "is left; compute softmax and max over dim=1 for the whole batch and copy back once with .tolist()"
+        )
+        full = [op for op in log.named(*_SOFTMAX) if (n, k) in op.in_shapes]
+        assert full, (
+            f"no softmax over the whole ({n}, {k}) batch ran in torch: the probabilities were computed row by row or "
+            "outside torch (numpy, Python). torch.softmax(logits, dim=1) once for the batch"
+        )
+        picked = [op for op in log.named(*_PICK) if any(s[:1] == (n,) for s in op.in_shapes)]
+        assert picked, (
+            f"no max/argmax over the whole ({n}, {k}) batch ran in torch: the labels were picked row by row or outside "
+            "torch. .max(dim=1) gives confidences and labels for every row at once"
+        )
+
+
+@exercise(
+    "02.one-sync",
+    "Return [(label, confidence), ...] for a batch of logits with one copy back, no per-row .item().",
+    _check_one_sync,
+    time_limit=30,
+)
+def postprocess_batched(logits: torch.Tensor) -> list[tuple[int, float]]:
+    conf, label = torch.softmax(logits, dim=1).max(dim=1)
+    return list(zip(label.cpu().tolist(), conf.cpu().tolist(), strict=True))
+
+
+def _workload(c: Cases, kind: str) -> tuple[Callable[[], None], str, list[bool]]:
+    """A workload drawn at random: one operator dominates its self CPU time by far (several times the others).
+
+    Returns the workload (with a random name), the dominant operator, and a list that records, per call, whether
+    a profiler was recording (an answer must profile the call, not guess from the code or the name).
+    """
+    a, small = torch.full((320, 320), 0.5), torch.ones(8)
+    x, out = torch.ones(200_000), torch.empty(200_000)
+    minor = c.randint(4, 8)  # few calls: a loaded machine's pauses rarely land in them
+    seen: list[bool] = []
+
+    def work() -> None:
+        seen.append(bool(torch._C._autograd._profiler_enabled()))
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)  # one thread: OpenMP's spinning on a busy machine would swamp every timing
+        try:
+            _body()
+        finally:
+            torch.set_num_threads(threads)
+
+    def _body() -> None:
+        for _ in range(minor):  # cheap ops: they win by count in a range's workload, never by self time
+            small.add(1.0)
+        if kind == "mm":
+            for _ in range(6):
+                a @ a
+        elif kind == "add":
+            for _ in range(200):
+                torch.add(x, x, out=out)
+        elif kind == "mul":
+            for _ in range(200):
+                torch.mul(x, x, out=out)
+        elif kind == "cumsum":
+            for _ in range(40):
+                torch.cumsum(x, 0, out=out)
+        else:
+            with torch.profiler.record_function("python loop"):
+                sum(i * i for i in range(1_000_000))  # pure Python: time in the range, in no operator
+                for _ in range(8):
+                    a @ a  # the operator with the most self time, far less than the loop
+
+    work.__name__ = work.__qualname__ = f"workload_{c.randint(1000, 9999)}"
+    want = {"mm": "aten::mm", "mm-in-range": "aten::mm", "add": "aten::add", "mul": "aten::mul",
+            "cumsum": "aten::cumsum"}[kind]  # fmt: skip
+    return work, want, seen
+
+
+def _check_top_op(fn: Callable[[Callable[[], object]], str]) -> None:
+    with cases("02.top-op") as c:
+        kinds = ["mm-in-range", c.choice(["add", "mul", "cumsum"])]  # no fixed answer fits both
+        c.rng.shuffle(kinds)
+        runs = []
+        for kind in kinds:
+            work, want, seen = _workload(c, kind)
+            with _no_threads("top_self_cpu_op"):
+                got = fn(work)
+            assert isinstance(got, str), f"return the operator's name as a string (got {type(got).__name__})"
+            runs.append((work, want, got, seen))
+        # the most telling mistake first, so the reason does not depend on the order the workloads came in
+        assert all(any(seen) for *_, seen in runs), (
+            "the workload never ran under the profiler: profile one call of fn() with torch.profiler.profile and "
+            "read prof.key_averages(); the answer cannot be read from the function's name or code"
+        )
+        if any(got == "python loop" for _, _, got, _ in runs):
+            raise AssertionError(
+                "'python loop' is a record_function range, not an operator: its self time is Python time "
+                "between operators. Skip ranges (event.is_user_annotation) and ProfilerStep rows"
+            )
+        for _work, want, got, _ in runs:
+            if got in ("aten::matmul", "aten::linear") and want == "aten::mm":
+                raise AssertionError(f"'{got}' has the most *total* CPU time (its child aten::mm does the work): "
+                                     "sort by self_cpu_time_total")  # fmt: skip
+        for work, want, got, _ in runs:
+            assert got == want, (
+                f"{work.__name__}: the operator with the most self CPU time is '{want}', you returned "
+                f"'{got}'. Profile fn() and take the max of self_cpu_time_total over prof.key_averages()"
+            )
+
+
+@exercise(
+    "02.top-op",
+    "Profile one call of fn() and return the name of the operator (not a record_function range) with the most "
+    "self CPU time.",
+    _check_top_op,
+    time_limit=60,
+)
+def top_self_cpu_op(fn: Callable[[], object]) -> str:
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = [e for e in prof.key_averages() if not e.is_user_annotation and not e.key.startswith("ProfilerStep")]
+    return max(ops, key=lambda e: e.self_cpu_time_total).key

@@ -1,0 +1,237 @@
+"""Lesson 05 exercises: torchao INT8 with layers kept in FP32, and the PT2E static INT8 pipeline.
+
+Both checkers build a random model per call (widths, the layer to keep in FP32, calibration data; the seed is
+printed on failure) and look where quantization really happens: the weights' tensor types and the INT8
+tensors the forward pass reads (an operator log), the converted graph's quantize/dequantize nodes and their
+scales (which only calibration on the given batches produces), and the calibration batches seen running.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from course_utils.check.compare import compare_outputs
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import OpLog, cases
+
+COSINE_MIN = 0.99  # output cosine an INT8 variant must keep against FP32 on these random models
+
+
+def torchao_int8_weight(mod: nn.Linear) -> str | None:
+    """Why ``mod``'s weight is not a torchao INT8 tensor, or None when it is one."""
+    w = mod.weight
+    kind = type(w)
+    if not kind.__module__.startswith("torchao"):
+        return f"weight is a plain {kind.__name__} ({kind.__module__})"
+    if not hasattr(w, "__tensor_flatten__"):
+        return f"weight is a {kind.__name__} without inner tensors"
+    names, _ = w.__tensor_flatten__()
+    if not any(getattr(w, n).dtype == torch.int8 for n in names):
+        return f"{kind.__name__} stores no int8 data (inner tensors {names})"
+    return None
+
+
+def _random_mlp(c) -> nn.Sequential:
+    widths = c.rng.sample(range(16, 129, 8), c.randint(4, 5))  # distinct widths: each weight shape is unique
+    layers: list[nn.Module] = []
+    for a, b in zip(widths, widths[1:], strict=False):
+        layers += [nn.Linear(a, b), nn.ReLU()]
+    torch.manual_seed(c.seed)
+    return nn.Sequential(*layers[:-1]).eval()
+
+
+def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
+    with cases("05.torchao-mlp") as c:
+        mlp = _random_mlp(c)
+        names = [n for n, m in mlp.named_modules() if isinstance(m, nn.Linear)]
+        keep = {c.choice(names)}
+        before = copy.deepcopy(mlp.state_dict())
+        q = fn(mlp, set(keep))
+        assert isinstance(q, nn.Module), f"return the quantized model (an nn.Module), not {type(q).__name__}"
+        after = mlp.state_dict()
+        unchanged = all(type(after[k]) is type(v) and torch.equal(after[k], v) for k, v in before.items())
+        assert unchanged, "the model you were given changed: quantize a copy (copy.deepcopy) and return it"
+        dyn = [n for n, m in q.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")]
+        assert not dyn, (
+            f"{dyn[:2]} come from torch.ao's quantize_dynamic (deprecated): use torchao's quantize_ with an INT8 config"
+        )
+        linears = {n: m for n, m in q.named_modules() if isinstance(m, nn.Linear)}
+        assert set(linears) == set(names), (
+            f"the returned model's Linear layers are {sorted(linears)}, expected {names}: quantize the model you "
+            "were given (a copy of it), not another one"
+        )
+        for name in keep:
+            why = torchao_int8_weight(linears[name])
+            assert why is not None, (
+                f"'{name}' must stay FP32 (keep_fp32={sorted(keep)}) but holds INT8 weights: pass quantize_ a "
+                "filter_fn(module, fqn) that returns False for the names in keep_fp32"
+            )
+            assert linears[name].weight.dtype == torch.float32, (
+                f"'{name}' must stay FP32, it is {linears[name].weight.dtype}"
+            )
+        bad = {n: why for n, m in linears.items() if n not in keep and (why := torchao_int8_weight(m))}
+        assert not bad, (
+            f"{len(bad)} Linear layer(s) that should be INT8 are not torchao INT8 tensors, e.g. "
+            f"{next(iter(bad.items()))}: quantize_(model, Int8...Config(), filter_fn=...) quantizes each Linear "
+            "the filter accepts"
+        )
+        x = c.randn(c.randint(3, 9), linears[names[0]].in_features)
+        with torch.no_grad():
+            ref = mlp(x)
+            try:
+                with OpLog(watch=q) as log:
+                    out = q(x)
+            except Exception as exc:  # noqa: BLE001 - any failure to run is the learner's to see
+                raise AssertionError(f"running the quantized model failed: {type(exc).__name__}: {exc}") from None
+        int8_reads = {shape for op in log.ops for dt, shape in zip(op.in_dtypes, op.in_shapes, strict=False)
+                      if dt == torch.int8}  # fmt: skip
+        for name, m in linears.items():
+            if name in keep:
+                assert log.reads(f"{name}.weight"), (
+                    f"the FP32 layer '{name}' was never used while the model ran: return the model whose forward "
+                    "runs these layers"
+                )
+                continue
+            o, i = m.weight.shape
+            assert (o, i) in int8_reads or (i, o) in int8_reads, (
+                f"no INT8 weight of '{name}' ({o}x{i}) was read while the returned model ran: its forward must run "
+                "the quantized layers (not an FP32 copy kept beside them)"
+            )
+        cmp = compare_outputs(out, ref, "int8")
+        assert cmp.cosine >= COSINE_MIN, f"output cosine to FP32 {cmp.cosine:.4f} < {COSINE_MIN}: {cmp}"
+        print(f"   {len(linears) - len(keep)} Linear layers INT8 (read as int8 while running), {sorted(keep)} FP32; "
+              f"cosine to FP32 {cmp.cosine:.4f}")  # fmt: skip
+
+
+@exercise(
+    "05.torchao-mlp",
+    "quantize_mlp(model, keep_fp32): an INT8 copy of the MLP made with torchao's quantize_ and an INT8 config, "
+    "every Linear INT8 except the ones named in keep_fp32 (a filter_fn); the argument stays unchanged.",
+    _check_torchao_mlp,
+)
+def quantize_mlp(model: nn.Module, keep_fp32: set[str]) -> nn.Module:
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    q = copy.deepcopy(model)
+    quantize_(q, Int8WeightOnlyConfig(), filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn not in keep_fp32)
+    return q
+
+
+# ------------------------------------------------------------------ 05.pt2e: static INT8, one layer kept FP32
+
+QUANT = "quantized_decomposed.quantize_per_tensor"
+DEQUANT_W = "quantized_decomposed.dequantize_per_channel"
+DEQUANT_A = "quantized_decomposed.dequantize_per_tensor"
+
+
+def _random_cnn(c) -> nn.Sequential:
+    c1, c2, c3 = (c.randint(4, 12) for _ in range(3))
+    torch.manual_seed(c.seed)
+    return nn.Sequential(
+        nn.Conv2d(3, c1, 3, padding=1), nn.ReLU(), nn.Conv2d(c1, c2, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(c2, c3, 3, padding=1), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(c3, 5),
+    ).eval()  # fmt: skip
+
+
+def _module_of(node) -> str:
+    stack = node.meta.get("nn_module_stack") or {}
+    if not stack:
+        return "?"
+    path = list(stack.values())[-1][0]
+    return path.split(".")[-1] if path else "?"
+
+
+def _conv_state(gm) -> dict[str, dict[str, bool]]:
+    """For each conv node (by its module's name): is its weight dequantized per channel, its input per tensor."""
+    state = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and "conv" in str(n.target):
+            x, w = n.args[0], n.args[1]
+            state[_module_of(n)] = {
+                "weight_int8": getattr(w, "op", "") == "call_function" and DEQUANT_W in str(w.target),
+                "input_int8": getattr(x, "op", "") == "call_function" and DEQUANT_A in str(x.target),
+            }
+    return state
+
+
+def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Module]) -> None:
+    with cases("05.pt2e") as c:
+        model = _random_cnn(c)
+        convs = [n for n, m in model.named_children() if isinstance(m, nn.Conv2d)]
+        keep = c.choice(convs[1:])  # a later conv: the first one's input quantizer is the calibration probe
+        big = c.randint(1, 3)  # the batch with the widest range is never the first
+        base, shift = c.rng.uniform(2, 6), c.rng.uniform(-1, 1)
+        sizes = c.rng.sample(range(3, 12), 4)  # distinct batch sizes: each calibration batch is recognisable
+        calib = [c.randn(s, 3, 8, 8) * base * (8 if i == big else 1) + shift for i, s in enumerate(sizes)]
+        example = (calib[0][:2].clone(),)
+        with OpLog() as log:
+            gm = fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep)
+        if not isinstance(gm, torch.fx.GraphModule):
+            raise AssertionError(
+                f"returned a {type(gm).__name__}, not the converted graph: static INT8 is torch.export.export(...)"
+                ".module() -> prepare_pt2e(..., X86InductorQuantizer()) -> calibration -> convert_pt2e"
+            )
+        observers = [n for n, _ in gm.named_modules() if "activation_post_process" in n]
+        assert not observers, f"observers {observers[:2]} are still in the graph: call convert_pt2e after calibrating"
+        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+        assert any(QUANT in t for t in targets) and any(DEQUANT_W in t for t in targets), (
+            "the graph holds no INT8 quantize/dequantize ops: prepare_pt2e with "
+            "X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibrate, convert_pt2e"
+        )
+        state = _conv_state(gm)
+        assert set(state) >= set(convs), f"convolutions {sorted(set(convs) - set(state))} are missing from the graph"
+        assert not state[keep]["weight_int8"] and not state[keep]["input_int8"], (
+            f"conv '{keep}' (keep_fp32) was quantized: quantizer.set_module_name_qconfig('{keep}', None) before "
+            "prepare_pt2e keeps it FP32"
+        )
+        fp32 = [n for n in convs if n != keep and not state[n]["weight_int8"]]
+        assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should (set_global quantizes the rest)"
+        ran = {op.in_shapes[0] for op in log.named("conv")
+               if op.in_shapes and all(type(d) is int for d in op.in_shapes[0])}  # fmt: skip
+        missed = [tuple(x.shape) for x in calib if tuple(x.shape) not in ran]
+        assert not missed, (
+            f"calibration batches of shape {missed} never ran through the prepared model: calibrate on every "
+            "batch you were given (run prepared(x) for each)"
+        )
+        first_q = next(n for n in gm.graph.nodes if n.op == "call_function" and QUANT in str(n.target))
+        allx = torch.cat([x.flatten() for x in calib])
+        ratio = float(first_q.args[1]) * 255 / float(allx.max() - allx.min())
+        assert 0.9 <= ratio <= 1.1, (
+            f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the observers saw "
+            "other data (calibrate with the given batches, all of them, and nothing else, before convert_pt2e)"
+        )
+        x = c.randn(c.randint(2, 9), 3, 8, 8) * base + shift
+        with torch.no_grad():
+            cmp = compare_outputs(gm(x), model(x), "int8")
+        assert cmp.cosine >= 0.95, f"the INT8 graph's output cosine to FP32 is {cmp.cosine:.4f} (< 0.95): {cmp}"
+        print(f"   {len(convs) - 1} convs INT8, '{keep}' FP32; calibration seen on {len(calib)} batches; "
+              f"output cosine {cmp.cosine:.4f}")  # fmt: skip
+
+
+@exercise(
+    "05.pt2e",
+    "static_int8(model, example, calib, keep_fp32): PT2E static INT8: torch.export.export (dynamic batch), "
+    "X86InductorQuantizer with the default config globally and set_module_name_qconfig(keep_fp32, None), "
+    "prepare_pt2e, run every calibration batch, convert_pt2e; return the converted graph module.",
+    _check_pt2e,
+)
+def static_int8(model: nn.Module, example: tuple, calib: list[torch.Tensor], keep_fp32: str) -> nn.Module:
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    batch = torch.export.Dim("batch", min=1, max=1024)
+    exported = torch.export.export(model, example, dynamic_shapes=({0: batch},))
+    quantizer = X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config())
+    quantizer.set_module_name_qconfig(keep_fp32, None)
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    with torch.no_grad():
+        for x in calib:
+            prepared(x)
+    return convert_pt2e(prepared)

@@ -1,0 +1,338 @@
+"""Lesson 07 exercises: a session built with the options it really runs with, the fused graph ORT writes, and
+static INT8 (QDQ) with a calibration reader and one layer kept FP32.
+
+The checkers look where ORT decides: the options a session is **created** with (snapshotted inside
+``InferenceSession.__init__``: options changed on any object after creation change nothing that runs), the
+optimized graph ORT itself writes, the Q/DQ nodes and their scales in the quantized file, and ORT's profile
+of which kernels ran. Models are built at random per call (the seed is printed on failure).
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import json
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import cases
+
+_LEVEL_NAMES = {
+    "disable": "ORT_DISABLE_ALL",
+    "basic": "ORT_ENABLE_BASIC",
+    "extended": "ORT_ENABLE_EXTENDED",
+    "all": "ORT_ENABLE_ALL",
+}
+SPIN = "session.intra_op.allow_spinning"
+
+
+def random_cnn_onnx(path: Path, c, blocks: int | None = None) -> tuple[Path, list[str]]:
+    """A random small CNN written directly as ONNX (Conv-Relu blocks, Flatten, Gemm); returns (path, conv names).
+
+    Built with ``onnx.helper`` (no exporter: fast), input ``input`` (N, 3, 8, 8), output ``logits``.
+    """
+    import onnx
+    from onnx import TensorProto, helper, numpy_helper
+
+    rng = np.random.default_rng(c.seed)
+    blocks = blocks or c.randint(2, 4)
+    chans = [3] + [c.randint(4, 10) for _ in range(blocks)]
+    nodes, inits, prev, convs = [], [], "input", []
+    for i in range(blocks):
+        w = (rng.standard_normal((chans[i + 1], chans[i], 3, 3)) * (2 / (9 * chans[i])) ** 0.5).astype(np.float32)
+        b = (rng.standard_normal(chans[i + 1]) * 0.1).astype(np.float32)
+        inits += [numpy_helper.from_array(w, f"w{i}"), numpy_helper.from_array(b, f"b{i}")]
+        name = f"conv_{i}_{rng.integers(1000)}"
+        convs.append(name)
+        nodes.append(helper.make_node("Conv", [prev, f"w{i}", f"b{i}"], [f"c{i}"], name=name, pads=[1, 1, 1, 1]))
+        nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu_{i}"))
+        prev = f"r{i}"
+    nodes.append(helper.make_node("Flatten", [prev], ["flat"], name="flatten"))
+    feat = chans[-1] * 64
+    gw = (rng.standard_normal((5, feat)) * (1 / feat) ** 0.5).astype(np.float32)
+    inits += [numpy_helper.from_array(gw, "gw"), numpy_helper.from_array(np.zeros(5, np.float32), "gb")]
+    nodes.append(helper.make_node("Gemm", ["flat", "gw", "gb"], ["logits"], name="fc", transB=1))
+    graph = helper.make_graph(
+        nodes, "cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
+        [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])], initializer=inits,
+    )  # fmt: skip
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    model.ir_version = 8
+    onnx.checker.check_model(model)
+    onnx.save(model, str(path))
+    return path, convs
+
+
+def _fp32(path, x: np.ndarray) -> np.ndarray:
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_DISABLE_ALL
+    so.intra_op_num_threads = 1
+    return ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+
+
+@contextlib.contextmanager
+def creation_options():
+    """Record the options every ``InferenceSession`` is created with, at creation (what ORT copies and uses)."""
+    import onnxruntime as ort
+
+    seen: list[dict] = []
+    cls = ort.InferenceSession
+    original = cls.__init__
+
+    def init(self, path_or_bytes, sess_options=None, providers=None, *args, **kwargs):
+        snap = {"path": str(path_or_bytes) if isinstance(path_or_bytes, str | Path) else "<bytes>", "options": None}
+        if sess_options is not None:
+            try:
+                spin = sess_options.get_session_config_entry(SPIN)
+            except RuntimeError:
+                spin = "not set"
+            snap["options"] = {"level": sess_options.graph_optimization_level,
+                               "threads": sess_options.intra_op_num_threads, "spin": spin}  # fmt: skip
+        original(self, path_or_bytes, sess_options, providers, *args, **kwargs)
+        snap["session"] = self
+        seen.append(snap)
+
+    cls.__init__ = init
+    try:
+        yield seen
+    finally:
+        cls.__init__ = original
+
+
+def _check_session(fn: Callable[[str, str, int], object]) -> None:
+    import onnxruntime as ort
+
+    from course_utils.check.compare import compare_outputs
+
+    with cases("07.session") as c, tempfile.TemporaryDirectory() as tmp:
+        path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
+        x = c.randn(c.randint(2, 6), 3, 8, 8).numpy()
+        ref = _fp32(path, x)
+        levels = c.rng.sample(list(_LEVEL_NAMES), 4)
+        for level in levels:
+            threads = c.randint(1, 3)
+            with creation_options() as seen:
+                sess = fn(str(path), level, threads)
+            assert isinstance(sess, ort.InferenceSession), f"return the onnxruntime.InferenceSession, got {type(sess)}"
+            made = [s for s in seen if s["session"] is sess]
+            assert made, "return the session your function created (not one made before the call)"
+            snap = made[0]
+            assert snap["options"] is not None, (
+                "the session was created without SessionOptions: build the options first, then pass them to "
+                "InferenceSession(path, so, providers=[...]) (options set afterwards change nothing that runs)"
+            )
+            assert sess.get_providers()[0] == "CPUExecutionProvider", (
+                f"run on the CPU provider, got {sess.get_providers()}"
+            )
+            import torch
+
+            (out,) = sess.run(None, {sess.get_inputs()[0].name: x})
+            cmp = compare_outputs(torch.from_numpy(out), torch.from_numpy(ref), "fp32")
+            assert cmp.within, f"level {level}: outputs differ from the model's ({cmp.reason}): load onnx_path itself"
+            want = getattr(ort.GraphOptimizationLevel, _LEVEL_NAMES[level])
+            got = snap["options"]
+            assert got["level"] == want, (
+                f"level '{level}': the session was created at {got['level']}, expected {want}: set "
+                "graph_optimization_level BEFORE creating the session (changing it afterwards does nothing)"
+            )
+            assert got["threads"] == threads, (
+                f"threads={threads}: the session was created with intra_op_num_threads={got['threads']} "
+                "(set it before creating the session)"
+            )
+            assert got["spin"] == "0", (
+                f"thread spinning was '{got['spin']}' at creation: so.add_session_config_entry('{SPIN}', '0') "
+                "before creating the session"
+            )
+
+
+@exercise(
+    "07.session",
+    "build_session(onnx_path, level, threads): an onnxruntime.InferenceSession on the CPU provider CREATED with "
+    "SessionOptions at the graph optimization level named by level ('disable', 'basic', 'extended', 'all'), "
+    "intra_op_num_threads = threads and the session config entry 'session.intra_op.allow_spinning' = '0'.",
+    _check_session,
+)
+def build_session(onnx_path: str, level: str, threads: int):
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVEL_NAMES[level])
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry(SPIN, "0")
+    return ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+
+
+# ------------------------------------------------------------------ 07.fusion: the graph ORT really runs
+
+
+def _optimized_ops(path, level: str, out: Path) -> collections.Counter:
+    import onnx
+    import onnxruntime as ort
+
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVEL_NAMES[level])
+    so.optimized_model_filepath = str(out)
+    ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+    return collections.Counter(n.op_type for n in onnx.load(str(out)).graph.node)
+
+
+def _check_fusion(fn: Callable[[str, str], collections.Counter]) -> None:
+    with cases("07.fusion") as c, tempfile.TemporaryDirectory() as tmp:
+        path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
+        import onnx
+
+        original = collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+        for level in c.rng.sample(["basic", "extended"], 2):
+            want = _optimized_ops(path, level, Path(tmp) / f"ref_{level}.onnx")
+            got = fn(str(path), level)
+            assert isinstance(got, collections.Counter | dict), (
+                f"return a Counter of op types, got {type(got).__name__}"
+            )
+            got = collections.Counter(got)
+            if got == original and want != original:
+                raise AssertionError(
+                    f"level '{level}': you counted the file you were given; ORT's fused graph is what runs: set "
+                    "SessionOptions.optimized_model_filepath, create the session, and count the nodes of that file"
+                )
+            assert got == want, (
+                f"level '{level}': you report {dict(got)}, ORT's optimized graph at that level holds {dict(want)} "
+                "(set graph_optimization_level to the level asked, save with optimized_model_filepath, count op_type)"
+            )
+
+
+@exercise(
+    "07.fusion",
+    "fused_ops(onnx_path, level): the op-type Counter of the graph ORT optimizes at `level` ('basic' or "
+    "'extended'), read from the file SessionOptions.optimized_model_filepath makes it write.",
+    _check_fusion,
+)
+def fused_ops(onnx_path: str, level: str) -> collections.Counter:
+    import onnx
+    import onnxruntime as ort
+
+    out = Path(tempfile.mkdtemp(prefix="fused_")) / "optimized.onnx"
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, _LEVEL_NAMES[level])
+    so.optimized_model_filepath = str(out)
+    ort.InferenceSession(onnx_path, so, providers=["CPUExecutionProvider"])
+    return collections.Counter(n.op_type for n in onnx.load(str(out)).graph.node)
+
+
+# ------------------------------------------------------------------ 07.static-int8: quantize_static, a layer kept FP32
+
+
+def _qdq_info(path: Path, exclude: str) -> dict:
+    import onnx
+    from onnx import numpy_helper
+
+    g = onnx.load(str(path)).graph
+    inits = {i.name: i for i in g.initializer}
+    produced = {o: n for n in g.node for o in n.output}
+    ops = collections.Counter(n.op_type for n in g.node)
+    convs = {n.name: n for n in g.node if n.op_type == "Conv"}
+    weight_q = {
+        name: getattr(produced.get(n.input[1]), "op_type", "") == "DequantizeLinear" for name, n in convs.items()
+    }
+    first_q = next((n for n in g.node if n.op_type == "QuantizeLinear" and n.input[0] == "input"), None)
+    scale = float(numpy_helper.to_array(inits[first_q.input[1]])) if first_q is not None else None
+    return {"ops": ops, "weight_q": weight_q, "input_scale": scale}
+
+
+def _kernels_run(path: Path, x: np.ndarray) -> collections.Counter:
+    """ORT's profile of one run: the kernels that really ran, by op type (each node once)."""
+    import onnxruntime as ort
+
+    with tempfile.TemporaryDirectory() as tmp:
+        so = ort.SessionOptions()
+        so.enable_profiling = True
+        so.profile_file_prefix = str(Path(tmp) / "prof")
+        so.intra_op_num_threads = 1
+        sess = ort.InferenceSession(str(path), so, providers=["CPUExecutionProvider"])
+        sess.run(None, {"input": x})
+        events = json.loads(Path(sess.end_profiling()).read_text())
+    nodes = {
+        (e["name"], e["args"]["op_name"]) for e in events if e.get("cat") == "Node" and "op_name" in e.get("args", {})
+    }
+    return collections.Counter(op for _, op in nodes)
+
+
+def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None:
+    import torch
+
+    from course_utils.check.compare import compare_outputs
+
+    with cases("07.static-int8") as c, tempfile.TemporaryDirectory() as tmp:
+        path, convs = random_cnn_onnx(Path(tmp) / "cnn.onnx", c, blocks=c.randint(2, 3))
+        keep = c.choice(convs[1:])  # the first conv's input quantizer shows what calibration saw
+        big = c.randint(1, 2)
+        base = c.rng.uniform(1, 4)
+        calib = [(c.randn(c.randint(2, 6), 3, 8, 8) * base * (8 if i == big else 1)).numpy() for i in range(3)]
+        out = Path(tmp) / "cnn.int8.onnx"
+        try:
+            fn(str(path), str(out), [x.copy() for x in calib], keep)
+        except NotImplementedError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - the quantizer's own error is the most useful message
+            raise AssertionError(f"your quantization raised {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
+        assert out.exists(), (
+            f"nothing was written to {out.name}: quantize_static(model_input, model_output, reader, ...)"
+        )
+        info = _qdq_info(out, keep)
+        assert info["ops"]["QuantizeLinear"] and info["ops"]["DequantizeLinear"], (
+            f"no QuantizeLinear/DequantizeLinear pairs in the file (ops {dict(info['ops'])}): static INT8 in QDQ "
+            "format is quantize_static(..., calibration reader, quant_format=QuantFormat.QDQ)"
+        )
+        assert info["input_scale"] is not None, "the model input is not quantized: quantize_static with a reader"
+        assert not info["weight_q"].get(keep, True), (
+            f"conv '{keep}' was quantized: pass nodes_to_exclude=['{keep}'] to keep it FP32"
+        )
+        fp32 = [n for n, q in info["weight_q"].items() if n != keep and not q]
+        assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should"
+        allx = np.concatenate([x.ravel() for x in calib])
+        ratio = info["input_scale"] * 255 / float(max(allx.max(), 0) - min(allx.min(), 0))
+        assert 0.9 <= ratio <= 1.1, (
+            f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the reader fed other "
+            "data (hand the quantizer every batch you were given, one {'input': array} per get_next(), then None)"
+        )
+        x = (c.randn(c.randint(2, 5), 3, 8, 8) * base).numpy()
+        ran = _kernels_run(out, x)
+        assert ran["QLinearConv"] >= len(convs) - 1, (
+            f"ORT's profile shows {ran['QLinearConv']} QLinearConv kernel(s) for {len(convs) - 1} quantized conv(s): "
+            f"the quantized graph did not run as INT8 (kernels seen {dict(ran)})"
+        )
+        import onnxruntime as ort
+
+        q = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+        cmp = compare_outputs(torch.from_numpy(q), torch.from_numpy(_fp32(path, x)), "int8")
+        assert cmp.cosine >= 0.98, f"INT8 output cosine to FP32 {cmp.cosine:.4f} < 0.98: {cmp}"
+        print(f"   Q/DQ nodes {info['ops']['QuantizeLinear']}/{info['ops']['DequantizeLinear']}; QLinearConv ran "
+              f"{ran['QLinearConv']}x; '{keep}' FP32; cosine {cmp.cosine:.4f}")  # fmt: skip
+
+
+@exercise(
+    "07.static-int8",
+    "quantize_file(onnx_in, onnx_out, calib, keep_fp32): a CalibrationDataReader over the calib arrays "
+    "({'input': array} per get_next(), then None) and quantize_static(..., quant_format=QuantFormat.QDQ, "
+    "per_channel=True, nodes_to_exclude=[keep_fp32]) writing onnx_out.",
+    _check_static,
+)
+def quantize_file(onnx_in: str, onnx_out: str, calib: list[np.ndarray], keep_fp32: str) -> None:
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self, batches: list[np.ndarray]) -> None:
+            self.batches = iter(batches)
+
+        def get_next(self) -> dict[str, np.ndarray] | None:
+            x = next(self.batches, None)
+            return None if x is None else {"input": x}
+
+    quantize_static(onnx_in, onnx_out, Reader(calib), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QUInt8, weight_type=QuantType.QInt8,
+                    nodes_to_exclude=[keep_fp32])  # fmt: skip

@@ -1,0 +1,172 @@
+"""Lesson 10 exercise: the event-ordered double-buffer loop, checked for parity and for stream ordering.
+
+The check draws its case at random per call (number of chunks, their shape, the model's channels; the seed is
+printed on failure) and runs the learner's function twice on the CPU: through the real
+``torch.get_device_module("cpu")`` (stand-in streams: outputs must match the model's), and through
+:class:`course_utils.check.streamcheck.RecordingDevice`, which records on which stream every copy and kernel was
+issued and which events and waits order them. The caller's stream has work queued before the call, as in a real
+program. It rejects:
+
+* a data race (a compute that may read a buffer before its copy finished, a copy that may overwrite a buffer
+  still being read, results read before the compute stream is joined);
+* buffers allocated on the caller's stream and written on the copy stream before it waited for the caller;
+* outputs made on the compute stream and handed to the caller without ``record_stream``;
+* copies and compute on one stream, anything but two reused buffers, a model call per chunk other than one on
+  the buffer, outputs that are not those calls' results (the baseline computed aside);
+* zero overlap: copy i+1 waiting for compute i, or compute i waiting for copy i+1;
+* ``synchronize()`` (host waits) instead of events, and a compute stream that orders itself without events.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Sequence
+
+import torch
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import cases, forbid
+from course_utils.check.streamcheck import FakeEvent, FakeStream, RecordingDevice, describe
+
+Loop = Callable[[torch.nn.Module, Sequence[torch.Tensor], str], list[torch.Tensor]]
+
+_SYNC = (
+    "synchronize() makes the host wait, so nothing is queued ahead and the streams take turns: order the streams "
+    "with events instead (copied[k].record(copy_s), comp_s.wait_event(copied[k]); freed[k] the other way)"
+)
+
+
+def _check_parity(outs: object, ref: list[torch.Tensor], where: str) -> None:
+    assert isinstance(outs, (list, tuple)) and len(outs) == len(ref), (
+        f"{where}: return a list with one output per chunk ({len(ref)}), in order"
+    )
+    for i, (a, b) in enumerate(zip(outs, ref, strict=True)):
+        assert isinstance(a, torch.Tensor) and a.shape == b.shape and torch.allclose(a, b, atol=1e-5), (
+            f"{where}: output {i} differs from model(chunks[{i}])"
+        )
+
+
+def _check_double_buffer(fn: Loop) -> None:
+    with cases("10.double-buffer") as c:
+        cin, cout, n = c.randint(2, 4), c.randint(3, 6), c.randint(4, 7)
+        side = c.randint(6, 10)
+        model = torch.nn.Conv2d(cin, cout, 3).eval()
+        with torch.no_grad():
+            model.weight.copy_(c.randn(*model.weight.shape))
+            model.bias.copy_(c.randn(cout))
+        batch = c.randint(1, 3)
+        chunks = [c.randn(batch, cin, side, side) for _ in range(n)]
+        with torch.inference_mode():
+            ref = [model(ch) for ch in chunks]
+            _check_parity(fn(model, chunks, "cpu"), ref, "on torch.cpu's streams")
+        dev = RecordingDevice()
+        with contextlib.ExitStack() as stack:
+            stack.enter_context(torch.inference_mode())
+            stack.enter_context(dev.run("cpu"))
+            for owner in (dev, FakeStream, FakeEvent):
+                stack.enter_context(forbid(synchronize=(owner, _SYNC)))
+            torch.zeros(4).add_(1)  # the caller's stream has work queued before the call
+            entry = dev.default.clock.get(dev.default.sid, 0)
+            outs = fn(model, chunks, "cpu")
+            if isinstance(outs, (list, tuple)) and outs:
+                torch.cat(list(outs))  # the caller reads the results on its own stream
+        _check_parity(outs, ref, "with the recording device")
+        races = dev.races()
+        assert not races, (
+            f"data race: {describe(races[0])}. Compute i must wait for copy i's event (wait_event), copy i+2 for the "
+            "event compute i recorded after using the buffer, and the caller's stream for the compute stream "
+            "(wait_stream) before the results are read"
+        )
+        copies = sorted(
+            (a for accesses in dev.access.values() for a in accesses if a.op == "copy_" and a.write),
+            key=lambda a: a.index,
+        )
+        assert copies, "copy each chunk into a preallocated buffer with buf.copy_(chunk, non_blocking=True)"
+        copy_streams = {a.stream.name for a in copies}
+        compute_streams = dev.streams_used("conv2d")
+        assert copy_streams.isdisjoint(compute_streams), (
+            f"copies ran on {sorted(copy_streams)} and compute on {sorted(compute_streams)}: issue copies on one "
+            "stream and compute on another (with dm.stream(s): ...), or nothing can overlap"
+        )
+        buffers = {k for k, accesses in dev.access.items() for a in accesses if a.op == "copy_" and a.write}
+        assert len(buffers) == 2, (
+            f"the copies wrote into {len(buffers)} different buffers: allocate two once "
+            "(torch.empty_like(chunks[0], device=device)) and alternate between them (i % 2)"
+        )
+        reads = sorted((a for k in buffers for a in dev.access[k] if a.op == "conv2d"), key=lambda a: a.index)
+        convs = [name for name, _, _ in dev.log if name == "conv2d"]
+        assert len(reads) == len(convs) == n, (
+            f"the model ran {len(convs)} times, {len(reads)} of them on the buffers, for {n} chunks: call it once per "
+            "chunk, on the buffer the chunk was copied into (not on the chunk itself or on a throwaway input)"
+        )
+        for i in range(min(len(copies) - 1, len(reads))):
+            assert not dev.before(reads[i], copies[i + 1]), (
+                f"copy {i + 1} waits until compute {i} is done, so they never overlap: copy i+1 goes into the OTHER "
+                "buffer and needs to wait only for compute i-1 (the last user of that buffer)"
+            )
+            assert not dev.before(copies[i + 1], reads[i]), (
+                f"compute {i} waits for copy {i + 1}, so they never overlap: wait for copy i's own event "
+                "(comp_s.wait_event(copied[k])), not for everything on the copy stream issued later"
+            )
+        waits = [(s, e) for op, s, e in dev.log if op == "wait_event"]
+        records = [(s, e) for op, s, e in dev.log if op == "record"]
+        assert sum(s in compute_streams for s, _ in waits) >= n and sum(s in copy_streams for s, _ in records) >= n, (
+            "order the two streams with events: record an event on the copy stream after each copy and make the "
+            "compute stream wait_event for it (and the reverse for reusing a buffer)"
+        )
+        early = [
+            a
+            for k, accesses in dev.access.items()
+            if dev.origin.get(k) is dev.default
+            for a in accesses
+            if a.stream is not dev.default and a.clock.get(dev.default.sid, 0) < entry
+        ]
+        assert not early, (
+            f"'{early[0].op}' on {early[0].stream.name} used memory allocated on the caller's stream before that "
+            "stream waited for the caller: the allocator reuses a block in the caller's stream order, so the "
+            "caller's earlier kernels may still use it. After allocating the buffers: copy_s.wait_stream(caller) "
+            "(and comp_s too)"
+        )
+        missing = dev.missing_record_stream()
+        assert not missing, (
+            f"memory made on {missing[0][1].name} is used on {missing[0][0].stream.name} without record_stream: the "
+            "outputs were allocated on the compute stream and are read on the caller's, so when they are freed the "
+            "allocator could hand them out again while the caller still reads. Call out.record_stream(caller) "
+            "(guarded by `not isinstance(caller, torch.cpu.Stream)`: torch.cpu's stand-in streams have no allocator)"
+        )
+
+
+@exercise(
+    "10.double-buffer",
+    "Two streams (dm.Stream()), two buffers allocated once, then copy_s.wait_stream(caller) and "
+    "comp_s.wait_stream(caller); per chunk i: on the copy stream wait for the event compute i-2 recorded, copy_ "
+    "into buffer i % 2, record an event; on the compute stream wait for it, run the model, record an event; "
+    "out.record_stream(caller) unless isinstance(caller, torch.cpu.Stream); finally caller.wait_stream(comp_s).",
+    _check_double_buffer,
+    time_limit=60,
+)
+def double_buffered(model: torch.nn.Module, chunks: Sequence[torch.Tensor], device: str) -> list[torch.Tensor]:
+    dm = torch.get_device_module(device)
+    copy_s, comp_s, caller = dm.Stream(), dm.Stream(), dm.current_stream()
+    bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]
+    copy_s.wait_stream(caller)  # the buffers were allocated on the caller's stream
+    comp_s.wait_stream(caller)
+    copied = [dm.Event() for _ in range(2)]
+    freed = [dm.Event() for _ in range(2)]
+    outs = []
+    for i, chunk in enumerate(chunks):
+        k = i % 2
+        with dm.stream(copy_s):
+            if i >= 2:
+                copy_s.wait_event(freed[k])
+            bufs[k].copy_(chunk, non_blocking=True)
+            copied[k].record(copy_s)
+        with dm.stream(comp_s):
+            comp_s.wait_event(copied[k])
+            out = model(bufs[k])
+            freed[k].record(comp_s)
+        if not isinstance(caller, torch.cpu.Stream):
+            out.record_stream(caller)  # made on comp_s, read on the caller's stream
+        outs.append(out)
+    caller.wait_stream(comp_s)
+    return outs

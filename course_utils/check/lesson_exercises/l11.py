@@ -1,0 +1,154 @@
+"""Lesson 11 exercise: a CUDA-graph runner with a CPU fallback, both on fixed buffers.
+
+The check draws a random model and batch per call (the seed is printed on failure) and observes the model at the
+operator level (:class:`~course_utils.check.lesson_exercises.observe.OpLog`, a dispatch mode), not only through a
+Python wrapper: the runner's results must match ``model(x)`` batch after batch (a result kept from an earlier
+call must not change), a batch of another shape must raise ``ValueError``, and the technique must show. On the
+CPU fallback each ``run(x)`` runs the model's convolution exactly once, on one preallocated input buffer (never
+on the caller's tensor). On CUDA (where a GPU exists) no convolution operator is dispatched during ``run(x)`` at
+all: a replay launches the recorded kernels without going through PyTorch's dispatcher. ``torch.jit.trace``,
+``torch.jit.script`` and ``torch.compile`` are refused with the reason: a traced module is no graph (it
+dispatches every operator again on each call), and the exercise is to write the capture yourself.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog, cases, forbid
+
+Runner = Callable[[torch.Tensor], torch.Tensor]
+
+_TRACE = (
+    "torch.jit.trace/script is no CUDA graph: the traced module still dispatches and launches every operator "
+    "from the CPU on each call. Capture with torch.cuda.CUDAGraph() and torch.cuda.graph(g), replay with "
+    "g.replay() (on the CPU: a fixed input buffer and the model itself)"
+)
+_COMPILE = (
+    "torch.compile(mode='reduce-overhead') would capture graphs for you: this exercise is to write the capture "
+    "yourself with torch.cuda.CUDAGraph() and torch.cuda.graph(g)"
+)
+
+
+class _Watched(torch.nn.Module):
+    def __init__(self, inner: torch.nn.Module) -> None:
+        super().__init__()
+        self.inner, self.calls, self.ptrs = inner, 0, []
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        self.calls += 1
+        self.ptrs.append(x.data_ptr())
+        return self.inner(x)
+
+
+def _check_on(make: Callable[[torch.nn.Module, torch.Tensor], Runner], device: str) -> None:
+    with cases("11.graph-runner") as c:
+        cin, cout, side, batch = c.randint(2, 4), c.randint(3, 6), c.randint(6, 10), c.randint(1, 4)
+        inner = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
+        with torch.no_grad():
+            inner[0].weight.copy_(c.randn(*inner[0].weight.shape))
+        inner = inner.to(device)
+        model = _Watched(inner)
+        xs = [c.randn(batch, cin, side, side).to(device) for _ in range(3)]
+        with forbid(trace=(torch.jit, _TRACE), script=(torch.jit, _TRACE), compile=(torch, _COMPILE)):
+            run = make(model, xs[0])
+            assert callable(run), "return a function run(x)"
+            calls_after_setup = model.calls
+            outs, logs = [], []
+            for x in xs:
+                with OpLog(watch={"conv weight": inner[0].weight, "the caller's x": x}) as log:
+                    outs.append(run(x))
+                logs.append(log)
+        with torch.inference_mode():
+            refs = [inner(x) for x in xs]
+        for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
+            assert isinstance(out, torch.Tensor) and out.shape == ref.shape, f"run(batch {i}) should return {ref.shape}"
+            assert torch.allclose(out, ref, atol=1e-4), f"batch {i}: the result differs from model(x)" + (
+                " (kept from an earlier call, it was overwritten: return a clone of the static output)" if i < 2 else ""
+            )
+        try:
+            with forbid(trace=(torch.jit, _TRACE), script=(torch.jit, _TRACE)):
+                run(c.randn(batch + 1, cin, side, side).to(device))
+        except ValueError:
+            pass
+        except AssertionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any other error is the wrong answer
+            raise AssertionError(
+                f"a batch of another shape raised {type(exc).__name__}: check x.shape first and raise ValueError"
+            ) from None
+        else:
+            raise AssertionError("a batch of another shape must raise ValueError: the buffers (and a graph) are fixed")
+        convs = [[op for op in log.named(*CONV_OPS) if "conv weight" in op.watched] for log in logs]
+        if device == "cuda":
+            ran = sum(len(cv) for cv in convs)
+            assert ran == 0 and model.calls == calls_after_setup, (
+                f"the model's convolution was dispatched {ran} times during run(): eager (or traced) code, not a "
+                "replay. Capture a torch.cuda.CUDAGraph once and call graph.replay() in run()"
+            )
+            return
+        for i, cv in enumerate(convs):
+            assert len(cv) == 1, (
+                f"run(batch {i}) ran the model's convolution {len(cv)} times: run the model once per call, on the "
+                "buffer (not on a throwaway input beside it, not zero times with an answer computed earlier)"
+            )
+            assert "the caller's x" not in cv[0].watched, (
+                "run the model on your buffer, not on the caller's tensor: static_in.copy_(x), then model(static_in)"
+            )
+        used = model.ptrs[calls_after_setup:]
+        assert len(used) == len(xs) and len(set(used)) == 1, (
+            "on the CPU fallback, copy each batch into one preallocated input buffer (static_in.copy_(x)) and call "
+            "the model you were given on that buffer, once per run(x)"
+        )
+
+
+def _check_runner(make: Callable[[torch.nn.Module, torch.Tensor], Runner]) -> None:
+    _check_on(make, "cpu")
+    if torch.cuda.is_available():
+        _check_on(make, "cuda")
+
+
+@exercise(
+    "11.graph-runner",
+    "static_in = example.clone(); on CUDA warm up on a side stream, capture out = model(static_in) in "
+    "torch.cuda.graph(g); run(x): check the shape (ValueError), static_in.copy_(x), g.replay(), return a clone; "
+    "on CPU run(x): check, copy_, return model(static_in) under inference_mode.",
+    _check_runner,
+    time_limit=60,
+)
+def make_graph_runner(model: torch.nn.Module, example: torch.Tensor) -> Runner:
+    static_in = example.clone()
+
+    def check(x: torch.Tensor) -> None:
+        if x.shape != static_in.shape:
+            raise ValueError(f"this runner was built for {tuple(static_in.shape)}, got {tuple(x.shape)}")
+
+    if example.is_cuda:
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side), torch.inference_mode():
+            for _ in range(3):
+                model(static_in)  # warm-up (cuDNN, allocator) outside the capture
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.inference_mode(), torch.cuda.graph(graph):
+            static_out = model(static_in)
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            check(x)
+            static_in.copy_(x)
+            graph.replay()
+            return static_out.clone()
+
+        return run
+
+    def run_eager(x: torch.Tensor) -> torch.Tensor:
+        check(x)
+        static_in.copy_(x)
+        with torch.inference_mode():
+            return model(static_in)
+
+    return run_eager

@@ -1,0 +1,126 @@
+"""Lesson 12 exercise: prune the digits CNN's last conv block by rebuilding it with fewer channels.
+
+The check draws ``keep`` and the probe images at random per call (the seed is printed on failure). Beyond the
+new layers' shapes and the outputs (equal to the original's with the dropped channels silenced), it runs the
+rebuilt model under an operator log (:class:`~course_utils.check.lesson_exercises.observe.OpLog`) and looks at the
+convolution and matrix-multiply operators that actually ran: a look-alike whose modules have the right shapes
+but whose forward still runs the full 128-channel convolution (with a mask, or the original model kept inside)
+is rejected by the weight shapes that ran and by the original model's weights being read.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+
+import torch
+from torch import nn
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import CONV_OPS, MATMUL_OPS, OpLog, cases
+
+KEEP = 96  # of 128 channels: the lesson's example; the check draws its own
+
+
+def _silenced_reference(model: nn.Module, kept: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+    """``model(x)`` with every conv3 channel outside ``kept`` set to zero after its ReLU."""
+    mask = torch.zeros(model.features[7].out_channels)
+    mask[kept] = 1
+    hook = model.features[9].register_forward_hook(lambda mod, inp, out: out * mask[None, :, None, None])
+    try:
+        with torch.inference_mode():
+            return model(x)
+    finally:
+        hook.remove()
+
+
+def _check_rebuild(fn: Callable[[nn.Module, int], nn.Module]) -> None:
+    from course_utils.supply.data import load_digits_split
+    from course_utils.supply.models import accuracy, load_digits_model
+
+    with cases("12.rebuild-conv3") as c:
+        digits = load_digits_split()
+        model = load_digits_model("cnn")
+        keep = c.randint(64, 120)
+        rows = torch.tensor(sorted(c.rng.sample(range(len(digits.x_test)), c.randint(96, 256))))
+        x, y = digits.x_test[rows], digits.y_test[rows]
+        before = copy.deepcopy(model.state_dict())
+        new = fn(model, keep)
+        assert isinstance(new, nn.Module), f"return the rebuilt model (an nn.Module), not {type(new).__name__}"
+        assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), (
+            "the model you were given changed: build the new model from a copy"
+        )
+        conv3, bn3, fc1 = new.features[7], new.features[8], new.classifier[1]
+        assert tuple(conv3.weight.shape) == (keep, 64, 3, 3), (
+            f"keep={keep}: features[7] should be a new Conv2d(64, {keep}, 3): its weight has shape "
+            f"{tuple(conv3.weight.shape)}"
+            + (" (zeroing channels is not removing them)" if conv3.weight.shape[0] == 128 else "")
+        )
+        assert bn3.num_features == keep and bn3.running_mean.shape == (keep,), (
+            f"features[8] (BatchNorm2d) must have {keep} features with the kept channels' statistics"
+        )
+        assert fc1.in_features == keep * 4, (
+            f"classifier[1] must read {keep} channels x 4 positions = {keep * 4} inputs, not {fc1.in_features}"
+        )
+        norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
+        kept = norms.topk(keep).indices.sort().values
+        assert torch.equal(conv3.weight.detach(), model.features[7].weight.detach()[kept]), (
+            "features[7] must hold the original filters with the largest L1 norms, in their original order"
+        )
+        try:
+            with OpLog(watch=model) as log, torch.inference_mode():
+                out = new.eval()(x)
+        except RuntimeError as exc:
+            raise AssertionError(f"running the rebuilt model failed ({exc}); check the slices of bn3 and fc1") from None
+        ran = [op.in_shapes[1] for op in log.named(*CONV_OPS) if len(op.in_shapes) > 1]
+        want = [tuple(model.features[0].weight.shape), tuple(model.features[3].weight.shape), (keep, 64, 3, 3)]
+        assert ran == want, (
+            f"the convolutions that ran had weights {ran}, expected {want}: the rebuilt model's forward must run "
+            f"the {keep}-channel convolution itself, not the full 128-channel one with a mask or a copy of the "
+            "original model kept inside"
+        )
+        mm_shapes = {s for op in log.named(*MATMUL_OPS) for s in op.in_shapes if len(s) == 2}
+        assert not any(512 in s for s in mm_shapes), (
+            f"a matrix multiply with 512 inputs ran (shapes {sorted(mm_shapes)}): classifier[1] must be the sliced "
+            f"Linear({keep * 4}, 256), and the forward must use it"
+        )
+        read = log.watched_read()
+        assert not read, (
+            f"the rebuilt model's forward read the original model's tensors ({sorted(read)[:3]} ...): copy the kept "
+            "weights into new layers (copy.deepcopy first), do not call the original model or its layers"
+        )
+        ref = _silenced_reference(model, kept, x)
+        err = float((out - ref).abs().max())
+        assert err < 1e-3, (
+            f"outputs differ from the original with the dropped channels silenced (max abs {err:.3g}): check the "
+            "BatchNorm statistics and which columns of classifier[1] you kept (channel c owns columns 4c..4c+3)"
+        )
+        acc0, acc = accuracy(model, x, y), accuracy(new, x, y)
+        print(f"   keep={keep}: conv3 {tuple(model.features[7].weight.shape)} -> {tuple(conv3.weight.shape)}, fc1 "
+              f"inputs {model.classifier[1].in_features} -> {fc1.in_features}; accuracy on {len(rows)} test digits "
+              f"{acc:.2%} (was {acc0:.2%}), without fine-tuning")  # fmt: skip
+
+
+@exercise(
+    "12.rebuild-conv3",
+    "Rebuild features[7] with the `keep` largest-L1 filters, slice features[8] and classifier[1]'s columns to match.",
+    _check_rebuild,
+    time_limit=60,
+)
+def rebuild_conv3(model: nn.Module, keep: int) -> nn.Module:
+    new = copy.deepcopy(model).eval()
+    conv, bn, fc = model.features[7], model.features[8], model.classifier[1]
+    idx = conv.weight.detach().abs().flatten(1).sum(1).topk(keep).indices.sort().values
+    cols = (idx[:, None] * 4 + torch.arange(4)[None, :]).flatten()  # channel c owns columns 4c..4c+3
+    nconv = nn.Conv2d(conv.in_channels, keep, conv.kernel_size, padding=conv.padding)
+    nbn = nn.BatchNorm2d(keep).eval()
+    nfc = nn.Linear(keep * 4, fc.out_features)
+    with torch.no_grad():
+        nconv.weight.copy_(conv.weight[idx])
+        nconv.bias.copy_(conv.bias[idx])
+        for attr in ("weight", "bias", "running_mean", "running_var"):
+            getattr(nbn, attr).copy_(getattr(bn, attr)[idx])
+        nfc.weight.copy_(fc.weight[:, cols])
+        nfc.bias.copy_(fc.bias)
+    new.features[7], new.features[8], new.classifier[1] = nconv, nbn, nfc
+    return new

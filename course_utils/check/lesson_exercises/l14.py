@@ -1,0 +1,207 @@
+"""Lesson 14 exercises: profile first, then stack three techniques yourself; choose a technique from measured rows.
+
+14.stack: ``stacked(model, example)`` returns ``(prof, run)``: the ``torch.profiler.profile`` the learner ran on
+the given model first, and ``run(x)``, a copy of the model with three techniques stacked: BatchNorm folded into
+the convolutions, channels_last, BF16 autocast. The check draws the example and the probe images at random per
+call (the seed is printed on failure) and looks inside the model while ``run`` works: every convolution operator
+(an operator log, :class:`~course_utils.check.lesson_exercises.observe.OpLog`, so ``F.conv2d`` beside a decoy module
+shows) computes in bfloat16 on a channels_last input inside a ``Conv2d`` module, one per conv layer; no BatchNorm
+operator runs; outputs are float32 within the BF16 tolerance of the FP32 model; and the given model is left as it
+was (values, dtypes, memory format, modules).
+
+14.pick: random measured rows per call; the answer must be the fastest technique within the accuracy budget.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from typing import Any
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog, cases
+
+
+def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
+    names = ["compile", "int8", "onnxruntime", "precision bf16", "channels_last", "tensorrt", "pruned", "distilled"]
+    with cases("14.pick") as c:
+        for _ in range(6):
+            rows = [
+                {"technique": t, "speedup": c.randint(40, 400) / 100, "accuracy_drop": c.randint(0, 60) / 1000}
+                for t in c.rng.sample(names, c.randint(1, 6))
+            ]
+            budget = c.choice([0.0, 0.005, 0.01, 0.02, 0.05])
+            ok = [r for r in rows if r["speedup"] > 1.0 and r["accuracy_drop"] <= budget]
+            want = max(ok, key=lambda r: r["speedup"])["technique"] if ok else "baseline"
+            got = fn([dict(r) for r in rows], budget)
+            assert got == want, (
+                f"rows {rows}, budget {budget}: the fastest technique (speed-up > 1) whose accuracy_drop is within "
+                f"the budget is {want!r}, got {got!r}"
+                + (" ('baseline' when none qualifies)" if want == "baseline" else "")
+            )
+        # a case with a choice to make: the fastest within budget is less accurate than a slower one, and a
+        # faster technique is over the budget
+        budget = c.choice([0.01, 0.02, 0.05])
+        t_fast, t_safe, t_over = c.rng.sample(names, 3)
+        fast = c.randint(150, 400) / 100
+        rows = [{"technique": t_fast, "speedup": fast, "accuracy_drop": round(budget * 0.8, 4)},
+                {"technique": t_safe, "speedup": round(c.randint(101, int(fast * 100) - 1) / 100, 2),
+                 "accuracy_drop": 0.0},
+                {"technique": t_over, "speedup": fast + 0.5, "accuracy_drop": budget * 2}]  # fmt: skip
+        c.rng.shuffle(rows)
+        got = fn([dict(r) for r in rows], budget)
+        assert got == t_fast, (
+            f"rows {rows}, budget {budget}: {t_over!r} is over the budget and {t_safe!r} is slower; the fastest "
+            f"within the budget is {t_fast!r}, got {got!r}"
+        )
+        slow = [{"technique": "precision bf16", "speedup": 0.6, "accuracy_drop": 0.0}]
+        got = fn(slow, 0.01)
+        assert got == "baseline", f"nothing faster than the baseline (speed-up > 1): answer 'baseline', got {got!r}"
+        got = fn([], 0.01)
+        assert got == "baseline", f"no rows at all: answer 'baseline', got {got!r}"
+
+
+@exercise(
+    "14.pick",
+    "Return the technique with the highest speed-up (> 1) whose accuracy_drop is within the budget, "
+    "or 'baseline' when none qualifies.",
+    _check_pick,
+    time_limit=20,
+)
+def pick_technique(rows: list[dict], budget: float) -> str:
+    ok = [r for r in rows if r["speedup"] > 1.0 and r["accuracy_drop"] <= budget]
+    return max(ok, key=lambda r: r["speedup"])["technique"] if ok else "baseline"
+
+
+def _snapshot(model: Any) -> tuple[list, list]:
+    """What 'unchanged' means: every tensor's value, dtype and strides, and every module's type."""
+    tensors = [(k, v.detach().clone(), v.dtype, v.stride()) for k, v in model.state_dict().items()]
+    return tensors, [(n, type(m).__name__) for n, m in model.named_modules()]
+
+
+def _profiled_ops(prof: Any) -> set[str]:
+    return {e.key for e in prof.key_averages()}
+
+
+def _check_stack(fn: Callable[[Any, Any], Any]) -> None:
+    import torch
+
+    from course_utils.check.compare import compare_outputs
+    from course_utils.supply.data import load_digits_split
+    from course_utils.supply.models import load_digits_model
+
+    with cases("14.stack") as c:
+        model = load_digits_model("cnn")
+        n_convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+        digits = load_digits_split().x_test
+        pick = c.rng.sample(range(len(digits)), 48)
+        example = digits[torch.tensor(pick[: c.randint(4, 16)])]
+        probe = digits[torch.tensor(pick[16 : 16 + c.randint(8, 32)])]
+        before = _snapshot(model)
+        with torch.inference_mode():
+            ref = model(probe)
+        answer = fn(model, example)
+        assert isinstance(answer, tuple) and len(answer) == 2, (
+            "stacked(model, example) must return (prof, run): the profiler you ran on the given model first, and "
+            f"run(x); got {type(answer).__name__}"
+        )
+        prof, run = answer
+        assert isinstance(prof, torch.profiler.profile), (
+            "profile first: return the torch.profiler.profile object you ran around model(example) before changing "
+            f"anything (got {type(prof).__name__})"
+        )
+        seen = _profiled_ops(prof)
+        assert any("conv" in k for k in seen) and any("batch_norm" in k for k in seen), (
+            "the profile shows no convolution and BatchNorm of the given model: run model(example) inside "
+            "`with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:` before stacking techniques "
+            f"(profiled ops: {sorted(seen)[:8]})"
+        )
+        assert callable(run), f"the second item must be a function run(x), got {type(run).__name__}"
+        tensors, modules = _snapshot(model)
+        old = {k: (v, dt, st) for k, v, dt, st in before[0]}
+        changed = [k for k, v, dt, st in tensors
+                   if k not in old or dt != old[k][1] or st != old[k][2] or not torch.equal(v, old[k][0])]  # fmt: skip
+        changed += [k for k in old if k not in {t[0] for t in tensors}]
+        assert not changed and modules == before[1], (
+            "the given model was changed in place ("
+            + (f"tensors {changed[:3]}" if changed else "its modules were replaced")
+            + "): .to(...), fusion and layout changes act in place. Work on copy.deepcopy(model), so the baseline "
+            "you compare against stays the baseline"
+        )
+        layouts: list[bool] = []
+
+        def watch(mod: Any, inputs: Any, output: Any) -> None:  # every Conv2d module's forward, copies included
+            if isinstance(mod, torch.nn.Conv2d):  # (with 1 channel both layouts are the same: nothing to see)
+                cl = torch.channels_last
+                layouts.append((mod.in_channels == 1 or mod.weight.is_contiguous(memory_format=cl))
+                               and (inputs[0].shape[1] == 1 or inputs[0].is_contiguous(memory_format=cl)))  # fmt: skip
+
+        handle = torch.nn.modules.module.register_module_forward_hook(watch)
+        try:
+            with OpLog() as log:
+                out = run(probe)
+        finally:
+            handle.remove()
+        assert isinstance(out, torch.Tensor), f"run(x) must return a tensor, got {type(out).__name__}"
+        assert out.dtype == torch.float32, f"run(x) must return float32 outputs (call .float()), got {out.dtype}"
+        assert not out.requires_grad, (
+            "run under torch.inference_mode() (or no_grad): the outputs carry autograd history"
+        )
+        top = log.named(*CONV_OPS)
+        assert top, "no convolution ran: run(x) must run (a copy of) the model on x"
+        fp32 = [op for op in top if torch.bfloat16 not in op.out_dtypes]
+        assert not fp32, (
+            f"{len(fp32)} of {len(top)} convolutions computed in {fp32[0].out_dtypes[0]}: run the model under "
+            "torch.autocast('cpu', dtype=torch.bfloat16) (the model's own convolutions, not a decoy beside them)"
+        )
+        assert len(top) == n_convs, (
+            f"{len(top)} convolutions ran for a model with {n_convs}: run each conv layer once per call, on x (not a "
+            "decoy module or a throwaway input beside the model)"
+        )
+        assert len(layouts) == len(top), (
+            f"{len(top)} convolutions ran but only {len(layouts)} inside Conv2d modules: F.conv2d calls beside the "
+            "model are not the model. Run the model's own (copied) layers"
+        )
+        assert all(layouts), (
+            f"{layouts.count(False)} convolutions ran on NCHW weights or inputs: convert the copy with "
+            ".to(memory_format=torch.channels_last) and x with x.contiguous(memory_format=torch.channels_last)"
+        )
+        bn = log.named("batch_norm")
+        assert not bn, (
+            f"BatchNorm still ran ({len(bn)} operators): fold each BatchNorm into the convolution before it "
+            "(torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn), then replace the BatchNorm with nn.Identity())"
+        )
+        cmp = compare_outputs(out, ref, "bf16")
+        assert cmp.within, f"outputs differ from the FP32 model beyond the bf16 tolerance: {cmp.reason}"
+        print(f"   profiled {len(seen)} operator kinds first; then {n_convs} folded convolutions in bfloat16 on "
+              f"channels_last inputs, no BatchNorm; {cmp}")  # fmt: skip
+
+
+@exercise(
+    "14.stack",
+    "stacked(model, example) -> (prof, run): profile model(example) with torch.profiler.profile first; then on "
+    "copy.deepcopy(model): fold each BatchNorm into its conv (fuse_conv_bn_eval, the BatchNorm -> nn.Identity), "
+    ".to(memory_format=torch.channels_last); run(x) feeds x in channels_last under torch.autocast('cpu', "
+    "dtype=torch.bfloat16) and torch.inference_mode(), returning float32.",
+    _check_stack,
+    time_limit=60,
+)
+def stacked(model: Any, example: Any) -> tuple[Any, Callable[[Any], Any]]:
+    import torch
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+    from torch.profiler import ProfilerActivity, profile
+
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as prof:
+        model(example)
+    fast = copy.deepcopy(model).eval()
+    layers = list(fast.features)
+    for i, (conv, bn) in enumerate(zip(layers, layers[1:], strict=False)):
+        if isinstance(conv, torch.nn.Conv2d) and isinstance(bn, torch.nn.BatchNorm2d):
+            fast.features[i], fast.features[i + 1] = fuse_conv_bn_eval(conv, bn), torch.nn.Identity()
+    fast = fast.to(memory_format=torch.channels_last)
+
+    def run(x: torch.Tensor) -> torch.Tensor:
+        with torch.inference_mode(), torch.autocast("cpu", dtype=torch.bfloat16):
+            return fast(x.contiguous(memory_format=torch.channels_last)).float()
+
+    return prof, run

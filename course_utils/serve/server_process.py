@@ -1,0 +1,358 @@
+"""Start a lesson's LitServe server as a subprocess, know it is *ours* and ready, and always stop it.
+
+``with serve("embed_server.py:build_server", max_batch_size=16, batch_timeout=0.01) as srv:`` runs
+``python -m course_utils.serve.server_process TARGET ...`` in a new session (one process group for the server and
+every worker it forks) and yields a :class:`Server` once ``/health`` answers on the port the server reports.
+TARGET is ``file.py:name``: a function ``name(max_batch_size=, batch_timeout=, workers_per_device=, accelerator=)``
+returning a ``LitServer``, or a ``LitAPI`` subclass (served as ``LitServer(cls(max_batch_size=, batch_timeout=))``).
+
+What can go wrong, and what happens:
+
+* the port is taken: the server binds 127.0.0.1 itself, retries with another port, writes the port it got into
+  its run folder; readiness asks ``/course/instance`` for the random id this process gave it, so another
+  program on the port is never mistaken for it; if no port binds, :class:`ServingError` says so;
+* the notebook's process dies (even SIGKILL): a watchdog thread in the server notices its parent is gone,
+  removes the run folder and kills the whole group; the server's main process dies: each worker process's own
+  watchdog kills the group (:func:`course_utils.serve.server_guard.start_watchdog`); at interpreter exit
+  (``atexit``) every live server is stopped;
+* the ``with`` body raises: the group gets SIGTERM, then SIGKILL, and :func:`stop` checks that no process and no
+  listening port is left.
+
+Limits against bad clients come from :mod:`course_utils.serve.server_guard`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import atexit
+import contextlib
+import os
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from course_utils.supply.errors import CourseError
+from course_utils.supply.paths import REPO_ROOT
+
+_LIVE: dict[int, Server] = {}
+
+
+class ServingError(CourseError, RuntimeError):
+    """The server did not start (the message says why and shows its log), or something outlived its stop."""
+
+
+@dataclass
+class Server:
+    """A running server: its address, process group, run folder (log, port, model-call record) and settings."""
+
+    host: str
+    port: int
+    pgid: int
+    run_dir: Path
+    settings: dict[str, Any]
+    process: subprocess.Popen = field(repr=False)
+    ours: bool = False  # the port answered with this server's instance id (only then is the port checked at stop)
+
+    @property
+    def url(self) -> str:
+        return f"http://{self.host}:{self.port}"
+
+    @property
+    def predict_url(self) -> str:
+        return f"{self.url}/predict"
+
+    def calls(self, *, since: int = 0):
+        """The model calls so far (from call ``since``): a DataFrame with ``start_s`` and ``predict_ms``."""
+        import pandas as pd
+
+        rows = []
+        with contextlib.suppress(OSError):
+            for line in (self.run_dir / "calls.txt").read_text().splitlines()[since:]:
+                parts = line.split()
+                if len(parts) == 2:
+                    rows.append({"start_s": float(parts[0]), "predict_ms": float(parts[1])})
+        return pd.DataFrame(rows, columns=["start_s", "predict_ms"])
+
+    def log_tail(self, n: int = 30) -> str:
+        try:
+            return "\n".join((self.run_dir / "server.log").read_text(errors="replace").splitlines()[-n:])
+        except OSError:
+            return "(no log)"
+
+
+def port_open(port: int, host: str = "127.0.0.1", timeout: float = 0.2) -> bool:
+    """True if something accepts TCP connections on ``host:port``."""
+    if not port:
+        return False
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.settimeout(timeout)
+        return s.connect_ex((host, port)) == 0
+
+
+def pid_alive(pid: int) -> bool:
+    """True while process ``pid`` runs (a zombie, dead but not yet reaped by its parent, counts as dead)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+
+
+def _worker_died(srv: Server) -> bool:
+    """True when the server's main process or a registered model worker exited before we stopped it."""
+    if srv.process.poll() is not None:
+        return True
+    with contextlib.suppress(OSError):
+        return any(p.name.isdigit() and not pid_alive(int(p.name)) for p in (srv.run_dir / "workers").iterdir())
+    return False
+
+
+def group_pids(pgid: int) -> list[int]:
+    """Live (non-zombie) processes of process group ``pgid``, read from /proc."""
+    out = []
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            try:
+                stat = (d / "stat").read_text()
+            except OSError:
+                continue
+            fields = stat[stat.rfind(")") + 2 :].split()
+            if int(fields[2]) == pgid and fields[0] not in ("Z", "X"):
+                out.append(int(d.name))
+    return sorted(out)
+
+
+def stop(srv: Server, *, grace: float = 5.0) -> None:
+    """SIGTERM the server's whole group, SIGKILL after ``grace`` s; raise if a process or the port survives."""
+
+    def gone(limit: float) -> bool:
+        end = time.monotonic() + limit
+        while time.monotonic() < end:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                srv.process.wait(timeout=0.05)
+            if srv.process.poll() is not None and not group_pids(srv.pgid):
+                return True
+        return False
+
+    for sig, wait in ((signal.SIGTERM, grace), (signal.SIGKILL, 5.0)):
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(srv.pgid, sig)
+        if gone(wait):
+            break
+    port = srv.port if srv.ours else 0  # a port we never saw answer as ours may belong to another program
+    end = time.monotonic() + 3.0
+    while port_open(port, srv.host) and time.monotonic() < end:
+        time.sleep(0.05)
+    _LIVE.pop(srv.pgid, None)
+    left = group_pids(srv.pgid)
+    if left or port_open(port, srv.host):
+        raise ServingError(f"after stopping the server, processes {left} or port {srv.port} are still alive: "
+                           f"kill -9 -- -{srv.pgid}")  # fmt: skip
+
+
+@atexit.register
+def _stop_all() -> None:
+    for srv in list(_LIVE.values()):
+        with contextlib.suppress(Exception):
+            stop(srv, grace=2.0)
+        shutil.rmtree(srv.run_dir, ignore_errors=True)
+
+
+def _wait_ready(srv: Server, instance: str, timeout: float) -> None:
+    import httpx
+
+    end, seen_foreign = time.monotonic() + timeout, ""
+    with httpx.Client(trust_env=False, timeout=2.0) as client:
+        while time.monotonic() < end:
+            if srv.process.poll() is not None:
+                bind = srv.run_dir / "bind_error"
+                why = f"could not bind a port on 127.0.0.1: {bind.read_text()}" if bind.exists() else "it exited"
+                raise ServingError(f"the server did not start ({why}, code {srv.process.returncode}).{_cwd_hint(srv)} "
+                                   f"Log:\n{srv.log_tail()}")  # fmt: skip
+            with contextlib.suppress(OSError, ValueError):
+                srv.port = int((srv.run_dir / "port").read_text())
+            if srv.port:
+                try:
+                    r = client.get(f"{srv.url}/course/instance")
+                    if r.status_code == 200 and r.json().get("id") == instance:
+                        srv.ours = True
+                        if client.get(f"{srv.url}/health").status_code == 200:
+                            return
+                    else:
+                        seen_foreign = f" (port {srv.port} was answered by another program)"
+                except (httpx.HTTPError, ValueError):
+                    pass
+            time.sleep(0.1)
+    raise ServingError(f"the server was not ready within {timeout:.0f} s{seen_foreign}; raise start_timeout on a "
+                       f"slow machine.{_cwd_hint(srv)} Log:\n{srv.log_tail()}")  # fmt: skip
+
+
+def _cwd_hint(srv: Server) -> str:
+    """When the log shows a missing file: where a relative path in the server's code is looked up."""
+    tail = srv.log_tail(80)
+    if "FileNotFoundError" in tail or "No such file" in tail:
+        return (
+            f" A file was not found: the server runs in the folder {srv.settings.get('cwd')}, so a relative "
+            "path in setup() is relative to it; use an absolute path (e.g. Path(__file__).parent / name)."
+        )
+    return ""
+
+
+@contextlib.contextmanager
+def serve(target: str | Path, *, max_batch_size: int = 1, batch_timeout: float = 0.0, workers_per_device: int = 1,
+          accelerator: str = "cpu", port: int = 0, start_timeout: float = 240.0, grace: float = 5.0,
+          max_connections: int = 256, limit_concurrency: int = 128,
+          header_timeout: float = 10.0) -> Iterator[Server]:  # fmt: skip
+    """Serve ``target`` (``"file.py:name"``) on 127.0.0.1; stop it on exit, also after an error. See the module doc."""
+    path, _, name = str(target).rpartition(":")
+    if not path or not name or not Path(path).is_file():
+        raise ServingError(f"target {str(target)!r} must be 'path/to/file.py:name' with an existing file")
+    if max_batch_size < 1 or batch_timeout < 0 or workers_per_device < 1:
+        raise ServingError("need max_batch_size >= 1, batch_timeout >= 0 (seconds) and workers_per_device >= 1")
+    run_dir, instance = Path(tempfile.mkdtemp(prefix="course_serve_")), secrets.token_hex(8)
+    knobs = {"max_batch_size": max_batch_size, "batch_timeout": batch_timeout, "workers_per_device": workers_per_device,
+             "accelerator": accelerator, "port": port,
+             "max_connections": max_connections, "limit_concurrency": limit_concurrency,
+             "header_timeout": header_timeout}  # fmt: skip
+    cmd = [sys.executable, "-m", "course_utils.serve.server_process", f"{Path(path).resolve()}:{name}",
+           "--run-dir", str(run_dir), "--instance", instance, "--parent-pid", str(os.getpid())]  # fmt: skip
+    cmd += [x for k, v in knobs.items() for x in (f"--{k.replace('_', '-')}", str(v))]
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
+    cwd = _caller_folder(run_dir)  # the lesson's folder: a relative path in setup() means what it means there
+    with open(run_dir / "server.log", "wb") as log:
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, env=env,
+                                cwd=cwd, start_new_session=True)  # fmt: skip
+    srv = Server("127.0.0.1", 0, proc.pid, run_dir, {"target": str(target), "cwd": cwd, **knobs}, proc)
+    _LIVE[srv.pgid] = srv
+    died = False
+    try:
+        _wait_ready(srv, instance, start_timeout)
+        yield srv
+    finally:
+        died = srv.ours and _worker_died(srv)  # a process of it stopped on its own while in use
+        try:
+            stop(srv, grace=grace)
+        finally:
+            if died:  # keep the log the 503s named; say where it is
+                warnings.warn(f"the server (or one of its model workers) stopped on its own while in use; its log "
+                              f"is kept at {run_dir / 'server.log'}", stacklevel=3)  # fmt: skip
+            else:
+                shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def _caller_folder(fallback: Path) -> str:
+    """The folder this process runs in (a notebook's kernel: the notebook's folder), or ``fallback`` if gone."""
+    try:
+        return os.getcwd()
+    except OSError:
+        return str(fallback)
+
+
+def writefile_fallback(dest: str | Path, lesson_file: str | Path) -> Path:
+    """Write the body of the lesson cell that starts ``%%writefile .../<dest name>`` to ``dest``.
+
+    In Jupyter the ``%%writefile`` magic writes the file; run as a plain script (``python lessons/13_....py``)
+    that line is a comment, so the lesson calls this to write the same cell text from its own source. The
+    path may be quoted (``%%writefile "{WORK}/x.py"``: a temporary folder whose path has a space needs it).
+    """
+    dest, lines = Path(dest), Path(lesson_file).read_text().splitlines()
+    for i, line in enumerate(lines):
+        if line.startswith("# %%writefile") and line.rstrip().rstrip("'\"").endswith("/" + dest.name):
+            body = []
+            for nxt in lines[i + 1 :]:
+                if nxt.startswith("# %%"):
+                    break
+                body.append(nxt)
+            dest.write_text("\n".join(body).rstrip() + "\n")
+            return dest
+    raise ServingError(f"no cell starting with '%%writefile .../{dest.name}' in {lesson_file}")
+
+
+# ------------------------------------------------------------------ the server side (runs in the subprocess)
+
+
+def _load_target(target: str, a: argparse.Namespace) -> Any:
+    import importlib.util
+
+    import litserve as ls
+
+    path, _, name = target.rpartition(":")
+    folder, mod_name = str(Path(path).parent), Path(path).stem
+    sys.path.insert(0, folder)  # spawned inference workers import the module by name (sys.path is passed on)
+    spec = importlib.util.spec_from_file_location(mod_name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[mod_name] = module
+    spec.loader.exec_module(module)
+    obj = getattr(module, name)
+    if isinstance(obj, type) and issubclass(obj, ls.LitAPI):
+        api = obj(max_batch_size=a.max_batch_size, batch_timeout=a.batch_timeout)
+        return ls.LitServer(api, accelerator=a.accelerator, workers_per_device=a.workers_per_device, timeout=30)
+    server = obj(max_batch_size=a.max_batch_size, batch_timeout=a.batch_timeout,
+                 workers_per_device=a.workers_per_device, accelerator=a.accelerator)  # fmt: skip
+    if not isinstance(server, ls.LitServer):
+        raise SystemExit(f"{target} returned {type(server).__name__}, expected a litserve.LitServer")
+    return server
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point of the server subprocess (started by :func:`serve`)."""
+    import resource
+
+    from course_utils.serve import server_guard as g
+
+    p = argparse.ArgumentParser(description="Run a course LitServe server (started by course_utils.serve).")
+    p.add_argument("target")
+    p.add_argument("--run-dir", required=True)
+    p.add_argument("--instance", required=True)
+    p.add_argument("--parent-pid", type=int, required=True)
+    for knob, typ in (("max-batch-size", int), ("batch-timeout", float), ("workers-per-device", int),
+                      ("accelerator", str), ("port", int), ("max-connections", int), ("limit-concurrency", int),
+                      ("header-timeout", float)):  # fmt: skip
+        p.add_argument(f"--{knob}", type=typ, required=True)
+    a = p.parse_args(argv)
+    run_dir = Path(a.run_dir)
+    g.start_watchdog(a.parent_pid, run_dir)
+    os.register_at_fork(after_in_child=g.watch_main_after_fork)  # API servers and the manager are forked
+    (run_dir / "workers").mkdir(exist_ok=True)
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
+    server = _load_target(a.target, a)
+    callbacks = [g.CallRecorder(str(run_dir / "calls.txt")), g.WorkerSetup(str(run_dir))]
+    server._callback_runner._add_callbacks(callbacks)  # private, LitServe 0.2.19
+    server.app.add_middleware(g.RequestGuard, run_dir=str(run_dir))
+    g.install_error_handler(server.app)
+    server.app.add_api_route("/course/instance", lambda: {"id": a.instance, "pid": os.getpid()}, methods=["GET"])
+    g.GuardedHttpProtocol.header_timeout, g.GuardedHttpProtocol.max_connections = a.header_timeout, a.max_connections
+    attempts = 1 if a.port else 5  # a fixed port is tried once; a free one is picked anew on each try
+    for attempt in range(attempts):
+        port = a.port
+        if not port:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                port = s.getsockname()[1]
+        (run_dir / "port.tmp").write_text(str(port))
+        os.replace(run_dir / "port.tmp", run_dir / "port")
+        try:
+            server.run(host="127.0.0.1", port=port, num_api_servers=1, log_level="warning",
+                       generate_client_file=False, timeout_keep_alive=5, limit_concurrency=a.limit_concurrency,
+                       http=g.GuardedHttpProtocol)  # fmt: skip
+            return
+        except SystemExit as exc:
+            if exc.code != 3 or attempt == attempts - 1:  # 3: uvicorn could not bind; anything else is not retried
+                if exc.code == 3:
+                    (run_dir / "bind_error").write_text(f"port {port} is taken" + (" (and 4 others)" * (attempts > 1)))
+                raise
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,1 @@
+"""What a lesson shows: plots, result rows, the leaderboard across machines."""

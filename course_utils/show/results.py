@@ -1,0 +1,387 @@
+"""Record measured rows to a results folder and compare them across machines.
+
+Each lesson appends one row per measured variant with :func:`record`. Rows go to
+``<results folder>/<machine>.csv``; the folder is ``$COURSE_RESULTS_DIR`` or ``results/`` at the repository
+root (ignored by git; see :mod:`course_utils.supply.paths`). Workshop attendees' files can be pooled and compared
+with :func:`load_results`. Nothing measured is lost to a fault: rows are appended under a file lock (parallel
+test runs write one header per file), a malformed row is skipped with a warning instead of dropping its
+file, and the machine name carries a per-folder :func:`install_id` so identical machine images stay apart.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import csv
+import io
+import os
+import re
+import secrets
+import time
+import warnings
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import pandas as pd
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks
+    fcntl = None  # type: ignore[assignment]
+
+from course_utils.supply.modes import is_smoke
+from course_utils.supply.paths import REFERENCE_DIR, append_text, results_dir
+from course_utils.supply.paths import REPO_ROOT as REPO_ROOT  # re-exported: results.REPO_ROOT
+
+NUMERIC_COLUMNS = ["batch_size", "median_ms", "p90_ms", "throughput", "speedup_vs_baseline", "error_vs_baseline"]
+COLUMNS = [
+    "lesson", "technique", "model", "device", "dtype", "batch_size", "median_ms", "p90_ms", "throughput",
+    "speedup_vs_baseline", "error_vs_baseline", "notes", "machine", "gpu", "cpu", "torch", "mode", "time",
+]  # fmt: skip
+
+INSTALL_ID_FILE = ".install_id"
+TEXT_LIMIT = 32_000  # characters per text field: a spreadsheet cell holds 32,767; csv's default field limit is 131,072
+_FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs a cell starting with these as a formula
+
+
+def machine_fingerprint() -> str:
+    """A digest of what tells this machine from a clone of its image: machine-id, host name and MAC addresses.
+
+    A VM cloned from an image keeps the image's files (``results/.install_id`` too) but gets its own
+    machine-id (systemd regenerates it), host name or network card; any of them changing gives a new id.
+    """
+    import hashlib
+    import socket
+
+    parts = [socket.gethostname()]
+    for f in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
+        try:
+            parts.append(Path(f).read_text().strip())
+            break
+        except OSError:
+            continue
+    macs = []
+    with contextlib.suppress(OSError):
+        nics = sorted(Path("/sys/class/net").iterdir())
+        physical = [n for n in nics if (n / "device").exists()]  # veth/docker/bridges come and go: not those
+        for nic in physical or [n for n in nics if n.name != "lo"]:
+            with contextlib.suppress(OSError):
+                macs.append((nic / "address").read_text().strip())
+    parts += [m for m in macs if m.strip("0:")]
+    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
+
+
+def install_id(folder: Path | None = None) -> str:
+    """A random 6-hex-digit id of this results folder *on this machine*, kept in ``.install_id``.
+
+    Attendees on identical machine images share host name and CPU; this id keeps their result files and
+    leaderboard labels apart. The file holds ``<id> <machine fingerprint>``: a folder copied with a cloned
+    VM image (same file, another machine) gets a fresh id on first use, so clones do not share one; a file of
+    the older one-field format is renewed once the same way (rows already written keep their file, which
+    still loads). Concurrent first calls agree: the id is chosen under a file lock.
+    """
+    folder = folder or results_dir()
+    path = folder / INSTALL_ID_FILE
+    mine = machine_fingerprint()
+
+    def current() -> str | None:
+        try:
+            fields = path.read_text().split()
+        except OSError:
+            return None
+        if len(fields) == 2 and fields[1] == mine:
+            return re.sub(r"[^A-Za-z0-9]", "", fields[0])[:12] or None
+        return None
+
+    found = current()
+    if found:
+        return found
+    with open(folder / f"{INSTALL_ID_FILE}.lock", "a") as lock:
+        if fcntl is not None:
+            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        found = current()  # another process may have chosen it while we waited
+        if not found:
+            found = secrets.token_hex(3)
+            tmp = folder / f"{INSTALL_ID_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
+            tmp.write_text(f"{found} {mine}\n")
+            os.replace(tmp, path)
+    return found
+
+
+def machine_id() -> str:
+    """A file-name-safe name for this machine: host name, GPU name if present else CPU model, and the
+    :func:`install_id` (so identical machine images stay apart)."""
+    import socket
+
+    import torch
+
+    from course_utils.measuring.device import cpu_model, has_cuda
+
+    hw = torch.cuda.get_device_name(0) if has_cuda() else cpu_model()
+    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{socket.gethostname()}_{hw}").strip("-")[:112]
+    return f"{name}_{install_id()}"
+
+
+def _machine_fields() -> dict[str, str]:
+    import torch
+
+    from course_utils.measuring.device import cpu_model, has_cuda
+
+    return {
+        "machine": machine_id(),
+        "gpu": torch.cuda.get_device_name(0) if has_cuda() else "",
+        "cpu": cpu_model(),
+        "torch": torch.__version__,
+        "mode": "smoke" if is_smoke() else "full",
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S"),
+    }
+
+
+def record(
+    lesson: str,
+    technique: str,
+    *,
+    model: str = "",
+    device: str = "",
+    dtype: str = "",
+    batch_size: int | None = None,
+    measurement: Any = None,
+    median_ms: float | None = None,
+    p90_ms: float | None = None,
+    throughput: float | None = None,
+    speedup_vs_baseline: float | None = None,
+    error_vs_baseline: float | None = None,
+    notes: str = "",
+) -> dict[str, Any]:
+    """Append one row to this machine's results file and return it.
+
+    Pass a :class:`course_utils.measuring.timing.Measurement` as ``measurement`` to fill the timing columns
+    (median, p90, throughput, batch size, device) from it; explicit arguments win over it.
+    """
+    row: dict[str, Any] = {c: None for c in COLUMNS}
+    if measurement is not None:
+        row.update(
+            median_ms=measurement.median_ms,
+            p90_ms=measurement.p90_ms,
+            throughput=measurement.throughput,
+            batch_size=measurement.batch_size,
+            device=measurement.device,
+        )
+    given = dict(
+        lesson=lesson, technique=technique, model=model, dtype=dtype, notes=notes, device=device or row["device"],
+        batch_size=batch_size if batch_size is not None else row["batch_size"],
+        median_ms=median_ms if median_ms is not None else row["median_ms"],
+        p90_ms=p90_ms if p90_ms is not None else row["p90_ms"],
+        throughput=throughput if throughput is not None else row["throughput"],
+        speedup_vs_baseline=speedup_vs_baseline, error_vs_baseline=error_vs_baseline,
+    )  # fmt: skip
+    row.update(given)
+    row.update(_machine_fields())
+    row = {k: _safe_text(k, v) if isinstance(v, str) else v for k, v in row.items()}
+    line = pd.DataFrame([row], columns=COLUMNS).to_csv(index=False, header=False, lineterminator="\n")
+    header = ",".join(COLUMNS) + "\n"
+    # The header is written only if the file is empty, decided under the lock: one header per file.
+    append_text(results_dir() / f"{row['machine']}.csv", lambda empty: header + line if empty else line)
+    return {k: unneutralize(v) if isinstance(v, str) else v for k, v in row.items()}
+
+
+def neutralize(text: str) -> str:
+    """``text`` as written to a results CSV: one ``'`` in front when a spreadsheet would run it as a formula.
+
+    A note such as ``=HYPERLINK(...)`` opened in a spreadsheet is a formula (CSV injection); with the quote it
+    is shown as text. Text already starting with quotes before such a character gets one more, so
+    :func:`unneutralize` gives back exactly what was recorded.
+    """
+    return "'" + text if text.lstrip("'").startswith(_FORMULA_START) else text
+
+
+def unneutralize(text: str) -> str:
+    """The inverse of :func:`neutralize`: the course's own views show the text as it was recorded."""
+    return text[1:] if text.startswith("'") and text.lstrip("'").startswith(_FORMULA_START) else text
+
+
+def _safe_text(column: str, text: str) -> str:
+    """A text field as written: no NUL bytes (they make a CSV unreadable), "\\r" line ends as "\\n", at most
+    :data:`TEXT_LIMIT` characters (warned), neutralized against spreadsheet formulas."""
+    if "\x00" in text or "\r" in text:  # csv quotes "\n" but not a lone "\r", which would split the row
+        text = text.replace("\x00", "").replace("\r\n", "\n").replace("\r", "\n")
+    if len(text) > TEXT_LIMIT:
+        warnings.warn(
+            f"the {column} text has {len(text)} characters: recorded its first {TEXT_LIMIT} (a spreadsheet cell "
+            f"holds at most 32,767)",
+            stacklevel=3,
+        )
+        text = text[:TEXT_LIMIT] + " [cut]"
+    return neutralize(text)
+
+
+def _decode(path: Path) -> str:
+    """A results file's text; ``ValueError`` naming the cause when it is not a UTF-8 comma-separated file."""
+    data = path.read_bytes()
+    try:
+        text = data.decode("utf-8-sig")  # a spreadsheet's "CSV UTF-8" starts with a byte-order mark
+    except UnicodeDecodeError as exc:
+        raise ValueError(
+            f"it is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}: saved by a spreadsheet as "
+            "cp1252/'ANSI'?); save it again as 'CSV UTF-8 (comma delimited)'"
+        ) from None
+    first = text.split("\n", 1)[0]
+    if first.count(";") >= 3 and "," not in first.replace('","', ""):
+        raise ValueError(
+            "its fields are separated by ';' (a spreadsheet in a decimal-comma locale saved it): save it again "
+            "with ',' as the separator and '.' for decimals"
+        )
+    return text
+
+
+def read_rows(path: str | Path) -> pd.DataFrame:
+    """One results CSV as a DataFrame, keeping every good row.
+
+    A row with the wrong number of fields (an extra comma, a line torn by a killed process), a non-number in a
+    numeric column, NUL bytes (the zeroed tail a crash leaves) or an oversized field is skipped with one
+    warning naming the file, its line numbers and the cause; rows after it still load. Repeated header lines
+    (left by older, unlocked concurrent writes) are dropped; text fields come back as recorded (see
+    :func:`unneutralize`). Raises ``ValueError`` (or ``OSError``) naming the cause when the file is not a
+    UTF-8, comma-separated CSV at all (a cp1252 or semicolon-separated re-save from a spreadsheet).
+    """
+    path = Path(path)
+    text = _decode(path)
+    old_limit = csv.field_size_limit(max(csv.field_size_limit(), 1 << 26))  # older files' long notes still load
+    try:
+        header, good, bad = _parse(text)
+    finally:
+        csv.field_size_limit(old_limit)
+    dropped = [b for b in bad if b.endswith("(value dropped, row kept)")]
+    bad = [b for b in bad if b not in dropped]
+    for what, items in (("skipped {} malformed row(s)", bad), ("dropped {} value(s) that are not numbers", dropped)):
+        if items:
+            more = f" and {len(items) - 5} more" if len(items) > 5 else ""
+            warnings.warn(
+                f"{what.format(len(items))} of results file {path} ({'; '.join(items[:5])}{more}); "
+                f"kept its {len(good)} good row(s)",
+                stacklevel=2,
+            )
+    buf = io.StringIO()
+    csv.writer(buf, lineterminator="\n").writerows([header, *good])
+    buf.seek(0)
+    return pd.read_csv(buf, dtype={"lesson": str})
+
+
+def _parse(text: str) -> tuple[list[str], list[list[str]], list[str]]:
+    """(header, good rows with text un-neutralized, one 'line N: cause' per skipped row)."""
+    reader = csv.reader(io.StringIO(text, newline=""))
+    try:
+        header = next(reader, None)
+    except csv.Error as exc:
+        raise ValueError(f"its header line cannot be parsed ({exc})") from None
+    if not header or not any(h.strip() for h in header):
+        raise ValueError("it is empty (no header line)")
+    if "\x00" in "".join(header):
+        raise ValueError("its header line holds NUL bytes (the file was damaged)")
+    numeric = [i for i, c in enumerate(header) if c in NUMERIC_COLUMNS]
+    good, bad = [], []
+    while True:
+        try:
+            fields = next(reader)
+        except StopIteration:
+            break
+        except csv.Error as exc:  # e.g. a field over the limit; the reader goes on at the next line
+            bad.append(f"line {reader.line_num}: {exc}")
+            continue
+        if not any(f.strip() for f in fields) or fields == header:
+            continue
+        if any("\x00" in f for f in fields):
+            bad.append(f"line {reader.line_num}: NUL bytes (a zeroed tail left by a crash, or a damaged line)")
+            continue
+        if len(fields) != len(header):
+            bad.append(f"line {reader.line_num}: {len(fields)} fields, header has {len(header)}")
+            continue
+        wrong = next((i for i in numeric if fields[i].strip() and not _is_number(fields[i])), None)
+        for i in numeric:  # 'nan' spelled out is no measurement: dropped (the leaderboard also drops inf, 1e308)
+            if fields[i].strip().lower().lstrip("+-") == "nan":
+                fields[i] = ""
+                bad.append(f"line {reader.line_num}: column '{header[i]}' holds 'nan' (value dropped, row kept)")
+        if wrong is None:
+            good.append([f if i in numeric else unneutralize(f) for i, f in enumerate(fields)])
+        else:
+            bad.append(f"line {reader.line_num}: column '{header[wrong]}' holds {fields[wrong][:30]!r}")
+    return header, good, bad
+
+
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
+def load_results(paths: Iterable[str | Path] | None = None) -> pd.DataFrame:
+    """Read result CSVs (default: every ``*.csv`` in the results folder) into one DataFrame.
+
+    Malformed rows are skipped by :func:`read_rows` (warned, the file's good rows kept); a file that cannot be
+    read at all or lacks the course's columns is skipped with a warning naming it; the other files are still
+    loaded. Returns an empty frame with :data:`COLUMNS` when nothing loads.
+    """
+    if paths is None:
+        paths = sorted(results_dir(write=False).glob("*.csv"))
+    frames = []
+    for p in paths:
+        p = Path(p)
+        try:
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                df = read_rows(p)
+        except Exception as exc:  # noqa: BLE001 - any unreadable file is skipped, loudly
+            warnings.warn(f"skipped results file {p}: cannot be read ({type(exc).__name__}: {exc})", stacklevel=2)
+            continue
+        for w in caught:
+            warnings.warn(str(w.message), w.category, stacklevel=2)
+        missing = {"lesson", "technique", "median_ms", "machine"} - set(df.columns)
+        if missing:
+            warnings.warn(f"skipped results file {p}: missing columns {sorted(missing)}", stacklevel=2)
+            continue
+        df["source"] = p.name
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS + ["source"])
+    return pd.concat(frames, ignore_index=True)
+
+
+def reference_results(lesson: str | None = None, *, folder: Path | None = None) -> pd.DataFrame:
+    """Results measured on real GPUs and shipped in ``data/reference/`` (optionally one lesson's rows)."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = load_results(sorted(Path(folder or REFERENCE_DIR).glob("*.csv")))
+    if lesson is not None and not df.empty:
+        df = df[df["lesson"].astype(str).str.zfill(2) == str(lesson).zfill(2)]
+    return df
+
+
+def show_reference(lesson: str, technique_contains: str = "", *, folder: Path | None = None) -> pd.DataFrame | None:
+    """Show shipped GPU reference rows for ``lesson`` (labelled with GPU, torch and date), or say there are none.
+
+    Called in the ``else`` branch of a GPU-only section, so a learner without a GPU still sees real numbers.
+    The table is displayed here (rich table in a notebook, text in a plain script), because a value returned
+    inside an ``else:`` branch is never shown; the frame is also returned for code that wants it.
+    """
+    from IPython.display import display
+
+    df = reference_results(lesson, folder=folder)
+    if technique_contains and not df.empty:
+        df = df[df["technique"].str.contains(technique_contains, case=False, na=False, regex=False)]
+    if df.empty:
+        print(
+            f"No GPU reference results are shipped for lesson {lesson} yet: this GPU path has not been executed "
+            "on a GPU by the course (see its verification level in README). Run it on a CUDA machine to see its "
+            "numbers."
+        )
+        return None
+    cols = [c for c in ["technique", "model", "dtype", "batch_size", "median_ms", "throughput", "speedup_vs_baseline",
+                        "gpu", "torch", "time"] if c in df.columns]  # fmt: skip
+    gpus = ", ".join(sorted(df["gpu"].dropna().astype(str).unique())) or "an unnamed GPU"
+    print(f"Reference results measured on {gpus} (not this machine):")
+    table = df[cols].reset_index(drop=True)
+    with pd.option_context("display.max_columns", None, "display.width", 200):  # a script shows every column
+        display(table)
+    return table

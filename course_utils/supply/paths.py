@@ -1,0 +1,130 @@
+"""Where things are: the repository, its shipped data, and the results folder (``COURSE_RESULTS_DIR``).
+
+One place for paths, imported by every other module, importing no other course module but ``errors``
+(so ``modes`` and ``results`` no longer import each other). ``COURSE_RESULTS_DIR`` is read the same way
+whatever folder a notebook kernel or script runs in: ``~`` is expanded, a relative path is taken relative to
+the repository root, and a folder that cannot be created or written raises :class:`SettingError` naming the
+variable, instead of an ``OSError`` deep inside pandas or a stray ``notebooks/~/`` folder.
+:func:`append_text` appends to a file shared by concurrent processes (results CSVs, the section record)
+under an exclusive lock, so four lessons writing their first row at once still give one header.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+try:
+    import fcntl
+except ImportError:  # Windows: no advisory locks; appends are still single writes
+    fcntl = None  # type: ignore[assignment]
+
+from course_utils.supply.errors import SettingError
+
+REPO_ROOT = Path(__file__).resolve().parents[2]
+DATA_DIR = REPO_ROOT / "data"
+REFERENCE_DIR = DATA_DIR / "reference"
+RESULTS_VAR = "COURSE_RESULTS_DIR"
+
+_writable: set[Path] = set()  # folders already checked in this process (the check writes a file)
+
+
+def _bad_value(raw: str, expanded: str) -> str | None:
+    """Why a ``COURSE_RESULTS_DIR`` value cannot name a folder (None when it can): each of these would
+    otherwise become a stray folder inside the checkout (``results/$SCRATCH``, ``~nosuchuser``, ``file:``)."""
+    if raw[:1] in "'\"" or raw[-1:] in "'\"":
+        return "it contains quote characters (the shell did not remove them): set the path without quotes"
+    if re.match(r"^[A-Za-z][A-Za-z0-9+.-]+://", raw):
+        plain = re.sub(r"^file://(localhost)?", "", raw) if raw.startswith("file:") else "/path/to/folder"
+        return f"it is a URL, not a path: set a plain path such as {plain!r}"
+    unset = re.findall(r"\$\{?([A-Za-z_][A-Za-z0-9_]*)", expanded)
+    if unset:
+        return f"it uses the variable ${unset[0]}, which is not set: set ${unset[0]} first or write the path out"
+    if expanded.startswith("~"):
+        user = expanded[1:].split("/", 1)[0]
+        return f"'~{user}' names no user on this machine: write the path out (e.g. {str(Path.home())!r}/...)"
+    return None
+
+
+def resolve_results_dir(value: str | None) -> Path:
+    """The folder a ``COURSE_RESULTS_DIR`` value names, without touching the disk.
+
+    Empty or unset means ``results/`` in the repository; ``~`` and ``$VARS`` are expanded; a relative path
+    is relative to the repository root (not to the folder the kernel happens to start in). A value that
+    cannot name a folder (quotes kept in the value, a ``file://`` URL, an unset ``$VARIABLE``, ``~nosuchuser``)
+    raises :class:`SettingError` saying why, instead of creating a folder of that name inside the checkout.
+    """
+    raw = (value or "").strip()
+    if not raw:
+        return REPO_ROOT / "results"
+    expanded = os.path.expandvars(os.path.expanduser(raw))
+    why = _bad_value(raw, expanded)
+    if why:
+        raise SettingError(f"{RESULTS_VAR}={raw!r} cannot be used: {why}; then restart the kernel.")
+    path = Path(expanded)
+    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+
+
+def _suggestion(path: Path) -> str:
+    """A folder to suggest instead of ``path``: never ``path`` itself (nor a folder inside it)."""
+    for candidate in ("~/course-results", os.path.join(tempfile.gettempdir(), "course-results")):
+        full = Path(os.path.expanduser(candidate))
+        if full != path and path not in full.parents:
+            return candidate
+    return "/path/to/a/folder/you/can/write"
+
+
+def _ensure_writable(path: Path) -> None:
+    if path in _writable and path.is_dir():
+        return
+    raw = os.environ.get(RESULTS_VAR)
+    source = f"{RESULTS_VAR}={raw!r}" if raw and raw.strip() else f"the default results folder ({RESULTS_VAR} unset)"
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=path):  # a real write: os.access says yes to root on read-only mounts
+            pass
+    except OSError as exc:
+        raise SettingError(
+            f"the results folder {path} from {source} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). "
+            f"Set {RESULTS_VAR} to a folder you can write, e.g. `export {RESULTS_VAR}={_suggestion(path)}`, "
+            "and restart the kernel."
+        ) from None
+    _writable.add(path)
+
+
+def results_dir(*, write: bool = True) -> Path:
+    """The results folder: ``$COURSE_RESULTS_DIR`` (see :func:`resolve_results_dir`), created if needed.
+
+    Raises :class:`SettingError` naming ``COURSE_RESULTS_DIR`` when the value is unusable or the folder cannot
+    be created or written. With ``write=False`` (readers: the leaderboard, ``load_results``) the folder is
+    neither created nor checked for writing: a read-only folder of results can still be read.
+    """
+    path = resolve_results_dir(os.environ.get(RESULTS_VAR))
+    if write:
+        _ensure_writable(path)
+    return path
+
+
+def append_text(path: Path, text: str | Callable[[bool], str]) -> None:
+    """Append ``text`` to ``path`` under an exclusive file lock (``fcntl.flock``), creating the file if needed.
+
+    ``text`` may be a function of ``empty`` (True when the file has no bytes yet, decided under the lock):
+    a CSV writer passes one that adds the header only then, so concurrent first writes give one header.
+    A last line left without its newline (a writer killed mid-line) is ended first, so the torn line does
+    not swallow the new one.
+    """
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path, "a+", encoding="utf-8", newline="") as fh:
+        if fcntl is not None:
+            fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
+        try:
+            size = os.fstat(fh.fileno()).st_size
+            torn = size > 0 and os.pread(fh.fileno(), 1, size - 1) != b"\n"
+            fh.write(("\n" if torn else "") + (text(size == 0) if callable(text) else text))
+            fh.flush()
+        finally:
+            if fcntl is not None:
+                fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
