@@ -16,3 +16,11 @@ def test_readme_lists_every_room_and_module():
     for room, names in cu._ROOMS.items():
         missing = [n for n in names if f"`{n}`" not in rows[room] and f"`{n}/`" not in rows[room]]
         assert not missing, f"README's row for {room}/ does not name {missing}"
+
+
+def test_readme_lists_every_exercise():
+    from course_utils.check import exercises
+
+    text = (ROOT / "README.md").read_text()
+    missing = [k for k in exercises.registry() if f"`{k}`" not in text]
+    assert not missing, f"README's exercise list does not name {missing}"
