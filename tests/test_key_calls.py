@@ -155,8 +155,8 @@ KEY_CALLS = {
         r"self\.free\.pop\(",
         r"lookup_draft\(",
         r"\.truncate\(",
-        r"\"vllm\", \"serve\"",
-        r"\"vllm\", \"bench\", \"serve\"",
+        r"\"vllm\",\s*\"serve\"",
+        r"\"vllm\",\s*\"bench\",\s*\"serve\"",
     ],
 }
 

@@ -230,6 +230,16 @@ class StreamModel:
         STATE.count("record_stream calls")
         self.recorded.setdefault(key, set()).add(stream.sid)
 
+    def freed(self, key: int) -> None:
+        """The last stand-in tensor on the block at ``key`` is gone: the caching allocator returns it to the
+        allocating stream's pool, so check its other-stream uses now (deterministic, whatever address the CPU
+        allocator picks next). Called from a finalizer, where raising is impossible: the violation is raised by the
+        next stand-in operation."""
+        try:
+            self.reused(key)
+        except RehearsalError as exc:
+            STATE.deferred.append(str(exc))
+
     def reused(self, key: int) -> None:
         """The block at ``key`` is handed out again: every stream that used it must be done with it, by a wait of
         the stream that allocated it (or the host) or by ``record_stream``, else the new owner may overwrite

@@ -91,6 +91,8 @@ class State:
             del self.live[ptr]
             self.allocated -= entry[1]
             self.cached += entry[1]
+            if self.streams is not None:  # the caching allocator will hand this block out again: check it now
+                self.streams.freed(ptr)
 
     def reserved(self) -> int:
         block = 2 * 2**20
