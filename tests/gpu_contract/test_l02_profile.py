@@ -52,7 +52,9 @@ def test_schedule_keeps_active_steps_and_writes_trace(ns, tmp_path):
     names = {ev.get("name") for ev in json.loads((tmp_path / "t.json").read_text())["traceEvents"]}
     assert {"a", "b", "aten::add"} <= names
     table = ns["stage_table"](prof, ["a", "b"])
-    assert list(table.index) == ["a", "b"] and abs(table["share"].sum() - 1) < 1e-9
+    # largest first (which range is larger depends on the machine's load: check the order, not a fixed answer)
+    assert set(table.index) == {"a", "b"} and list(table["ms"]) == sorted(table["ms"], reverse=True)
+    assert abs(table["share"].sum() - 1) < 1e-9
 
 
 def test_cuda_request_synchronizes_each_step(ns, tmp_path, monkeypatch):
