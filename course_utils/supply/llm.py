@@ -17,6 +17,7 @@ The decoding techniques themselves (KV cache, batching, kernels, quantization) a
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import importlib.util
 import json
@@ -178,11 +179,16 @@ def load_smollm2(dtype: torch.dtype = torch.float32, *, device: str | torch.devi
     key = (str(folder), f"{dtype}|{torch.device(device)}")
     if key in _loaded:
         return _loaded[key]
-    problem = _cache_problem(folder, gguf_dir / gguf_name)
-    if problem is not None or not (folder / MANIFEST).is_file():
-        if problem is not None:
-            print(f"The converted model in {folder} cannot be used ({problem}): rebuilding it.", flush=True)
-        _convert(folder, gguf_dir, gguf_name)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    # One converter at a time: several processes (parallel test workers, two notebooks) may start on a fresh
+    # machine together; the others wait, then find the finished cache and only load it.
+    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        problem = _cache_problem(folder, gguf_dir / gguf_name)
+        if problem is not None or not (folder / MANIFEST).is_file():
+            if problem is not None:
+                print(f"The converted model in {folder} cannot be used ({problem}): rebuilding it.", flush=True)
+            _convert(folder, gguf_dir, gguf_name)
     from transformers import AutoTokenizer, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
