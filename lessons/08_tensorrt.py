@@ -527,7 +527,7 @@ class PycudaRunner:
 
 # %%
 if cu.gpu_section("08.pycuda", needs=("tensorrt", "pycuda")) and "fp32" in engines:
-    import pycuda.autoprimaryctx  # noqa: F401 - retains PyTorch's primary context (not pycuda.autoinit)
+    import pycuda.autoprimaryctx  # noqa: F401 - shares PyTorch's primary context
     import pycuda.driver as cuda
 
     x_host = torch.randn(opt_b, 3, size, size)
