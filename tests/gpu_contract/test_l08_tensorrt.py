@@ -1,7 +1,7 @@
 """Lesson 08's TensorRT code (and lesson 14's engine step) run against TensorRT 11.1's real API, on the CPU.
 
 The builder, cache and runner a learner reads in ``lessons/08_tensorrt.py`` (its cells tagged ``contract``)
-are executed here with a fake ``tensorrt`` module generated from the real bindings (``fake_trt``,
+are executed here with a fake ``tensorrt`` module generated from the real bindings (``standins.tensorrt``,
 ``trt_api``): only names, argument counts, argument types and enum members that exist in TensorRT 11.1
 pass; the fake's engine runs the ONNX model with ONNX Runtime, reading and writing the CPU torch tensors
 whose addresses the runner set. ``test_planted_api_breaks_fail`` proves the suite catches the classic
@@ -16,11 +16,11 @@ import pytest
 import torch
 
 from course_utils.check.compare import compare_outputs
+from course_utils.check.standins.tensorrt import FakeTRT
 from course_utils.techniques import onnx_runtime
 from course_utils.techniques import tensorrt_engines as eng
 
 from . import lesson_code, trt_api
-from .fake_trt import FakeTRT
 
 COVERS = {
     "08.build": "build_engine and load_or_build (parse, workspace, TF32, opt level, timing cache, profile, "

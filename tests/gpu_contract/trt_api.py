@@ -8,7 +8,7 @@ class, method, property, enum member and docstring signature can be read. Nothin
 
 :func:`load_bindings` fetches the wheel (``pip download``, cached under ``build/gpu_contract``), builds the
 stubs with the system C compiler and imports the module, or raises :class:`Unavailable` with the reason.
-:func:`introspect` turns the module into a JSON-able spec that ``fake_trt`` enforces. ``trt_11_1_api.json``
+:func:`introspect` turns the module into a JSON-able spec that ``standins.tensorrt`` enforces. ``trt_11_1_api.json``
 is a snapshot of that spec, used where the wheel cannot be had and by lesson 08's runner exercise; a test
 checks it against the live bindings.
 """
