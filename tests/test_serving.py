@@ -385,6 +385,7 @@ FAULTY_API = textwrap.dedent(
             if x == 13:
                 time.sleep(120)  # a hung model
             if x == 666:
+                time.sleep(1.0)  # busy long enough for a second request to queue behind it
                 os._exit(3)  # a model worker that dies (a segfault, the OOM killer)
             return self.k * x
 
@@ -475,8 +476,16 @@ def test_a_dead_model_worker_fails_requests_fast_naming_the_log(faulty):
     with pytest.warns(UserWarning, match=r"stopped on its own while in use; its log is kept at .*server.log"):
         with server_process.serve(faulty, max_batch_size=1) as srv:
             assert load_generator.post(srv.predict_url, {"x": 2.0}) == (200, {"y": 6.0})
+            # The dying request first; the second one is sent while the worker is busy with it, so it is queued
+            # (in flight) when the worker dies. Sent together, either could reach the worker first.
+            from concurrent.futures import ThreadPoolExecutor
+
             t0 = time.perf_counter()
-            results = load_generator.post_many(srv.predict_url, [{"x": 666}, {"x": 1.0}], concurrency=2, timeout=25)
+            with ThreadPoolExecutor(2) as pool:
+                dying = pool.submit(load_generator.post, srv.predict_url, {"x": 666}, timeout=25)
+                time.sleep(0.3)
+                queued = pool.submit(load_generator.post, srv.predict_url, {"x": 1.0}, timeout=25)
+                results = [dying.result(), queued.result()]
             waited = time.perf_counter() - t0
             log = srv.run_dir / "server.log"
             assert waited < 10, f"in-flight requests waited {waited:.0f} s for a dead worker"

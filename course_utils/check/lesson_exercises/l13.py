@@ -339,10 +339,12 @@ def _check_triton_config(fn: Callable[..., str]) -> None:
     fp32 = model_config_pb2.DataType.Value("TYPE_FP32")
     cpu = model_config_pb2.ModelInstanceGroup.Kind.Value("KIND_CPU")
     with cases("13.triton-config") as c:
-        draws = [(c.choice(["digits", "digits_cnn", "mnist8"]), c.choice([4, 8, 16, 32, 64]),
+        # Three different names per call, so a config that always names one model fails on at least two.
+        names = c.rng.sample(["digits", "digits_cnn", "mnist8", "lenet8", "tiny_digits"], 4)
+        draws = [(name, c.choice([4, 8, 16, 32, 64]),
                   float(c.randint(50, 2000)), c.randint(5, 4000) / 10, c.randint(5, 400) / 10, c.randint(1, 4))
-                 for _ in range(3)]  # fmt: skip
-        draws.append(("digits", 8, 100.0, 60.0, 5.0, 1))  # a budget already spent: the delay is 0
+                 for name in names[:3]]  # fmt: skip
+        draws.append((names[3], 8, 100.0, 60.0, 5.0, 1))  # a budget already spent: the delay is 0
         for name, mbs, p99, batch_ms, http_ms, instances in draws:
             delay = max(0, round((p99 - 2 * batch_ms - http_ms) * 1000))
             text = fn(name, mbs, p99, batch_ms, http_ms, instances)
