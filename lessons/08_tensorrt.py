@@ -53,7 +53,7 @@ except ImportError:
     trt = None  # the GPU extras are not installed: the GPU sections below say so and skip
 print(f"CUDA: {torch.cuda.is_available()}; TensorRT: {trt.__version__ if trt else 'not installed'}")
 
-# %% tags=["contract"]
+# %% tags=["contract", "export"]
 import json  # noqa: E402 - the cells tagged "contract" are executed alone by tests/gpu_contract
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
@@ -115,7 +115,7 @@ display(nodes)
 # *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 
-# %% tags=["contract"]
+# %% tags=["contract", "export"]
 def build_engine(
     trt,
     onnx_path,
@@ -174,7 +174,7 @@ def build_engine(
 # *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 
-# %% tags=["contract"]
+# %% tags=["contract", "export"]
 def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precision, **settings):
     """A cached engine if its metadata match this machine and these settings, else a freshly built one."""
     meta = tensorrt_engines.engine_metadata(
@@ -221,7 +221,7 @@ def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precisi
 #
 # *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
-# %% tags=["contract"]
+# %% tags=["contract", "export"]
 TORCH_DTYPES = {
     "FLOAT": torch.float32,
     "HALF": torch.float16,
@@ -275,8 +275,9 @@ def engine_layers(trt, engine):
 
 
 # %% [markdown]
-# `course_utils.techniques.tensorrt_engines.TrtRunner` is this runner again, for lesson 14's `optimize()`; it also
-# splits a batch larger than the profile's maximum into chunks.
+# The cells tagged `export` above (the imports, `build_engine`, `load_or_build`, `TrtRunner`, `engine_layers`) are
+# written by `make notebooks` into `course_utils/from_lessons/l08_tensorrt.py`: lesson 14's `optimize()` imports
+# this very code from there (a test keeps the two the same), so there is no second copy to drift.
 #
 # ## Step 5: the plan and its cache keys (every machine)
 # The profile for ResNet-18: batch 1 to `max`, tuned at `opt`. Below, the engines this lesson builds and

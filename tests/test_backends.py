@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import json
 
 import pytest
 import torch
 from torch import nn
 
-from course_utils.supply.errors import CourseError, MissingBackendError
+from course_utils.supply.errors import CourseError
 from course_utils.techniques import onnx_runtime as B
 from course_utils.techniques import tensorrt_engines as E
 
@@ -163,15 +162,6 @@ def test_profile_validation():
         E.Profile.for_batch("input", (3,), 8, 4, 16)
     with pytest.raises(ValueError, match="precision"):
         E.engine_metadata(**{**BASE, "precision": "fp64"})
-
-
-def test_missing_tensorrt_names_the_fix():
-    if importlib.util.find_spec("tensorrt") is not None:
-        pytest.skip("tensorrt is installed here")
-    with pytest.raises(MissingBackendError, match="make setup"):
-        E.require_tensorrt()
-    with pytest.raises(MissingBackendError):
-        E.build_engine("x.onnx", profile=E.Profile.for_batch("input", (3,), 1, 1, 1))
 
 
 def test_calibration_and_modelopt_command(tmp_path):

@@ -7,7 +7,8 @@ Uses are read from the code (names, attributes, imports, and string constants th
 the package's lazy shortcuts), never from comments or prose. A file other than the defining module counts only
 when it also names that module (``cu.sweep.knee``, ``from .sweep import knee``): a lesson's own variable
 ``knee`` is not a call of ``sweep.knee``. A reference solution registered with ``@exercise("NN.slug", ...)`` is
-used when a lesson names its key.
+used when a lesson names its key. Code exported from a lesson (``from_lessons/lNN_slug.py``) is used when that
+lesson calls it (the lesson's cells are the same code).
 
 :data:`ALLOWED` lists the names that have no caller yet in modules this test's author does not own, each with the
 owner who removes it (or gives it a caller); the list only shrinks: a listed name that has found a caller, or no
@@ -119,6 +120,9 @@ def dead_names() -> list[str]:
             continue
         stem = _stem(module)
         if any(name in used and stem in used for f, used in uses.items() if f != module):
+            continue
+        # code exported from a lesson's cells (from_lessons/lNN_slug.py): the lesson that wrote it calls it there
+        if module.startswith("from_lessons/l") and name in uses.get(f"lessons/{stem[1:]}.py", set()):
             continue
         # its own module: uses other than the definition itself (a recursive call does not count either)
         own = module_uses[module].count(name)

@@ -1,12 +1,11 @@
-"""TensorRT engines: the cache key, build, cache, runner and INT8 command that lesson 08 writes out first.
+"""TensorRT engines: the cache key, the INT8 command and the build plan, for lesson 08's engine cells.
 
-Lesson 08 builds and runs engines in its own cells; lesson 14's ``optimize()`` reuses these versions.
-TensorRT is a GPU extra, imported lazily inside functions: :func:`engine_cache_key` and
-:func:`engine_staleness` (pure functions, tested without a GPU), :func:`build_engine` (TensorRT 10/11 API),
-:class:`TrtRunner` (torch tensors as device buffers, ``execute_async_v3`` on a non-default stream),
+Lesson 08 writes the builder, the engine cache and the runner out in its cells, and exports them (cells tagged
+``export``) to ``course_utils/from_lessons/l08_tensorrt.py``, which lesson 14's ``optimize()`` imports. What
+stays here is the plumbing those cells call: :class:`Profile`, :func:`engine_metadata`,
+:func:`engine_cache_key` and :func:`engine_staleness` (pure functions, tested without a GPU),
 :func:`modelopt_int8_command` (explicit INT8 quantization: Q/DQ nodes written into the ONNX file from
-calibration data), :func:`build_plan` (what would be built, on any machine). The GPU contract suite runs them
-against a fake built from TensorRT 11.1's real bindings.
+calibration data) and :func:`build_plan` (what would be built, on any machine).
 """
 
 from __future__ import annotations
@@ -22,8 +21,8 @@ from typing import Any
 import numpy as np
 import torch
 
-from course_utils.supply.errors import CourseError, MissingBackendError
-from course_utils.techniques.onnx_runtime import GPU_EXTRAS_FIX, BadInputError, file_sha256
+from course_utils.supply.errors import CourseError
+from course_utils.techniques.onnx_runtime import file_sha256
 
 
 class EngineBuildError(CourseError, RuntimeError):
@@ -152,146 +151,7 @@ def read_metadata(path: str | Path) -> dict[str, Any] | None:
         return None
 
 
-# ------------------------------------------------------------------------------ TensorRT: build and run
-
-
-def require_tensorrt():
-    """Import ``tensorrt`` or raise :class:`MissingBackendError` naming the fix."""
-    try:
-        import tensorrt as trt
-    except ImportError as exc:
-        raise MissingBackendError(f"TensorRT is not installed ({exc}): {GPU_EXTRAS_FIX}") from exc
-    return trt
-
-
-def trt_major(trt) -> int:
-    """TensorRT's major version (10, 11, ...)."""
-    return int(str(trt.__version__).split(".")[0])
-
-
-def build_engine(
-    onnx_path: str | Path,
-    *,
-    profile: Profile,
-    workspace_bytes: int = 1 << 30,
-    tf32: bool = True,
-    optimization_level: int | None = None,
-    verbose: bool = False,
-) -> bytes:
-    """Build a serialized TensorRT engine from an ONNX file (TensorRT 10/11 API); return its bytes.
-
-    The network is strongly typed: precision comes from the ONNX graph (an FP16 export gives an FP16
-    engine; Q/DQ nodes give INT8), not from builder flags, which TensorRT 11 removed. ``tf32`` keeps the
-    TF32 flag for FP32 math on tensor cores. The profile gives min/opt/max shapes of the dynamic input.
-    """
-    trt = require_tensorrt()
-    logger = trt.Logger(trt.Logger.VERBOSE if verbose else trt.Logger.WARNING)
-    builder = trt.Builder(logger)
-    if trt_major(trt) >= 11:
-        network = builder.create_network(0)  # every network is strongly typed in TensorRT 11
-    else:
-        network = builder.create_network(1 << int(trt.NetworkDefinitionCreationFlag.STRONGLY_TYPED))
-    parser = trt.OnnxParser(network, logger)
-    if not parser.parse_from_file(str(onnx_path)):
-        errors = "; ".join(str(parser.get_error(i)) for i in range(parser.num_errors))
-        raise EngineBuildError(f"TensorRT could not parse {onnx_path}: {errors}")
-    config = builder.create_builder_config()
-    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, int(workspace_bytes))
-    if tf32:
-        config.set_flag(trt.BuilderFlag.TF32)
-    else:
-        config.clear_flag(trt.BuilderFlag.TF32)
-    if optimization_level is not None:
-        config.builder_optimization_level = int(optimization_level)
-    opt_profile = builder.create_optimization_profile()
-    opt_profile.set_shape(profile.name, profile.min, profile.opt, profile.max)
-    config.add_optimization_profile(opt_profile)
-    serialized = builder.build_serialized_network(network, config)
-    if serialized is None:
-        raise EngineBuildError(
-            f"TensorRT failed to build an engine from {onnx_path} (see the log above); "
-            "a larger workspace_bytes or a profile closer to the real shapes often helps"
-        )
-    return bytes(serialized)
-
-
-def _torch_dtype(trt, dt) -> torch.dtype:
-    table = {
-        trt.float32: torch.float32,
-        trt.float16: torch.float16,
-        trt.int8: torch.int8,
-        trt.int32: torch.int32,
-        trt.bool: torch.bool,
-    }
-    for name, tdt in (("bfloat16", torch.bfloat16), ("int64", torch.int64)):
-        if hasattr(trt, name):
-            table[getattr(trt, name)] = tdt
-    return table[dt]
-
-
-class TrtRunner:
-    """Run a TensorRT engine with torch tensors as the input and output buffers (lesson 08 writes it out).
-
-    Per call: ``set_input_shape`` for the dynamic batch, ``set_tensor_address`` with each tensor's
-    ``data_ptr()``, ``execute_async_v3`` on a dedicated non-default stream that waits for the current
-    stream (so the input is ready) and is waited on by it (so the output is ready for later torch work).
-    A batch larger than the profile's maximum runs in chunks of that maximum, so a caller (an accuracy
-    probe over a whole test set) never meets ``set_input_shape`` returning False. Output tensors are
-    allocated once per shape and reused: copy a result you want to keep. ``stream``: a torch stream
-    (default: a new ``torch.cuda.Stream()``).
-    """
-
-    def __init__(self, engine, stream=None) -> None:
-        self.trt = require_tensorrt()
-        self.engine = engine
-        self.context = engine.create_execution_context()
-        self.stream = torch.cuda.Stream() if stream is None else stream
-        names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
-        mode = self.trt.TensorIOMode.INPUT
-        self.inputs = [n for n in names if engine.get_tensor_mode(n) == mode]
-        self.outputs = [n for n in names if engine.get_tensor_mode(n) != mode]
-        if len(self.inputs) != 1:
-            raise CourseError(f"TrtRunner handles one input; this engine has {self.inputs}")
-        self.input_dtype = _torch_dtype(self.trt, engine.get_tensor_dtype(self.inputs[0]))
-        lo, _, hi = engine.get_tensor_profile_shape(self.inputs[0], 0)
-        self.min_batch, self.max_batch = int(lo[0]), int(hi[0])
-        self._out: dict[tuple[str, tuple[int, ...]], torch.Tensor] = {}
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        name = self.inputs[0]
-        if torch.cuda.is_available() and x.device.type != "cuda":
-            raise BadInputError(f"TensorRT input '{name}' must be a CUDA tensor: call x.cuda()")
-        if x.dtype != self.input_dtype:
-            raise BadInputError(f"engine input '{name}' is {self.input_dtype}, got {x.dtype}: convert with .to()")
-        if x.dim() > 0 and x.shape[0] > self.max_batch:
-            parts = [self._run(c).clone() for c in x.split(self.max_batch)]
-            return torch.cat(parts)
-        return self._run(x)
-
-    def _run(self, x: torch.Tensor) -> torch.Tensor:
-        name = self.inputs[0]
-        x = x.contiguous()
-        if not self.context.set_input_shape(name, tuple(x.shape)):
-            raise BadInputError(
-                f"shape {tuple(x.shape)} is outside the engine's optimization profile for '{name}' "
-                f"(batch {self.min_batch} to {self.max_batch}): rebuild the engine with a profile that covers it"
-            )
-        self.context.set_tensor_address(name, x.data_ptr())
-        results = []
-        for out in self.outputs:
-            shape = tuple(self.context.get_tensor_shape(out))
-            key = (out, shape)
-            if key not in self._out:
-                dtype = _torch_dtype(self.trt, self.engine.get_tensor_dtype(out))
-                self._out[key] = torch.empty(shape, dtype=dtype, device=x.device)
-            self.context.set_tensor_address(out, self._out[key].data_ptr())
-            results.append(self._out[key])
-        dev = torch.get_device_module(x.device)
-        self.stream.wait_stream(dev.current_stream())
-        if not self.context.execute_async_v3(self.stream.cuda_stream):
-            raise CourseError("TensorRT execute_async_v3 failed: see the TensorRT log")
-        dev.current_stream().wait_stream(self.stream)
-        return results[0]
+# ------------------------------------------------------------------------------ TensorRT: INT8 and the plan
 
 
 def write_calibration(x: torch.Tensor, path: str | Path, n: int) -> Path:

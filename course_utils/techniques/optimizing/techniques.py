@@ -137,8 +137,8 @@ def tensorrt(model: nn.Module, example: torch.Tensor, dev: torch.device, max_bat
     if not gpu_section("14.optimize-tensorrt", needs=("tensorrt", "onnx", "onnxscript")):
         raise Skip("GPU-only: needs a CUDA GPU and the tensorrt package (see the printed reason)")
     trt = import_or_skip("tensorrt", "install the GPU extras on a CUDA machine: make setup")
-    from course_utils.techniques import onnx_runtime as backends
-    from course_utils.techniques import tensorrt_engines as engines
+    from course_utils.from_lessons import l08_tensorrt  # lesson 08's builder and runner, exported from its cells
+    from course_utils.techniques import onnx_runtime, tensorrt_engines
 
     t0 = time.perf_counter()
     # TensorRT runs on the GPU, whatever device the rest of optimize() uses (a CPU run beside a GPU, or the
@@ -146,16 +146,18 @@ def tensorrt(model: nn.Module, example: torch.Tensor, dev: torch.device, max_bat
     cuda = dev if dev.type == "cuda" or not torch.cuda.is_available() else torch.device("cuda")
     b = int(example.shape[0])
     top = max(max_batch, b)
-    profile = engines.Profile.for_batch("input", tuple(example.shape[1:]), 1, b, top)
+    profile = tensorrt_engines.Profile.for_batch("input", tuple(example.shape[1:]), 1, b, top)
     with tempfile.TemporaryDirectory(prefix="optimize_trt_") as tmp:
         half = copy.deepcopy(model).half().to(cuda)
-        onnx_path = backends.export_onnx(half, example.half().to(cuda), Path(tmp) / "m_fp16.onnx")
-        blob = engines.build_engine(onnx_path, profile=profile)
-    runner = engines.TrtRunner(trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(blob))
+        onnx_path = onnx_runtime.export_onnx(half, example.half().to(cuda), Path(tmp) / "m_fp16.onnx")
+        blob = l08_tensorrt.build_engine(trt, onnx_path, profile)
+    engine = trt.Runtime(trt.Logger(trt.Logger.WARNING)).deserialize_cuda_engine(blob)
+    runner = l08_tensorrt.TrtRunner(trt, engine, torch.cuda.Stream())
+    input_dtype = runner.dtypes[runner.inputs[0]]
 
     def run(x: torch.Tensor) -> torch.Tensor:
-        xc = x.to(cuda, runner.input_dtype)
-        out = torch.cat([runner(chunk).float().clone() for chunk in xc.split(top)])  # clone: buffers are reused
+        xc = x.to(cuda, input_dtype)
+        out = torch.cat([runner(chunk).float() for chunk in xc.split(top)])
         return out.to(x.device)  # back where the caller's tensors live (the CPU when optimize() runs there)
 
     note = f"TensorRT {trt.__version__} FP16 engine, profile batch 1..{top} (larger batches in chunks)"
