@@ -9,7 +9,6 @@ never needs to read it. Each limit answers with a clear 4xx/5xx JSON message and
   app becomes a 500 *response* (uvicorn would otherwise close the keep-alive connection, failing the next,
   good request on it).
 * :func:`install_error_handler`: FastAPI's 422 names the field and the rule, never echoes the value sent.
-* :class:`CallRecorder` (LitServe callback): when each model call started and how long it ran.
 * :class:`GuardedHttpProtocol` (uvicorn ``http=``): a client that connects and does not finish its request
   headers within ``header_timeout`` gets 408 and is closed; more than ``max_header_count`` header fields or
   ``max_header_bytes`` of request head get 431 and are closed, before they are held in memory; beyond
@@ -24,16 +23,11 @@ import asyncio
 import contextlib
 import json
 import math
-import os
-import shutil
-import signal
-import threading
-import time
-from pathlib import Path
 from typing import Any
 
-from litserve.callbacks import Callback
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+from course_utils.serve.server_watch import WorkerWatch
 
 DEFAULT_MAX_BYTES = 64 * 1024
 DEFAULT_MAX_DEPTH = 32
@@ -102,68 +96,6 @@ async def _send_json(send: Any, status: int, detail: str, *, close: bool = False
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
-
-
-def pid_alive(pid: int) -> bool:
-    """True while process ``pid`` runs (a zombie, dead but not yet reaped by its parent, counts as dead)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
-
-
-def watch_parent(parent: int, run_dir: Path | None) -> None:
-    """Thread: when the parent process is gone, remove the run folder (if given) and kill this process group.
-
-    The server's main process watches the notebook's process; every worker process (forked API servers and
-    LitServe's manager, spawned model workers) watches the main process, so killing the main process alone
-    (SIGKILL: no clean-up runs) no longer leaves workers holding the port.
-    """
-    while os.getppid() == parent:
-        time.sleep(0.5)
-    if run_dir is not None:
-        shutil.rmtree(run_dir, ignore_errors=True)
-    os.killpg(0, signal.SIGKILL)
-
-
-def start_watchdog(parent: int, run_dir: Path | None = None) -> None:
-    threading.Thread(target=watch_parent, args=(parent, run_dir), daemon=True, name="watchdog").start()
-
-
-def watch_main_after_fork() -> None:
-    """``os.register_at_fork`` hook: a process forked by the server's main process watches its parent."""
-    start_watchdog(os.getppid())
-
-
-class WorkerWatch:
-    """In each API-server process: notices within ``interval`` s when a model worker registered in
-    ``<run_dir>/workers/<pid>`` has died, so requests waiting for it fail at once, naming the server log."""
-
-    def __init__(self, run_dir: str, interval: float = 0.2) -> None:
-        self.folder, self.log, self.interval = Path(run_dir) / "workers", Path(run_dir) / "server.log", interval
-        self.dead: asyncio.Event | None = None
-        self.why = ""
-
-    def start(self) -> asyncio.Event:
-        if self.dead is None:
-            self.dead = asyncio.Event()
-            self._task = asyncio.get_running_loop().create_task(self._poll())
-        return self.dead
-
-    async def _poll(self) -> None:
-        while True:
-            try:
-                pids = [int(p.name) for p in self.folder.iterdir() if p.name.isdigit()]
-            except OSError:
-                pids = []
-            gone = [pid for pid in pids if not pid_alive(pid)]
-            if gone:
-                self.why = (f"the model worker process (pid {gone[0]}) died, so this request cannot be answered; "
-                            f"see the server log at {self.log}")  # fmt: skip
-                self.dead.set()
-                return
-            await asyncio.sleep(self.interval)
 
 
 class RequestGuard:
@@ -378,31 +310,3 @@ class GuardedHttpProtocol(HttpToolsProtocol):
     def connection_lost(self, exc: Exception | None) -> None:
         self._disarm()
         super().connection_lost(exc)
-
-
-class CallRecorder(Callback):
-    """LitServe callback (runs in each inference worker): one line per model call, '<start s> <predict ms>'."""
-
-    def __init__(self, path: str) -> None:
-        self.path, self._t0 = path, 0.0
-
-    def on_before_predict(self, *args: Any, **kwargs: Any) -> None:
-        self._t0 = time.time()
-
-    def on_after_predict(self, *args: Any, **kwargs: Any) -> None:
-        with open(self.path, "a") as fh:
-            fh.write(f"{self._t0:.6f} {(time.time() - self._t0) * 1000:.3f}\n")
-
-
-class WorkerSetup(Callback):
-    """LitServe callback, run in each spawned model worker before ``setup``: register the worker's pid in
-    ``<run_dir>/workers`` (the API server answers 503 naming the log when it dies) and watch the main process."""
-
-    def __init__(self, run_dir: str) -> None:
-        self.run_dir = run_dir
-
-    def on_before_setup(self, *args: Any, **kwargs: Any) -> None:
-        start_watchdog(os.getppid())
-        folder = Path(self.run_dir) / "workers"
-        folder.mkdir(exist_ok=True)
-        (folder / str(os.getpid())).write_text("")

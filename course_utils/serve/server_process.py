@@ -1,7 +1,7 @@
 """Start a lesson's LitServe server as a subprocess, know it is *ours* and ready, and always stop it.
 
 ``with serve("embed_server.py:build_server", max_batch_size=16, batch_timeout=0.01) as srv:`` runs
-``python -m course_utils.serve.server_process TARGET ...`` in a new session (one process group for the server and
+``python -m course_utils.serve.server_main TARGET ...`` in a new session (one process group for the server and
 every worker it forks) and yields a :class:`Server` once ``/health`` answers on the port the server reports.
 TARGET is ``file.py:name``: a function ``name(max_batch_size=, batch_timeout=, workers_per_device=, accelerator=)``
 returning a ``LitServer``, or a ``LitAPI`` subclass (served as ``LitServer(cls(max_batch_size=, batch_timeout=))``).
@@ -13,17 +13,17 @@ What can go wrong, and what happens:
   program on the port is never mistaken for it; if no port binds, :class:`ServingError` says so;
 * the notebook's process dies (even SIGKILL): a watchdog thread in the server notices its parent is gone,
   removes the run folder and kills the whole group; the server's main process dies: each worker process's own
-  watchdog kills the group (:func:`course_utils.serve.server_guard.start_watchdog`); at interpreter exit
+  watchdog kills the group (:func:`course_utils.serve.server_watch.start_watchdog`); at interpreter exit
   (``atexit``) every live server is stopped;
 * the ``with`` body raises: the group gets SIGTERM, then SIGKILL, and :func:`stop` checks that no process and no
   listening port is left.
 
-Limits against bad clients come from :mod:`course_utils.serve.server_guard`.
+Limits against bad clients come from :mod:`course_utils.serve.server_guard`; the subprocess's entry point is
+:mod:`course_utils.serve.server_main`.
 """
 
 from __future__ import annotations
 
-import argparse
 import atexit
 import contextlib
 import os
@@ -224,7 +224,7 @@ def serve(target: str | Path, *, max_batch_size: int = 1, batch_timeout: float =
              "accelerator": accelerator, "port": port,
              "max_connections": max_connections, "limit_concurrency": limit_concurrency,
              "header_timeout": header_timeout}  # fmt: skip
-    cmd = [sys.executable, "-m", "course_utils.serve.server_process", f"{Path(path).resolve()}:{name}",
+    cmd = [sys.executable, "-m", "course_utils.serve.server_main", f"{Path(path).resolve()}:{name}",
            "--run-dir", str(run_dir), "--instance", instance, "--parent-pid", str(os.getpid())]  # fmt: skip
     cmd += [x for k, v in knobs.items() for x in (f"--{k.replace('_', '-')}", str(v))]
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")])))
@@ -276,83 +276,3 @@ def writefile_fallback(dest: str | Path, lesson_file: str | Path) -> Path:
             dest.write_text("\n".join(body).rstrip() + "\n")
             return dest
     raise ServingError(f"no cell starting with '%%writefile .../{dest.name}' in {lesson_file}")
-
-
-# ------------------------------------------------------------------ the server side (runs in the subprocess)
-
-
-def _load_target(target: str, a: argparse.Namespace) -> Any:
-    import importlib.util
-
-    import litserve as ls
-
-    path, _, name = target.rpartition(":")
-    folder, mod_name = str(Path(path).parent), Path(path).stem
-    sys.path.insert(0, folder)  # spawned inference workers import the module by name (sys.path is passed on)
-    spec = importlib.util.spec_from_file_location(mod_name, path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    spec.loader.exec_module(module)
-    obj = getattr(module, name)
-    if isinstance(obj, type) and issubclass(obj, ls.LitAPI):
-        api = obj(max_batch_size=a.max_batch_size, batch_timeout=a.batch_timeout)
-        return ls.LitServer(api, accelerator=a.accelerator, workers_per_device=a.workers_per_device, timeout=30)
-    server = obj(max_batch_size=a.max_batch_size, batch_timeout=a.batch_timeout,
-                 workers_per_device=a.workers_per_device, accelerator=a.accelerator)  # fmt: skip
-    if not isinstance(server, ls.LitServer):
-        raise SystemExit(f"{target} returned {type(server).__name__}, expected a litserve.LitServer")
-    return server
-
-
-def main(argv: list[str] | None = None) -> None:
-    """Entry point of the server subprocess (started by :func:`serve`)."""
-    import resource
-
-    from course_utils.serve import server_guard as g
-
-    p = argparse.ArgumentParser(description="Run a course LitServe server (started by course_utils.serve).")
-    p.add_argument("target")
-    p.add_argument("--run-dir", required=True)
-    p.add_argument("--instance", required=True)
-    p.add_argument("--parent-pid", type=int, required=True)
-    for knob, typ in (("max-batch-size", int), ("batch-timeout", float), ("workers-per-device", int),
-                      ("accelerator", str), ("port", int), ("max-connections", int), ("limit-concurrency", int),
-                      ("header-timeout", float)):  # fmt: skip
-        p.add_argument(f"--{knob}", type=typ, required=True)
-    a = p.parse_args(argv)
-    run_dir = Path(a.run_dir)
-    g.start_watchdog(a.parent_pid, run_dir)
-    os.register_at_fork(after_in_child=g.watch_main_after_fork)  # API servers and the manager are forked
-    (run_dir / "workers").mkdir(exist_ok=True)
-    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
-    resource.setrlimit(resource.RLIMIT_NOFILE, (max(soft, min(hard, 4096)), hard))
-    server = _load_target(a.target, a)
-    callbacks = [g.CallRecorder(str(run_dir / "calls.txt")), g.WorkerSetup(str(run_dir))]
-    server._callback_runner._add_callbacks(callbacks)  # private, LitServe 0.2.19
-    server.app.add_middleware(g.RequestGuard, run_dir=str(run_dir))
-    g.install_error_handler(server.app)
-    server.app.add_api_route("/course/instance", lambda: {"id": a.instance, "pid": os.getpid()}, methods=["GET"])
-    g.GuardedHttpProtocol.header_timeout, g.GuardedHttpProtocol.max_connections = a.header_timeout, a.max_connections
-    attempts = 1 if a.port else 5  # a fixed port is tried once; a free one is picked anew on each try
-    for attempt in range(attempts):
-        port = a.port
-        if not port:
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                port = s.getsockname()[1]
-        (run_dir / "port.tmp").write_text(str(port))
-        os.replace(run_dir / "port.tmp", run_dir / "port")
-        try:
-            server.run(host="127.0.0.1", port=port, num_api_servers=1, log_level="warning",
-                       generate_client_file=False, timeout_keep_alive=5, limit_concurrency=a.limit_concurrency,
-                       http=g.GuardedHttpProtocol)  # fmt: skip
-            return
-        except SystemExit as exc:
-            if exc.code != 3 or attempt == attempts - 1:  # 3: uvicorn could not bind; anything else is not retried
-                if exc.code == 3:
-                    (run_dir / "bind_error").write_text(f"port {port} is taken" + (" (and 4 others)" * (attempts > 1)))
-                raise
-
-
-if __name__ == "__main__":
-    main()
