@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 import torch
 
-from course_utils.show import leaderboard, results
+from course_utils.show import leaderboard, machine_label, results
 from course_utils.supply import data, models, paths
 from course_utils.supply.errors import ChecksumError, SettingError, WeightsFileError
 
@@ -82,31 +82,31 @@ def test_cloned_vms_with_the_same_install_id_file_get_distinct_labels(tmp_path, 
         folder = tmp_path / who
         folder.mkdir()
         (folder / ".install_id").write_bytes((image / ".install_id").read_bytes())  # the clone's copy
-        monkeypatch.setattr(results, "machine_fingerprint", lambda who=who: f"machine-id-of-{who}")
+        monkeypatch.setattr(machine_label, "machine_fingerprint", lambda who=who: f"machine-id-of-{who}")
         monkeypatch.setenv("COURSE_RESULTS_DIR", str(folder))
         row = results.record("14", "baseline", model="m", dtype="fp32", batch_size=1, median_ms=1.0 + n)
-        assert results.install_id(folder) == results.install_id(folder)  # stable on its own machine
+        assert machine_label.install_id(folder) == machine_label.install_id(folder)  # stable on its own machine
         for f in folder.glob("*.csv"):
             (pooled / f.name).write_bytes(f.read_bytes())
-        assert row["machine"].endswith(results.install_id(folder))
+        assert row["machine"].endswith(machine_label.install_id(folder))
     df = leaderboard.load(pooled, include_reference=False)
     assert df["label"].nunique() == 3
     assert len(leaderboard.leaderboard(df, lesson="14").columns) == 3
 
 
 def test_install_id_is_renewed_when_the_machine_changes_and_kept_otherwise(tmp_path, monkeypatch):
-    monkeypatch.setattr(results, "machine_fingerprint", lambda: "one")
-    first = results.install_id(tmp_path)
-    assert results.install_id(tmp_path) == first
+    monkeypatch.setattr(machine_label, "machine_fingerprint", lambda: "one")
+    first = machine_label.install_id(tmp_path)
+    assert machine_label.install_id(tmp_path) == first
     assert (tmp_path / ".install_id").read_text().split() == [first, "one"]
-    monkeypatch.setattr(results, "machine_fingerprint", lambda: "a-clone")
-    second = results.install_id(tmp_path)
-    assert second != first and results.install_id(tmp_path) == second
+    monkeypatch.setattr(machine_label, "machine_fingerprint", lambda: "a-clone")
+    second = machine_label.install_id(tmp_path)
+    assert second != first and machine_label.install_id(tmp_path) == second
 
 
 def test_machine_fingerprint_is_stable_and_file_safe():
-    fp = results.machine_fingerprint()
-    assert fp == results.machine_fingerprint() and len(fp) == 16 and fp.isalnum()
+    fp = machine_label.machine_fingerprint()
+    assert fp == machine_label.machine_fingerprint() and len(fp) == 16 and fp.isalnum()
 
 
 # ---- spreadsheet formulas ----------------------------------------------------------------------------------

@@ -1,7 +1,7 @@
 import pytest
 
 from course_utils.measuring.timing import Measurement
-from course_utils.show import results
+from course_utils.show import machine_label, results
 
 
 def test_record_appends_rows_with_machine_fields():
@@ -39,7 +39,7 @@ def test_reference_results_and_show_reference(capsys):
 
 
 def test_machine_id_is_file_safe():
-    mid = results.machine_id()
+    mid = machine_label.machine_id()
     assert mid and all(c.isalnum() or c in "._-" for c in mid)
 
 
@@ -52,7 +52,7 @@ def test_concurrent_first_writes_give_one_header_per_file(tmp_path, monkeypatch)
     """4 processes writing their first row at the same instant (as under `make test -n 2`), 6 times."""
     import multiprocessing
 
-    results.machine_id()  # import torch & co. before forking, so the children start level
+    machine_label.machine_id()  # import torch & co. before forking, so the children start level
     ctx = multiprocessing.get_context("fork")
     for trial in range(6):
         folder = tmp_path / f"trial{trial}"
@@ -113,7 +113,7 @@ def test_identical_machine_images_keep_distinct_machines_and_labels(tmp_path, mo
         (pooled / f"{who}-{src.name}").write_bytes(src.read_bytes())
     machines = {p.name.split("-", 1)[1] for p in pooled.glob("*.csv")}
     assert len(machines) == 2, "the two installs got the same machine name (and file name)"
-    assert results.install_id(tmp_path / "alice") == results.install_id(tmp_path / "alice")
+    assert machine_label.install_id(tmp_path / "alice") == machine_label.install_id(tmp_path / "alice")
     df = lb.load(pooled, include_reference=False)
     table = lb.leaderboard(df, lesson="14")
     assert len(table.columns) == 2 and sorted(table.iloc[0].tolist()) == [2.0, 3.0]

@@ -5,17 +5,14 @@ Each lesson appends one row per measured variant with :func:`record`. Rows go to
 root (ignored by git; see :mod:`course_utils.supply.paths`). Workshop attendees' files can be pooled and compared
 with :func:`load_results`. Nothing measured is lost to a fault: rows are appended under a file lock (parallel
 test runs write one header per file), a malformed row is skipped with a warning instead of dropping its
-file, and the machine name carries a per-folder :func:`install_id` so identical machine images stay apart.
+file, and the machine name carries a per-folder install id
+(:mod:`course_utils.show.machine_label`) so identical machine images stay apart.
 """
 
 from __future__ import annotations
 
-import contextlib
 import csv
 import io
-import os
-import re
-import secrets
 import time
 import warnings
 from collections.abc import Iterable
@@ -29,6 +26,7 @@ try:
 except ImportError:  # Windows: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
+from course_utils.show.machine_label import machine_id
 from course_utils.supply.modes import is_smoke
 from course_utils.supply.paths import REFERENCE_DIR, append_text, results_dir
 from course_utils.supply.paths import REPO_ROOT as REPO_ROOT  # re-exported: results.REPO_ROOT
@@ -39,87 +37,8 @@ COLUMNS = [
     "speedup_vs_baseline", "error_vs_baseline", "notes", "machine", "gpu", "cpu", "torch", "mode", "time",
 ]  # fmt: skip
 
-INSTALL_ID_FILE = ".install_id"
 TEXT_LIMIT = 32_000  # characters per text field: a spreadsheet cell holds 32,767; csv's default field limit is 131,072
 _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")  # a spreadsheet runs a cell starting with these as a formula
-
-
-def machine_fingerprint() -> str:
-    """A digest of what tells this machine from a clone of its image: machine-id, host name and MAC addresses.
-
-    A VM cloned from an image keeps the image's files (``results/.install_id`` too) but gets its own
-    machine-id (systemd regenerates it), host name or network card; any of them changing gives a new id.
-    """
-    import hashlib
-    import socket
-
-    parts = [socket.gethostname()]
-    for f in ("/etc/machine-id", "/var/lib/dbus/machine-id"):
-        try:
-            parts.append(Path(f).read_text().strip())
-            break
-        except OSError:
-            continue
-    macs = []
-    with contextlib.suppress(OSError):
-        nics = sorted(Path("/sys/class/net").iterdir())
-        physical = [n for n in nics if (n / "device").exists()]  # veth/docker/bridges come and go: not those
-        for nic in physical or [n for n in nics if n.name != "lo"]:
-            with contextlib.suppress(OSError):
-                macs.append((nic / "address").read_text().strip())
-    parts += [m for m in macs if m.strip("0:")]
-    return hashlib.sha256("\n".join(parts).encode()).hexdigest()[:16]
-
-
-def install_id(folder: Path | None = None) -> str:
-    """A random 6-hex-digit id of this results folder *on this machine*, kept in ``.install_id``.
-
-    Attendees on identical machine images share host name and CPU; this id keeps their result files and
-    leaderboard labels apart. The file holds ``<id> <machine fingerprint>``: a folder copied with a cloned
-    VM image (same file, another machine) gets a fresh id on first use, so clones do not share one; a file of
-    the older one-field format is renewed once the same way (rows already written keep their file, which
-    still loads). Concurrent first calls agree: the id is chosen under a file lock.
-    """
-    folder = folder or results_dir()
-    path = folder / INSTALL_ID_FILE
-    mine = machine_fingerprint()
-
-    def current() -> str | None:
-        try:
-            fields = path.read_text().split()
-        except OSError:
-            return None
-        if len(fields) == 2 and fields[1] == mine:
-            return re.sub(r"[^A-Za-z0-9]", "", fields[0])[:12] or None
-        return None
-
-    found = current()
-    if found:
-        return found
-    with open(folder / f"{INSTALL_ID_FILE}.lock", "a") as lock:
-        if fcntl is not None:
-            fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        found = current()  # another process may have chosen it while we waited
-        if not found:
-            found = secrets.token_hex(3)
-            tmp = folder / f"{INSTALL_ID_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
-            tmp.write_text(f"{found} {mine}\n")
-            os.replace(tmp, path)
-    return found
-
-
-def machine_id() -> str:
-    """A file-name-safe name for this machine: host name, GPU name if present else CPU model, and the
-    :func:`install_id` (so identical machine images stay apart)."""
-    import socket
-
-    import torch
-
-    from course_utils.measuring.device import cpu_model, has_cuda
-
-    hw = torch.cuda.get_device_name(0) if has_cuda() else cpu_model()
-    name = re.sub(r"[^A-Za-z0-9._-]+", "-", f"{socket.gethostname()}_{hw}").strip("-")[:112]
-    return f"{name}_{install_id()}"
 
 
 def _machine_fields() -> dict[str, str]:
