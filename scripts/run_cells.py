@@ -74,14 +74,14 @@ def run(path: Path, until: str | None = None) -> int:
 
     _display_shim()
     modes._HOOKS["cells"] = True
-    if rehearsal.enabled() and "tensorrt" not in sys.modules:
+    if modes.rehearsing() and "tensorrt" not in sys.modules:
         import importlib.util
 
         if importlib.util.find_spec("tensorrt") is None:
             from course_utils.check.standins.tensorrt import fake_from_snapshot
 
             sys.modules["tensorrt"] = fake_from_snapshot(device_pointers=True)
-    if rehearsal.enabled() and rehearsal.whole_lesson():
+    if modes.rehearsing() and rehearsal.whole_lesson():
         rehearsal.pin()  # COURSE_REHEARSE_SCOPE=lesson: every cell as on a GPU machine
     namespace = {"__name__": "__main__", "__file__": str(path)}
     sys.argv = [str(path)]

@@ -50,6 +50,14 @@ def switch(name: str) -> bool:
     )
 
 
+def rehearsing() -> bool:
+    """True when ``COURSE_REHEARSE`` is set and this machine has no real CUDA GPU: GPU sections run on the CPU
+    stand-ins (:mod:`course_utils.check.standins.rehearsal`)."""
+    from course_utils.check.standins import rehearsal
+
+    return switch("COURSE_REHEARSE") and rehearsal.no_real_gpu()
+
+
 def is_smoke() -> bool:
     """True when ``COURSE_SMOKE`` is set: small sizes and few repeats (tests, quick looks)."""
     return switch("COURSE_SMOKE")
@@ -121,7 +129,7 @@ def gpu_section(section: str, *, needs: tuple[str, ...] = (), why: str = "") -> 
     from course_utils.check.standins import rehearsal
 
     _settle_previous()
-    rehearse = rehearsal.enabled()
+    rehearse = rehearsing()
     problems = []
     if not torch.cuda.is_available() and not rehearse:
         problems.append("no CUDA GPU (torch.cuda.is_available() is False)")

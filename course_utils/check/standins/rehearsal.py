@@ -33,7 +33,7 @@ from course_utils.check.standins.cuda import NotRehearsable
 from course_utils.check.standins.streams import MODEL
 from course_utils.check.standins.tensor import STATE, RehearsalError, Rehearsed, to_standin, wrap
 
-__all__ = ["NotRehearsable", "RehearsalError", "activate", "active", "checks", "deactivate", "enabled"]
+__all__ = ["NotRehearsable", "RehearsalError", "activate", "active", "checks", "deactivate", "no_real_gpu"]
 
 _ACTIVE: dict[str, Any] = {}
 # Sections whose point is what only the hardware or other processes can show; the body is not run on the stand-in.
@@ -55,11 +55,10 @@ _FACTORIES = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "ran
               "new_tensor", "logspace", "scalar_tensor"}  # fmt: skip
 
 
-def enabled() -> bool:
-    """True when COURSE_REHEARSE is on and this machine has no real CUDA GPU."""
-    from course_utils.supply.modes import switch
-
-    return switch("COURSE_REHEARSE") and not _REAL["is_available"]()
+def no_real_gpu() -> bool:
+    """True when this machine has no real CUDA GPU (asked of torch's own function, even while the stand-ins
+    answer ``torch.cuda.is_available()``). COURSE_REHEARSE is read by :func:`course_utils.supply.modes.rehearsing`."""
+    return not _REAL["is_available"]()
 
 
 def active() -> bool:

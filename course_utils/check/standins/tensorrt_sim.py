@@ -1,0 +1,353 @@
+"""What the fake TensorRT does behind its API surface: a CPU simulation of parser, builder, runtime and context.
+
+The ONNX parser reads the real file; the "engine" (a serialized plan of the fake, :data:`PLAN_MAGIC`) runs the
+ONNX model with ONNX Runtime on the CPU, reading and writing the buffers whose addresses were passed to
+``set_tensor_address``; profiles are enforced. With device pointers (the rehearsal) an address must be live
+stand-in CUDA memory and the inputs' writes must be ordered before ``execute_async_v3``'s stream.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from course_utils.check.standins.tensorrt_surface import Dims, EnumMember, FakeObject, HostMemory
+
+PLAN_MAGIC = b"FAKETRT-PLAN\n"
+
+_ONNX_TO_TRT = {1: "FLOAT", 10: "HALF", 16: "BF16", 3: "INT8", 6: "INT32", 7: "INT64", 9: "BOOL", 2: "UINT8"}
+_TRT_TO_NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
+              "BOOL": np.bool_, "UINT8": np.uint8}  # fmt: skip
+
+
+def _readable(ptr: int, nbytes: int) -> bool:
+    """Is [ptr, ptr + nbytes) inside one read-write mapping of this process? (a bad address must not crash)"""
+    try:
+        maps = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return False
+    for line in maps:
+        rng, perms = line.split()[:2]
+        lo, hi = (int(v, 16) for v in rng.split("-"))
+        if lo <= ptr and ptr + nbytes <= hi and perms.startswith("rw"):
+            return True
+    return False
+
+
+def _onnx_io(path: str) -> dict[str, list[dict[str, Any]]]:
+    import onnx
+
+    model = onnx.load(path, load_external_data=False)
+    inits = {i.name for i in model.graph.initializer}
+
+    def desc(v):
+        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in v.type.tensor_type.shape.dim]
+        return {"name": v.name, "dtype": _ONNX_TO_TRT.get(v.type.tensor_type.elem_type, "FLOAT"), "dims": dims}
+
+    return {
+        "inputs": [desc(v) for v in model.graph.input if v.name not in inits],
+        "outputs": [desc(v) for v in model.graph.output],
+        "nodes": [[n.name or n.op_type, n.op_type] for n in model.graph.node],
+    }
+
+
+def _fused_layers(nodes: list[list[str]]) -> list[dict[str, Any]]:
+    """A plausible fusion for the inspector: Conv/Gemm absorb the BatchNormalization/Relu/Add after them."""
+    layers: list[dict[str, Any]] = []
+    absorbable = {"BatchNormalization", "Relu", "Add", "Clip"}
+    for name, op in nodes:
+        if layers and op in absorbable and layers[-1]["_head"] in ("Conv", "Gemm", "MatMul"):
+            layers[-1]["Name"] += f" + {name}"
+            continue
+        layers.append({"Name": name, "LayerType": "CaskConvolution" if op == "Conv" else op, "_head": op})
+    for layer in layers:
+        layer.pop("_head")
+    return layers
+
+
+def _behaviors(fake: Any) -> dict[str, Any]:
+    """Hooks that give the fake's objects state: parser, builder, profiles, runtime, engine, context."""
+
+    def enum(e: str, m: str) -> EnumMember:
+        return getattr(fake.enums[e], m)
+
+    def obj(cls: str, **state: Any) -> FakeObject:
+        return FakeObject(fake, cls, **state)
+
+    def st(o: FakeObject) -> dict[str, Any]:
+        return o.__dict__["_state"]
+
+    def parser_init(parser, bound):
+        st(parser).update(network=bound["network"], errors=[])
+
+    def parse_from_file(parser, model):
+        net = st(parser)["network"]
+        try:
+            io = _onnx_io(str(model))
+        except Exception as exc:  # noqa: BLE001 - the real parser reports any failure as errors
+            st(parser)["errors"].append(f"cannot read ONNX file {model}: {exc}")
+            return False
+        st(net).update(onnx=str(model), io=io)
+        return True
+
+    def get_error(parser, index):
+        errors = st(parser)["errors"]
+        if not 0 <= int(index) < len(errors):
+            raise IndexError(f"parser error index {index} out of range ({len(errors)} errors)")
+        return obj("ParserError", desc=errors[int(index)])
+
+    def set_shape(profile, input, min, opt, max):  # noqa: A002 - the real parameter names
+        mn, op, mx = (tuple(Dims(s)) for s in (min, opt, max))
+        if not (len(mn) == len(op) == len(mx)) or not all(a <= b <= c for a, b, c in zip(mn, op, mx, strict=True)):
+            raise ValueError(f"set_shape('{input}'): need equal ranks and min <= opt <= max, got {mn}, {op}, {mx}")
+        st(profile).setdefault("shapes", {})[str(input)] = (mn, op, mx)
+
+    def add_profile(config, profile):
+        profiles = st(config).setdefault("profiles", [])
+        profiles.append(dict(st(profile).get("shapes", {})))
+        return len(profiles) - 1
+
+    def set_flag(config, flag):
+        st(config).setdefault("flags_set", set()).add(flag.name)
+        st(config).setdefault("flags_cleared", set()).discard(flag.name)
+
+    def clear_flag(config, flag):
+        st(config).setdefault("flags_set", set()).discard(flag.name)
+        st(config).setdefault("flags_cleared", set()).add(flag.name)
+
+    def set_pool(config, pool, pool_size):
+        st(config).setdefault("pools", {})[pool.name] = int(pool_size)
+
+    def create_timing_cache(config, serialized_timing_cache):
+        return obj("ITimingCache", blob=bytes(serialized_timing_cache) or b"FAKE-TIMING-CACHE")
+
+    def set_timing_cache(config, cache, ignore_mismatch):
+        st(config)["timing_cache"] = cache
+        return True
+
+    def build(builder, network, config, **_):
+        ns, cs = st(network), st(config)
+        if "io" not in ns:
+            return None  # nothing parsed: the real builder logs an error and returns None
+        profiles = cs.get("profiles", [])
+        for inp in ns["io"]["inputs"]:
+            dynamic = any(not isinstance(d, int) or d <= 0 for d in inp["dims"])
+            if dynamic and not any(inp["name"] in p for p in profiles):
+                return None  # a dynamic input without a profile: the real builder fails
+            for p in profiles:
+                if inp["name"] in p:
+                    for shape in p[inp["name"]]:
+                        fixed = [d for d in inp["dims"]]
+                        if len(shape) != len(fixed) or any(
+                            isinstance(f, int) and f > 0 and f != s for f, s in zip(fixed, shape, strict=True)
+                        ):
+                            return None  # profile shape disagrees with the network's fixed dims
+        cfg = {k: getattr(config, k) for k in ("builder_optimization_level",) if k in cs}
+        import base64
+
+        onnx_b64 = base64.b64encode(Path(ns["onnx"]).read_bytes()).decode()  # a plan holds the weights
+        plan = {"onnx": ns["onnx"], "onnx_b64": onnx_b64, "io": ns["io"], "profiles": profiles,
+                "pools": cs.get("pools", {}),
+                "flags": sorted(cs.get("flags_set", set())), "config": {k: str(v) for k, v in cfg.items()},
+                "verbosity": str(cs.get("profiling_verbosity"))}  # fmt: skip
+        return HostMemory(PLAN_MAGIC + json.dumps(plan).encode())
+
+    def deserialize(runtime, **bound):
+        blob = bytes(next(iter(bound.values())))
+        if not blob.startswith(PLAN_MAGIC):
+            return None  # not a plan of this TensorRT: the real runtime logs an error and returns None
+        return obj("ICudaEngine", plan=json.loads(blob[len(PLAN_MAGIC) :]))
+
+    def io_list(engine) -> list[dict[str, Any]]:
+        io = st(engine)["plan"]["io"]
+        return [{**t, "mode": "INPUT"} for t in io["inputs"]] + [{**t, "mode": "OUTPUT"} for t in io["outputs"]]
+
+    def tensor(engine, name) -> dict[str, Any]:
+        for t in io_list(engine):
+            if t["name"] == name:
+                return t
+        raise KeyError(f"fake engine: no I/O tensor named {name!r}")
+
+    def get_tensor_name(engine, index):
+        ts = io_list(engine)
+        if not 0 <= int(index) < len(ts):
+            raise IndexError(f"I/O tensor index {index} out of range (num_io_tensors = {len(ts)})")
+        return ts[int(index)]["name"]
+
+    def engine_shape(engine, name):
+        return Dims([d if isinstance(d, int) and d > 0 else -1 for d in tensor(engine, name)["dims"]])
+
+    def profile_shape(engine, name, profile_index):
+        shapes = st(engine)["plan"]["profiles"][int(profile_index)][name]
+        return [Dims(s) for s in shapes]
+
+    def create_context(engine, **_):
+        return obj("IExecutionContext", engine_obj=engine, shapes={}, addresses={})
+
+    def inspector_info(inspector, format):  # noqa: A002
+        plan = st(st(inspector)["engine_obj"])["plan"]
+        layers = _fused_layers(plan["io"]["nodes"])
+        if format == enum("LayerInformationFormat", "JSON"):
+            return json.dumps({"Layers": layers, "Bindings": [t["name"] for t in plan["io"]["inputs"]]})
+        return "\n".join(layer["Name"] for layer in layers)
+
+    def set_input_shape(context, name, shape):
+        engine = st(context)["engine_obj"]
+        try:
+            t = tensor(engine, str(name))
+        except KeyError:
+            return False
+        shape = tuple(int(v) for v in shape)
+        prof = st(engine)["plan"]["profiles"]
+        if t["mode"] != "INPUT" or not prof or t["name"] not in prof[0]:
+            return False
+        mn, _, mx = prof[0][t["name"]]
+        if len(shape) != len(mn) or not all(a <= s <= b for a, s, b in zip(mn, shape, mx, strict=True)):
+            return False  # outside the optimization profile: the real call logs an error, returns False
+        st(context)["shapes"][t["name"]] = shape
+        return True
+
+    def symbols(context) -> dict[str, int]:
+        engine, out = st(context)["engine_obj"], {}
+        for t in io_list(engine):
+            if t["mode"] == "INPUT" and t["name"] in st(context)["shapes"]:
+                for d, v in zip(t["dims"], st(context)["shapes"][t["name"]], strict=True):
+                    if isinstance(d, str):
+                        out[d] = v
+        return out
+
+    def context_shape(context, name):
+        engine = st(context)["engine_obj"]
+        t = tensor(engine, str(name))
+        if t["mode"] == "INPUT" and t["name"] in st(context)["shapes"]:
+            return Dims(st(context)["shapes"][t["name"]])
+        sym = symbols(context)
+        return Dims([d if isinstance(d, int) and d > 0 else sym.get(d, -1) for d in t["dims"]])
+
+    def set_address(context, name, memory):
+        engine = st(context)["engine_obj"]
+        try:
+            tensor(engine, str(name))
+        except KeyError:
+            return False
+        if fake.device_pointers:
+            _device(int(memory), 1, str(name))
+        st(context)["addresses"][str(name)] = int(memory)
+        return True
+
+    def execute(context, stream_handle):
+        import onnxruntime as ort
+
+        cs = st(context)
+        engine = cs["engine_obj"]
+        plan = st(engine)["plan"]
+        model = stream = clock = None
+        if fake.device_pointers:  # the rehearsal: CUDA pointers and stream order, as on a GPU
+            from course_utils.check.standins.streams import MODEL as model
+
+            stream = model.stream_for(stream_handle)
+            clock = stream.tick()
+
+        def host(ptr: int, nbytes: int, name: str, write: bool) -> int:
+            if model is None:
+                if not _readable(ptr, nbytes):
+                    raise RuntimeError(f"fake TensorRT: address {ptr:#x} of '{name}' is not valid memory")
+                return ptr
+            address, key = _device(ptr, nbytes, name)
+            what = f"TensorRT execute_async_v3 {'output' if write else 'input'} '{name}'"
+            model.use(key, what, write, stream, clock)
+            return address
+
+        feeds = {}
+        for t in io_list(engine):
+            shape = tuple(context_shape(context, t["name"]))
+            if t["name"] not in cs["addresses"] or any(d < 0 for d in shape):
+                return False  # a tensor without an address or an input without a shape: the real call fails
+            if t["mode"] == "INPUT":
+                dtype = np.dtype(_TRT_TO_NP[t["dtype"]])
+                nbytes = int(np.prod(shape)) * dtype.itemsize
+                ptr = host(cs["addresses"][t["name"]], nbytes, t["name"], False)
+                raw = (ctypes.c_char * nbytes).from_address(ptr)
+                feeds[t["name"]] = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
+        if "session" not in st(engine):
+            so = ort.SessionOptions()
+            so.log_severity_level = 3
+            import base64
+
+            model_bytes = base64.b64decode(plan["onnx_b64"])
+            st(engine)["session"] = ort.InferenceSession(model_bytes, so, providers=["CPUExecutionProvider"])
+        outs = st(engine)["session"].run([t["name"] for t in plan["io"]["outputs"]], feeds)
+        for t, value in zip(plan["io"]["outputs"], outs, strict=True):
+            value = np.ascontiguousarray(value.astype(_TRT_TO_NP[t["dtype"]]))
+            if tuple(value.shape) != tuple(context_shape(context, t["name"])):
+                raise RuntimeError(f"fake TensorRT: output '{t['name']}' shape {value.shape} disagrees")
+            ptr = host(cs["addresses"][t["name"]], value.nbytes, t["name"], True)
+            ctypes.memmove(ptr, value.ctypes.data, value.nbytes)
+        cs["last_stream"] = int(stream_handle)
+        return True
+
+    return {
+        "OnnxParser.__init__": parser_init,
+        "OnnxParser.parse_from_file": parse_from_file,
+        "OnnxParser.num_errors": lambda p: len(st(p)["errors"]),
+        "OnnxParser.get_error": get_error,
+        "ParserError.desc": lambda e: st(e)["desc"],
+        "INetworkDefinition.num_inputs": lambda n: len(st(n).get("io", {}).get("inputs", [])),
+        "INetworkDefinition.num_outputs": lambda n: len(st(n).get("io", {}).get("outputs", [])),
+        "Builder.create_network": lambda b, **_: obj("INetworkDefinition"),
+        "Builder.create_builder_config": lambda b: obj("IBuilderConfig"),
+        "Builder.create_optimization_profile": lambda b: obj("IOptimizationProfile"),
+        "Builder.build_serialized_network": build,
+        "IOptimizationProfile.set_shape": set_shape,
+        "IBuilderConfig.add_optimization_profile": add_profile,
+        "IBuilderConfig.set_flag": set_flag,
+        "IBuilderConfig.clear_flag": clear_flag,
+        "IBuilderConfig.get_flag": lambda c, flag: flag.name in st(c).get("flags_set", {"TF32"}),
+        "IBuilderConfig.set_memory_pool_limit": set_pool,
+        "IBuilderConfig.get_memory_pool_limit": lambda c, pool: st(c).get("pools", {}).get(pool.name, 0),
+        "IBuilderConfig.create_timing_cache": create_timing_cache,
+        "IBuilderConfig.set_timing_cache": set_timing_cache,
+        "IBuilderConfig.get_timing_cache": lambda c: st(c).get("timing_cache"),
+        "IBuilderConfig.num_optimization_profiles": lambda c: len(st(c).get("profiles", [])),
+        "ITimingCache.serialize": lambda t: HostMemory(st(t)["blob"]),
+        "Runtime.deserialize_cuda_engine": deserialize,
+        "ICudaEngine.num_io_tensors": lambda e: len(io_list(e)),
+        "ICudaEngine.num_optimization_profiles": lambda e: len(st(e)["plan"]["profiles"]),
+        "ICudaEngine.num_layers": lambda e: len(_fused_layers(st(e)["plan"]["io"]["nodes"])),
+        "ICudaEngine.get_tensor_name": get_tensor_name,
+        "ICudaEngine.get_tensor_mode": lambda e, name: enum("TensorIOMode", tensor(e, str(name))["mode"]),
+        "ICudaEngine.get_tensor_dtype": lambda e, name: enum("DataType", tensor(e, str(name))["dtype"]),
+        "ICudaEngine.get_tensor_shape": engine_shape,
+        "ICudaEngine.get_tensor_profile_shape": profile_shape,
+        "ICudaEngine.create_execution_context": create_context,
+        "ICudaEngine.create_engine_inspector": lambda e: obj("EngineInspector", engine_obj=e),
+        "ICudaEngine.serialize": lambda e: HostMemory(PLAN_MAGIC + json.dumps(st(e)["plan"]).encode()),
+        "EngineInspector.get_engine_information": inspector_info,
+        "IExecutionContext.set_input_shape": set_input_shape,
+        "IExecutionContext.get_tensor_shape": context_shape,
+        "IExecutionContext.set_tensor_address": set_address,
+        "IExecutionContext.get_tensor_address": lambda c, name: st(c)["addresses"].get(str(name), 0),
+        "IExecutionContext.execute_async_v3": execute,
+        "IExecutionContext.engine": lambda c: st(c)["engine_obj"],
+        "IExecutionContext.all_binding_shapes_specified": lambda c: all(
+            t["name"] in st(c)["shapes"] for t in io_list(st(c)["engine_obj"]) if t["mode"] == "INPUT"
+        ),
+    }
+
+
+def _device(ptr: int, nbytes: int, name: str) -> tuple[int, int]:
+    """(host address, storage key) of a stand-in CUDA pointer; a host pointer raises as TensorRT would fail."""
+    from course_utils.check.standins.tensor import STATE
+
+    STATE.count("TensorRT pointer checks")
+    found = STATE.host_address(ptr, nbytes)
+    if found is None:
+        raise RuntimeError(
+            f"TensorRT (rehearsal): the address {ptr:#x} given for '{name}' is not {nbytes} bytes of live CUDA memory "
+            "(a host pointer, or a freed tensor): bind a CUDA tensor's data_ptr() and keep the tensor alive"
+        )
+    return found
