@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l13
+from course_utils.check.lesson_exercises import l13, l13_triton
 
 SOLUTION = l13.SOLUTION_FILE.read_text()
 
@@ -123,7 +123,7 @@ def _cfg(**change):
     """The reference config with one thing changed: a replacement in its text (old=new pairs as tuples)."""
 
     def fn(*args):
-        text = l13.triton_config(*args)
+        text = l13_triton.triton_config(*args)
         for old, new in change.get("replace", []):
             text = text.replace(old, new)
         return text
@@ -135,11 +135,11 @@ def _cfg(**change):
     "fn, words",
     [
         (_cfg(replace=[("dynamic_batching {", "dynamic_batching { preferred_batch_size: [4]")]), "preferred_batch"),
-        (lambda n, m, t, b, h, i: l13.triton_config(n, m, t, b, 0.0, i), "queue delay"),
-        (lambda n, m, t, b, h, i: l13.triton_config(n, m, 1500.0, 400.0, 20.0, i), "queue delay"),  # hard-coded
+        (lambda n, m, t, b, h, i: l13_triton.triton_config(n, m, t, b, 0.0, i), "queue delay"),
+        (lambda n, m, t, b, h, i: l13_triton.triton_config(n, m, 1500.0, 400.0, 20.0, i), "queue delay"),  # hard-coded
         (_cfg(replace=[("max_queue_delay_microseconds", "delay_us")]), "does not parse"),
-        (lambda n, m, t, b, h, i: l13.triton_config(n, 1, t, b, h, i), "max_batch_size"),
-        (lambda n, m, t, b, h, i: l13.triton_config("digits", m, t, b, h, i), "name the model"),
+        (lambda n, m, t, b, h, i: l13_triton.triton_config(n, 1, t, b, h, i), "max_batch_size"),
+        (lambda n, m, t, b, h, i: l13_triton.triton_config("digits", m, t, b, h, i), "name the model"),
         (_cfg(replace=[('name: "input"', 'name: "x"')]), "one input named 'input'"),
         (_cfg(replace=[('name: "logits"', 'name: "output"')]), "one input named 'input'"),
         (
@@ -148,11 +148,11 @@ def _cfg(**change):
         ),
         (_cfg(replace=[("data_type: TYPE_FP32, dims: [ 10 ]", "data_type: TYPE_INT64, dims: [ 10 ]")]), "TYPE_FP32"),
         (_cfg(replace=[("dims: [ 1, 8, 8 ]", "dims: [ -1, 1, 8, 8 ]")]), "no batch dimension"),
-        (lambda n, m, t, b, h, i: l13.triton_config(n, m, t, b, h, 0), "count of 0 serves nothing"),
+        (lambda n, m, t, b, h, i: l13_triton.triton_config(n, m, t, b, h, 0), "count of 0 serves nothing"),
         (_cfg(replace=[("kind: KIND_CPU", "kind: KIND_GPU")]), "KIND_CPU"),
         (
             lambda n, m, t, b, h, i: (
-                l13.triton_config(n, m, t, b, h, i).split("instance_group")[0]
+                l13_triton.triton_config(n, m, t, b, h, i).split("instance_group")[0]
                 + f"dynamic_batching {{ max_queue_delay_microseconds: {max(0, round((t - 2 * b - h) * 1000))} }}"
             ),
             "instance_group",
@@ -181,5 +181,5 @@ def test_triton_config_checker_rejects(fn, words):
 
 
 def test_triton_reference_is_accepted_and_cases_are_random():
-    assert exercises.verdict("13.triton-config", l13.triton_config) == "accepted"
+    assert exercises.verdict("13.triton-config", l13_triton.triton_config) == "accepted"
     assert "random case seed" in exercises.verdict("13.triton-config", _cfg(replace=[("KIND_CPU", "KIND_GPU")]))

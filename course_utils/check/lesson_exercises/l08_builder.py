@@ -1,0 +1,116 @@
+"""Lesson 08 exercise 08.builder: the TensorRT 11 build itself, checked against the fake built from 11.1's bindings."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.l08 import OrderStream, _fake_trt, _two_io_onnx, run_engine
+
+
+def _check_builder(fn: Callable) -> None:
+    import tempfile
+    from pathlib import Path
+
+    import torch
+
+    from course_utils.check.lesson_exercises.observe import cases
+    from course_utils.check.standins.tensorrt import PLAN_MAGIC
+
+    with cases("08.builder") as c, tempfile.TemporaryDirectory() as tmp:
+        for true_fp32 in c.rng.sample([True, False], 2):
+            trt = _fake_trt()
+            k, width = round(c.rng.uniform(1.5, 4.0), 3), c.randint(3, 9)
+            onnx_path = Path(tmp) / f"model_{c.randint(0, 10**6)}.onnx"
+            _two_io_onnx(onnx_path, k, width)
+            bounds = {}
+            for name in ("a", "b"):
+                lo, hi = c.randint(1, 4), c.randint(16, 64)
+                bounds[name] = (lo, c.randint(lo + 1, hi - 1), hi)
+            shapes = {n: tuple((d, width) for d in b) for n, b in bounds.items()}
+            workspace = (1 << c.randint(20, 30)) * c.randint(1, 3)
+            try:
+                plan = fn(trt, str(onnx_path), shapes, workspace, true_fp32)
+            except NotImplementedError:
+                raise
+            except (AttributeError, TypeError) as exc:
+                raise AssertionError(f"TensorRT 11.1 does not accept that: {exc}") from exc
+            except Exception as exc:  # noqa: BLE001 - any crash of the learner's build is a wrong answer
+                raise AssertionError(f"your build raised {type(exc).__name__}: {exc}") from exc
+            case = f"(true_fp32={true_fp32}, shapes={shapes}, workspace={workspace})"
+            assert plan is not None, (
+                f"the build returned None {case}: parse the ONNX file (OnnxParser.parse_from_file) and give every "
+                "dynamic input a profile shape"
+            )
+            try:
+                blob = bytes(plan)
+            except TypeError:
+                raise AssertionError(
+                    f"return the serialized plan (bytes of build_serialized_network), not {type(plan).__name__}"
+                ) from None
+            assert blob.startswith(PLAN_MAGIC), "return the serialized plan from builder.build_serialized_network"
+            import json
+
+            info = json.loads(blob[len(PLAN_MAGIC) :])
+            assert Path(info["onnx"]).resolve() == onnx_path.resolve(), (
+                f"the plan was built from {info['onnx']}, not from the file you were given ({onnx_path.name})"
+            )
+            assert len(info["profiles"]) == 1, f"add exactly one optimization profile, found {len(info['profiles'])}"
+            prof = info["profiles"][0]
+            for name, (lo, opt, hi) in bounds.items():
+                want = [[lo, width], [opt, width], [hi, width]]
+                got = prof.get(name)
+                assert got is not None, (
+                    f"input '{name}' has no shapes in the profile: profile.set_shape for every input"
+                )
+                assert [list(s) for s in got] == want, (
+                    f"input '{name}': profile shapes {got}, expected (min, opt, max) = {want} {case}"
+                )
+            assert info["pools"].get("WORKSPACE") == workspace, (
+                f"workspace limit {info['pools'].get('WORKSPACE')}, expected {workspace}: "
+                "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)"
+            )
+            cleared = [a[0].name for a in trt.called("IBuilderConfig.clear_flag")]
+            set_after = [a[0].name for a in trt.called("IBuilderConfig.set_flag")]
+            tf32_on = "TF32" not in cleared or "TF32" in info["flags"]
+            if true_fp32:
+                assert not tf32_on, (
+                    "true FP32 asked, but TF32 stays on (TensorRT 11's default): "
+                    "config.clear_flag(trt.BuilderFlag.TF32)"
+                )
+            else:
+                assert tf32_on or "TF32" in set_after, "true_fp32=False: leave TF32 on (TensorRT's default) or set it"
+            engine = trt.Runtime(trt.Logger()).deserialize_cuda_engine(blob)
+            b = c.randint(max(bounds["a"][0], bounds["b"][0]), min(bounds["a"][2], bounds["b"][2]))
+            feeds = {"a": c.randn(b, width), "b": c.randn(b, width)}
+            s1, s2 = OrderStream(trt, 0x5EED, "stream"), OrderStream(trt, 0x7EA, "producer")
+            out = run_engine(trt, engine, engine.create_execution_context(), feeds, s1, s2)
+            torch.testing.assert_close(out["sum"], feeds["a"] * k + feeds["b"], msg="the engine computes another model")
+
+
+@exercise(
+    "08.builder",
+    "build(trt, onnx_path, shapes, workspace_bytes, true_fp32): parse onnx_path; ONE optimization profile with "
+    "shapes[name] = (min, opt, max) for EVERY input; the workspace limit; TF32 cleared when true_fp32; return "
+    "bytes(builder.build_serialized_network(network, config)).",
+    _check_builder,
+)
+def build(trt, onnx_path: str, shapes: dict[str, tuple], workspace_bytes: int, true_fp32: bool):
+    logger = trt.Logger(trt.Logger.WARNING)
+    builder = trt.Builder(logger)
+    network = builder.create_network(0)
+    parser = trt.OnnxParser(network, logger)
+    if not parser.parse_from_file(str(onnx_path)):
+        raise RuntimeError([parser.get_error(i).desc() for i in range(parser.num_errors)])
+    config = builder.create_builder_config()
+    config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+    if true_fp32:
+        config.clear_flag(trt.BuilderFlag.TF32)  # TensorRT 11 allows TF32 unless told otherwise
+    profile = builder.create_optimization_profile()
+    for name, (lo, opt, hi) in shapes.items():
+        profile.set_shape(name, lo, opt, hi)
+    config.add_optimization_profile(profile)
+    plan = builder.build_serialized_network(network, config)
+    if plan is None:
+        raise RuntimeError("the build failed: see the TensorRT log")
+    return bytes(plan)
