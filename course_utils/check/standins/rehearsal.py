@@ -19,7 +19,6 @@ On a machine without CUDA, :func:`course_utils.supply.modes.gpu_section` then re
 from __future__ import annotations
 
 import contextlib
-import importlib
 import sys
 from collections.abc import Iterator
 from typing import Any
@@ -29,6 +28,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
 from course_utils.check.standins import cuda as scuda
+from course_utils.check.standins import packages
 from course_utils.check.standins.cuda import NotRehearsable
 from course_utils.check.standins.streams import MODEL
 from course_utils.check.standins.tensor import STATE, RehearsalError, Rehearsed, to_standin, wrap
@@ -147,44 +147,8 @@ def _pin_batch(data: Any, device: Any = None) -> Any:
     return data
 
 
-def _profile(real: Any) -> Any:
-    """torch.profiler.profile on the stand-in: CPU activity only (CUPTI's kernel trace needs a GPU)."""
-
-    def init(self: Any, *args: Any, activities: Any = None, **kwargs: Any) -> None:
-        wanted = list(activities or [])
-        cpu_only = [a for a in wanted if a.name != "CUDA"]
-        if len(cpu_only) != len(wanted):
-            STATE.count("profiler CUDA activity dropped (no kernel trace on the stand-in)")
-        real(self, *args, activities=cpu_only or None, **kwargs)
-
-    return init
-
-
 def _compile(*args: Any, **kwargs: Any) -> Any:
     raise NotRehearsable("torch.compile/Inductor generates CUDA kernels (Triton): the CPU stand-in cannot run them")
-
-
-def _onnx_export(real: Any) -> Any:
-    def export(model: Any, args: Any = (), *rest: Any, **kwargs: Any) -> Any:
-        swapped = []
-        for mod in model.modules() if isinstance(model, torch.nn.Module) else []:
-            for store in (mod._parameters, mod._buffers):
-                for key, value in list(store.items()):
-                    if isinstance(value, Rehearsed):
-                        swapped.append((store, key, value))
-                        inner = value.elem
-                        store[key] = (
-                            torch.nn.Parameter(inner, requires_grad=False) if store is mod._parameters else inner
-                        )
-        STATE.count("exports of stand-in models (CPU weights)")
-        try:
-            with suspended():  # the exporter traces on the CPU with torch's own modes: the stand-ins step aside
-                return real(model, tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, args), *rest, **kwargs)
-        finally:
-            for store, key, value in swapped:
-                store[key] = value
-
-    return export
 
 
 @contextlib.contextmanager
@@ -244,56 +208,18 @@ def activate(total_memory: int | None = None) -> None:
             _patch(torch.accelerator, name, fn)
     from torch.profiler import profile as profiler_class
 
-    _patch(profiler_class, "__init__", _profile(profiler_class.__init__))
+    _patch(profiler_class, "__init__", packages.profiler_init(profiler_class.__init__))
     import torch.utils.data._utils.pin_memory as pinning
 
     _patch(pinning, "pin_memory", _pin_batch)  # DataLoader(pin_memory=True) pins in a thread: no mode there
     # Module.to("cuda") must make new Parameters (of the stand-in type), not set .data of the CPU ones
     _ACTIVE["overwrite"] = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
-    _patch(torch.onnx, "export", _onnx_export(torch.onnx.export))
-    _install_packages()
+    _patch(torch.onnx, "export", packages.onnx_export(torch.onnx.export, suspended))
+    _ACTIVE["tensorrt"] = packages.install(_patch)
     mode = _CudaMode()
     mode.__enter__()
     _ACTIVE["mode"] = mode
-
-
-def _install_packages() -> None:
-    try:
-        import onnxruntime as ort
-
-        from course_utils.check.standins.ort import StandinSession
-
-        real_cls = ort.InferenceSession
-
-        def session(path_or_bytes: Any, sess_options: Any = None, providers: Any = None, **kwargs: Any) -> Any:
-            names = [p if isinstance(p, str) else p[0] for p in providers or []]
-            if "CUDAExecutionProvider" in names:
-                return StandinSession(real_cls, path_or_bytes, sess_options, providers, **kwargs)
-            return real_cls(path_or_bytes, sess_options, providers=providers, **kwargs)
-
-        _patch(ort, "InferenceSession", session)
-        _patch(ort, "preload_dlls", lambda *a, **k: None)
-        real_providers = ort.get_available_providers
-        _patch(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real_providers()])
-    except ImportError:
-        pass
-    if "tensorrt" not in sys.modules and importlib.util.find_spec("tensorrt") is None:
-        from course_utils.check.standins.tensorrt import fake_from_snapshot
-
-        sys.modules["tensorrt"] = fake_from_snapshot(device_pointers=True)
-        _ACTIVE["tensorrt"] = True
-    try:
-        import torchcodec.decoders._image_decoders as tci
-
-        def cuda_batch(tensors: list, mode: Any, device: Any) -> list:  # nvJPEG's batch -> CPU decode, wrapped
-            STATE.count("GPU JPEG decodes (CPU decode, stand-in output)")
-            cpu = [tci._decode_to_mode(tci._decode_jpeg, t, mode, tci._JPEG_NATIVE_OUTPUT_MODES) for t in tensors]
-            return [to_standin(t) for t in cpu]
-
-        _patch(tci, "_decode_jpegs_cuda_with_mode", cuda_batch)
-    except (ImportError, AttributeError):
-        pass
 
 
 def checks() -> dict[str, int]:

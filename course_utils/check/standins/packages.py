@@ -1,0 +1,99 @@
+"""The rehearsal's stand-ins for packages and torch entry points: ORT's CUDA provider, TensorRT, torchcodec's GPU
+JPEG decoding, the profiler's CUDA activity and ``torch.onnx.export`` of a stand-in model.
+
+Installed by :func:`course_utils.check.standins.rehearsal.activate` through its ``patch`` function, so that
+:func:`~course_utils.check.standins.rehearsal.deactivate` undoes every one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._pytree import tree_map
+
+from course_utils.check.standins.tensor import STATE, Rehearsed, to_standin
+
+
+def profiler_init(real: Any) -> Any:
+    """torch.profiler.profile on the stand-in: CPU activity only (CUPTI's kernel trace needs a GPU)."""
+
+    def init(self: Any, *args: Any, activities: Any = None, **kwargs: Any) -> None:
+        wanted = list(activities or [])
+        cpu_only = [a for a in wanted if a.name != "CUDA"]
+        if len(cpu_only) != len(wanted):
+            STATE.count("profiler CUDA activity dropped (no kernel trace on the stand-in)")
+        real(self, *args, activities=cpu_only or None, **kwargs)
+
+    return init
+
+
+def onnx_export(real: Any, suspended: Callable[[], contextlib.AbstractContextManager]) -> Any:
+    """torch.onnx.export of a stand-in model: its CPU weights are exported, with the stand-ins suspended."""
+
+    def export(model: Any, args: Any = (), *rest: Any, **kwargs: Any) -> Any:
+        swapped = []
+        for mod in model.modules() if isinstance(model, torch.nn.Module) else []:
+            for store in (mod._parameters, mod._buffers):
+                for key, value in list(store.items()):
+                    if isinstance(value, Rehearsed):
+                        swapped.append((store, key, value))
+                        inner = value.elem
+                        store[key] = (
+                            torch.nn.Parameter(inner, requires_grad=False) if store is mod._parameters else inner
+                        )
+        STATE.count("exports of stand-in models (CPU weights)")
+        try:
+            with suspended():  # the exporter traces on the CPU with torch's own modes: the stand-ins step aside
+                return real(model, tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, args), *rest, **kwargs)
+        finally:
+            for store, key, value in swapped:
+                store[key] = value
+
+    return export
+
+
+def install(patch: Callable[[Any, str, Any], None]) -> bool:
+    """Install the package stand-ins with ``patch(owner, name, value)``; True when the fake ``tensorrt`` was put
+    in ``sys.modules`` (the caller removes it when the rehearsal ends)."""
+    try:
+        import onnxruntime as ort
+
+        from course_utils.check.standins.ort import StandinSession
+
+        real_cls = ort.InferenceSession
+
+        def session(path_or_bytes: Any, sess_options: Any = None, providers: Any = None, **kwargs: Any) -> Any:
+            names = [p if isinstance(p, str) else p[0] for p in providers or []]
+            if "CUDAExecutionProvider" in names:
+                return StandinSession(real_cls, path_or_bytes, sess_options, providers, **kwargs)
+            return real_cls(path_or_bytes, sess_options, providers=providers, **kwargs)
+
+        patch(ort, "InferenceSession", session)
+        patch(ort, "preload_dlls", lambda *a, **k: None)
+        real_providers = ort.get_available_providers
+        patch(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real_providers()])
+    except ImportError:
+        pass
+    added = False
+    if "tensorrt" not in sys.modules and importlib.util.find_spec("tensorrt") is None:
+        from course_utils.check.standins.tensorrt import fake_from_snapshot
+
+        sys.modules["tensorrt"] = fake_from_snapshot(device_pointers=True)
+        added = True
+    try:
+        import torchcodec.decoders._image_decoders as tci
+
+        def cuda_batch(tensors: list, mode: Any, device: Any) -> list:  # nvJPEG's batch -> CPU decode, wrapped
+            STATE.count("GPU JPEG decodes (CPU decode, stand-in output)")
+            cpu = [tci._decode_to_mode(tci._decode_jpeg, t, mode, tci._JPEG_NATIVE_OUTPUT_MODES) for t in tensors]
+            return [to_standin(t) for t in cpu]
+
+        patch(tci, "_decode_jpegs_cuda_with_mode", cuda_batch)
+    except (ImportError, AttributeError):
+        pass
+    return added
