@@ -201,6 +201,15 @@ MUTATIONS: list[Mutation] = [
       "BUILD_DEFAULTS: the TF32 default wrong, so a default build gets another key"),
     M("profile-order-unchecked", "techniques/tensorrt_engines.py", "            if not (0 < a <= b <= c):",
       "            if not (0 < a and b <= c):", T_ENGINES, "Profile: min > opt accepted"),
+    # ---------------------------------------------------------------------------------- code moved in the restructure
+    M("install-id-ignores-machine", "show/machine_label.py", "if len(fields) == 2 and fields[1] == mine:",
+      "if len(fields) == 2:", ("test_faults_24.py",), "install_id: a cloned VM keeps its image's id"),
+    M("dead-worker-unnoticed", "serve/server_watch.py", "gone = [pid for pid in pids if not pid_alive(pid)]",
+      "gone = []", ("test_serving.py::test_a_dead_model_worker_fails_requests_fast_naming_the_log",),
+      "WorkerWatch: a dead model worker is never noticed (requests wait for the client timeout)"),
+    M("exported-runner-no-wait", "from_lessons/l08_tensorrt.py",
+      "        self.stream.wait_stream(dev.current_stream())", "        pass", ("gpu_contract/test_l08_tensorrt.py",),
+      "lesson 08's exported runner (optimize()'s) no longer waits for the input's stream"),
     # ---------------------------------------------------------------------------------- exercises
     M("check-placeholder-always", "check/exercises.py", "    return not library and (last.line or",
       "    return True or (last.line or", T_EX,

@@ -206,6 +206,17 @@ def test_optimize_engine_step_runs_against_the_fake(fake, monkeypatch):
     assert fake.called("IExecutionContext.execute_async_v3")
 
 
+def test_optimize_runs_the_code_lesson_08_shows():
+    """course_utils/from_lessons/l08_tensorrt.py (what optimize() imports) is the lesson's exported cells, as loaded."""
+    import inspect
+
+    from course_utils.from_lessons import l08_tensorrt
+    from scripts import nbcheck
+
+    lesson = nbcheck.ROOT / "lessons" / "08_tensorrt.py"
+    assert inspect.getsource(l08_tensorrt) == nbcheck.exported_source(lesson), "run `make notebooks`"
+
+
 def test_exported_runner_refuses_below_profile_min(fake, digits, monkeypatch):
     """optimize() runs lesson 08's exported builder and runner: a batch outside the profile names the profile."""
     from course_utils.from_lessons import l08_tensorrt
