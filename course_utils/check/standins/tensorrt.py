@@ -34,8 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.check.standins.tensorrt_sim import PLAN_MAGIC as PLAN_MAGIC  # re-exported: the plan format
-from course_utils.check.standins.tensorrt_sim import _behaviors
+from course_utils.check.standins.tensorrt_build import PLAN_MAGIC as PLAN_MAGIC  # re-exported: the plan format
+from course_utils.check.standins.tensorrt_build import build_behaviors
+from course_utils.check.standins.tensorrt_exec import run_behaviors
 from course_utils.check.standins.tensorrt_surface import (
     REMOVED,
     Dims,
@@ -62,7 +63,7 @@ class FakeTRT(types.ModuleType):
         self.calls: list[tuple[str, tuple]] = []
         self.unknown_types: set[str] = set()
         self.enums = {name: Enum(name, members) for name, members in spec["enums"].items()}
-        self.behavior = _behaviors(self)
+        self.behavior = {**build_behaviors(self), **run_behaviors(self)}
 
     # ---- module attributes
     def __getattr__(self, name: str):

@@ -1,9 +1,9 @@
-"""What the fake TensorRT does behind its API surface: a CPU simulation of parser, builder, runtime and context.
+"""What the fake TensorRT's runtime, engine and execution context do: run the plan with ONNX Runtime on the CPU.
 
-The ONNX parser reads the real file; the "engine" (a serialized plan of the fake, :data:`PLAN_MAGIC`) runs the
-ONNX model with ONNX Runtime on the CPU, reading and writing the buffers whose addresses were passed to
-``set_tensor_address``; profiles are enforced. With device pointers (the rehearsal) an address must be live
-stand-in CUDA memory and the inputs' writes must be ordered before ``execute_async_v3``'s stream.
+The engine runs the plan's ONNX model with ONNX Runtime, reading and writing the buffers whose addresses were
+passed to ``set_tensor_address``; profiles are enforced (``set_input_shape`` returns False outside them). With
+device pointers (the rehearsal) an address must be live stand-in CUDA memory and the inputs' writes must be
+ordered before ``execute_async_v3``'s stream.
 """
 
 from __future__ import annotations
@@ -15,11 +15,9 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.check.standins.tensorrt_build import PLAN_MAGIC
 from course_utils.check.standins.tensorrt_surface import Dims, EnumMember, FakeObject, HostMemory
 
-PLAN_MAGIC = b"FAKETRT-PLAN\n"
-
-_ONNX_TO_TRT = {1: "FLOAT", 10: "HALF", 16: "BF16", 3: "INT8", 6: "INT32", 7: "INT64", 9: "BOOL", 2: "UINT8"}
 _TRT_TO_NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
               "BOOL": np.bool_, "UINT8": np.uint8}  # fmt: skip
 
@@ -38,23 +36,6 @@ def _readable(ptr: int, nbytes: int) -> bool:
     return False
 
 
-def _onnx_io(path: str) -> dict[str, list[dict[str, Any]]]:
-    import onnx
-
-    model = onnx.load(path, load_external_data=False)
-    inits = {i.name for i in model.graph.initializer}
-
-    def desc(v):
-        dims = [d.dim_value if d.HasField("dim_value") else (d.dim_param or "?") for d in v.type.tensor_type.shape.dim]
-        return {"name": v.name, "dtype": _ONNX_TO_TRT.get(v.type.tensor_type.elem_type, "FLOAT"), "dims": dims}
-
-    return {
-        "inputs": [desc(v) for v in model.graph.input if v.name not in inits],
-        "outputs": [desc(v) for v in model.graph.output],
-        "nodes": [[n.name or n.op_type, n.op_type] for n in model.graph.node],
-    }
-
-
 def _fused_layers(nodes: list[list[str]]) -> list[dict[str, Any]]:
     """A plausible fusion for the inspector: Conv/Gemm absorb the BatchNormalization/Relu/Add after them."""
     layers: list[dict[str, Any]] = []
@@ -69,8 +50,8 @@ def _fused_layers(nodes: list[list[str]]) -> list[dict[str, Any]]:
     return layers
 
 
-def _behaviors(fake: Any) -> dict[str, Any]:
-    """Hooks that give the fake's objects state: parser, builder, profiles, runtime, engine, context."""
+def run_behaviors(fake: Any) -> dict[str, Any]:
+    """Hooks that give the fake's runtime, engines, inspectors and execution contexts their state."""
 
     def enum(e: str, m: str) -> EnumMember:
         return getattr(fake.enums[e], m)
@@ -80,81 +61,6 @@ def _behaviors(fake: Any) -> dict[str, Any]:
 
     def st(o: FakeObject) -> dict[str, Any]:
         return o.__dict__["_state"]
-
-    def parser_init(parser, bound):
-        st(parser).update(network=bound["network"], errors=[])
-
-    def parse_from_file(parser, model):
-        net = st(parser)["network"]
-        try:
-            io = _onnx_io(str(model))
-        except Exception as exc:  # noqa: BLE001 - the real parser reports any failure as errors
-            st(parser)["errors"].append(f"cannot read ONNX file {model}: {exc}")
-            return False
-        st(net).update(onnx=str(model), io=io)
-        return True
-
-    def get_error(parser, index):
-        errors = st(parser)["errors"]
-        if not 0 <= int(index) < len(errors):
-            raise IndexError(f"parser error index {index} out of range ({len(errors)} errors)")
-        return obj("ParserError", desc=errors[int(index)])
-
-    def set_shape(profile, input, min, opt, max):  # noqa: A002 - the real parameter names
-        mn, op, mx = (tuple(Dims(s)) for s in (min, opt, max))
-        if not (len(mn) == len(op) == len(mx)) or not all(a <= b <= c for a, b, c in zip(mn, op, mx, strict=True)):
-            raise ValueError(f"set_shape('{input}'): need equal ranks and min <= opt <= max, got {mn}, {op}, {mx}")
-        st(profile).setdefault("shapes", {})[str(input)] = (mn, op, mx)
-
-    def add_profile(config, profile):
-        profiles = st(config).setdefault("profiles", [])
-        profiles.append(dict(st(profile).get("shapes", {})))
-        return len(profiles) - 1
-
-    def set_flag(config, flag):
-        st(config).setdefault("flags_set", set()).add(flag.name)
-        st(config).setdefault("flags_cleared", set()).discard(flag.name)
-
-    def clear_flag(config, flag):
-        st(config).setdefault("flags_set", set()).discard(flag.name)
-        st(config).setdefault("flags_cleared", set()).add(flag.name)
-
-    def set_pool(config, pool, pool_size):
-        st(config).setdefault("pools", {})[pool.name] = int(pool_size)
-
-    def create_timing_cache(config, serialized_timing_cache):
-        return obj("ITimingCache", blob=bytes(serialized_timing_cache) or b"FAKE-TIMING-CACHE")
-
-    def set_timing_cache(config, cache, ignore_mismatch):
-        st(config)["timing_cache"] = cache
-        return True
-
-    def build(builder, network, config, **_):
-        ns, cs = st(network), st(config)
-        if "io" not in ns:
-            return None  # nothing parsed: the real builder logs an error and returns None
-        profiles = cs.get("profiles", [])
-        for inp in ns["io"]["inputs"]:
-            dynamic = any(not isinstance(d, int) or d <= 0 for d in inp["dims"])
-            if dynamic and not any(inp["name"] in p for p in profiles):
-                return None  # a dynamic input without a profile: the real builder fails
-            for p in profiles:
-                if inp["name"] in p:
-                    for shape in p[inp["name"]]:
-                        fixed = [d for d in inp["dims"]]
-                        if len(shape) != len(fixed) or any(
-                            isinstance(f, int) and f > 0 and f != s for f, s in zip(fixed, shape, strict=True)
-                        ):
-                            return None  # profile shape disagrees with the network's fixed dims
-        cfg = {k: getattr(config, k) for k in ("builder_optimization_level",) if k in cs}
-        import base64
-
-        onnx_b64 = base64.b64encode(Path(ns["onnx"]).read_bytes()).decode()  # a plan holds the weights
-        plan = {"onnx": ns["onnx"], "onnx_b64": onnx_b64, "io": ns["io"], "profiles": profiles,
-                "pools": cs.get("pools", {}),
-                "flags": sorted(cs.get("flags_set", set())), "config": {k: str(v) for k, v in cfg.items()},
-                "verbosity": str(cs.get("profiling_verbosity"))}  # fmt: skip
-        return HostMemory(PLAN_MAGIC + json.dumps(plan).encode())
 
     def deserialize(runtime, **bound):
         blob = bytes(next(iter(bound.values())))
@@ -291,29 +197,6 @@ def _behaviors(fake: Any) -> dict[str, Any]:
         return True
 
     return {
-        "OnnxParser.__init__": parser_init,
-        "OnnxParser.parse_from_file": parse_from_file,
-        "OnnxParser.num_errors": lambda p: len(st(p)["errors"]),
-        "OnnxParser.get_error": get_error,
-        "ParserError.desc": lambda e: st(e)["desc"],
-        "INetworkDefinition.num_inputs": lambda n: len(st(n).get("io", {}).get("inputs", [])),
-        "INetworkDefinition.num_outputs": lambda n: len(st(n).get("io", {}).get("outputs", [])),
-        "Builder.create_network": lambda b, **_: obj("INetworkDefinition"),
-        "Builder.create_builder_config": lambda b: obj("IBuilderConfig"),
-        "Builder.create_optimization_profile": lambda b: obj("IOptimizationProfile"),
-        "Builder.build_serialized_network": build,
-        "IOptimizationProfile.set_shape": set_shape,
-        "IBuilderConfig.add_optimization_profile": add_profile,
-        "IBuilderConfig.set_flag": set_flag,
-        "IBuilderConfig.clear_flag": clear_flag,
-        "IBuilderConfig.get_flag": lambda c, flag: flag.name in st(c).get("flags_set", {"TF32"}),
-        "IBuilderConfig.set_memory_pool_limit": set_pool,
-        "IBuilderConfig.get_memory_pool_limit": lambda c, pool: st(c).get("pools", {}).get(pool.name, 0),
-        "IBuilderConfig.create_timing_cache": create_timing_cache,
-        "IBuilderConfig.set_timing_cache": set_timing_cache,
-        "IBuilderConfig.get_timing_cache": lambda c: st(c).get("timing_cache"),
-        "IBuilderConfig.num_optimization_profiles": lambda c: len(st(c).get("profiles", [])),
-        "ITimingCache.serialize": lambda t: HostMemory(st(t)["blob"]),
         "Runtime.deserialize_cuda_engine": deserialize,
         "ICudaEngine.num_io_tensors": lambda e: len(io_list(e)),
         "ICudaEngine.num_optimization_profiles": lambda e: len(st(e)["plan"]["profiles"]),
