@@ -27,6 +27,10 @@ STAMP := $(VENV)/.setup-$(subst $(comma),-,$(EXTRAS))-py$(PYVER)-$(SETUP_KEY)
 # A venv whose interpreter no longer runs, or runs another Python version, is rebuilt.
 VENV_OK := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
 JOBS ?= 2
+# CPU threads per test worker: the cores shared among the JOBS workers. Two workers with two OpenMP threads each
+# on two cores spin against each other (lesson 15's rehearsal took 130 s beside a copy of itself, 40 s with one
+# thread each, 31 s alone).
+TEST_THREADS ?= $(shell n=$$(( $$(nproc) / $(JOBS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
 TEST_RESULTS := build/test-results
 NB_TIMEOUT ?= 900
 LINTED := course_utils tests scripts lessons
@@ -95,7 +99,7 @@ test: setup
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	@rm -rf "$(TEST_RESULTS)"; mkdir -p "$(TEST_RESULTS)"
-	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" \
+	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" OMP_NUM_THREADS=$(TEST_THREADS) \
 	  $(PY) -m pytest -q -n $(JOBS) --durations=15 --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
 	  rc=$$?; [ $$rc -eq 5 ] && rc=0; [ $$rc -eq 0 ] || exit $$rc
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" COURSE_AFTER_RUN=1 \
