@@ -236,8 +236,12 @@ def _expected_class(intensity: float, achieved: float, peak_flops: float, peak_b
 def _check_classify(fn: Callable[[float, float, float, float], str]) -> None:
     with cases("01.classify") as c:
         want_each = {"compute-bound": 0, "memory-bound": 0, "overhead-bound": 0}
+        # Every call also gets cases near the 10% line on both sides (1-7% and 14-60% of the roof) and
+        # memory-bound cases far left of the ridge, so that another threshold (1%, 50%) or a roof taken as
+        # peak_flops fails on every call, not only when the random draws happen to land where they differ.
+        near = {"below": 0, "above": 0, "far left": 0}
         tried = 0
-        while min(want_each.values()) < 3 and tried < 500:  # at least three cases of each kind, drawn at random
+        while (min(want_each.values()) < 3 or min(near.values()) < 2) and tried < 500:  # drawn at random
             tried += 1
             peak_flops = 10 ** c.rng.uniform(10.5, 15)  # a 30 GFLOP/s laptop to a 1 PFLOP/s GPU
             peak_bw = 10 ** c.rng.uniform(10, 12.7)
@@ -250,8 +254,11 @@ def _check_classify(fn: Callable[[float, float, float, float], str]) -> None:
             if 0.07 < frac < 0.14:
                 continue  # too close to the 10% line
             achieved = frac * roof
+            near["below"] += 0.01 < frac < 0.07
+            near["above"] += 0.14 < frac < 0.6
             want = _expected_class(intensity, achieved, peak_flops, peak_bw)
             want_each[want] += 1
+            near["far left"] += want == "memory-bound" and intensity < ridge / 30
             got = fn(intensity, achieved, peak_flops, peak_bw)
             where = (
                 f"intensity {intensity:.3g} FLOP/byte, achieved {achieved:.3g} FLOP/s, peaks {peak_flops:.3g} FLOP/s "
