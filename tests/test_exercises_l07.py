@@ -191,6 +191,14 @@ def keep_ignored(src, dst, calib, keep):
     _static(src, dst, calib)
 
 
+def own_choice(src, dst, calib, keep):
+    """Keeps the last conv FP32 whatever keep_fp32 says (a node chosen by reading the graph, not the argument)."""
+    import onnx
+
+    last = [n.name for n in onnx.load(src).graph.node if n.op_type == "Conv"][-1]
+    _static(src, dst, calib, [last])
+
+
 def random_calibration(src, dst, calib, keep):
     _static(src, dst, [np.random.default_rng(0).standard_normal(x.shape).astype(np.float32) for x in calib], [keep])
 
@@ -210,6 +218,7 @@ def nothing_written(src, dst, calib, keep):
 STATIC_WRONG = [
     (dynamic_instead, "QuantizeLinear/DequantizeLinear"),
     (keep_ignored, "nodes_to_exclude"),
+    (own_choice, "nodes_to_exclude"),
     (random_calibration, "the reader fed other data"),
     (first_batch_only, "the reader fed other data"),
     (fp32_copied, "QuantizeLinear/DequantizeLinear"),

@@ -48,63 +48,66 @@ def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
     with cases("05.torchao-mlp") as c:
         mlp = _random_mlp(c)
         names = [n for n, m in mlp.named_modules() if isinstance(m, nn.Linear)]
-        keep = {c.choice(names)}
-        before = copy.deepcopy(mlp.state_dict())
-        q = fn(mlp, set(keep))
-        assert isinstance(q, nn.Module), f"return the quantized model (an nn.Module), not {type(q).__name__}"
-        after = mlp.state_dict()
-        unchanged = all(type(after[k]) is type(v) and torch.equal(after[k], v) for k, v in before.items())
-        assert unchanged, "the model you were given changed: quantize a copy (copy.deepcopy) and return it"
-        dyn = [n for n, m in q.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")]
-        assert not dyn, (
-            f"{dyn[:2]} come from torch.ao's quantize_dynamic (deprecated): use torchao's quantize_ with an INT8 config"
-        )
-        linears = {n: m for n, m in q.named_modules() if isinstance(m, nn.Linear)}
-        assert set(linears) == set(names), (
-            f"the returned model's Linear layers are {sorted(linears)}, expected {names}: quantize the model you "
-            "were given (a copy of it), not another one"
-        )
-        for name in keep:
-            why = torchao_int8_weight(linears[name])
-            assert why is not None, (
-                f"'{name}' must stay FP32 (keep_fp32={sorted(keep)}) but holds INT8 weights: pass quantize_ a "
-                "filter_fn(module, fqn) that returns False for the names in keep_fp32"
+        # Two calls with different layers to keep: a submission that keeps a fixed name fails one of them.
+        for kept in c.rng.sample(names, 2):
+            keep = {kept}
+            before = copy.deepcopy(mlp.state_dict())
+            q = fn(mlp, set(keep))
+            assert isinstance(q, nn.Module), f"return the quantized model (an nn.Module), not {type(q).__name__}"
+            after = mlp.state_dict()
+            unchanged = all(type(after[k]) is type(v) and torch.equal(after[k], v) for k, v in before.items())
+            assert unchanged, "the model you were given changed: quantize a copy (copy.deepcopy) and return it"
+            dyn = [n for n, m in q.named_modules() if type(m).__module__.startswith("torch.ao.nn.quantized")]
+            assert not dyn, (
+                f"{dyn[:2]} come from torch.ao's quantize_dynamic (deprecated): use torchao's quantize_ with an "
+                "INT8 config"
             )
-            assert linears[name].weight.dtype == torch.float32, (
-                f"'{name}' must stay FP32, it is {linears[name].weight.dtype}"
+            linears = {n: m for n, m in q.named_modules() if isinstance(m, nn.Linear)}
+            assert set(linears) == set(names), (
+                f"the returned model's Linear layers are {sorted(linears)}, expected {names}: quantize the model you "
+                "were given (a copy of it), not another one"
             )
-        bad = {n: why for n, m in linears.items() if n not in keep and (why := torchao_int8_weight(m))}
-        assert not bad, (
-            f"{len(bad)} Linear layer(s) that should be INT8 are not torchao INT8 tensors, e.g. "
-            f"{next(iter(bad.items()))}: quantize_(model, Int8...Config(), filter_fn=...) quantizes each Linear "
-            "the filter accepts"
-        )
-        x = c.randn(c.randint(3, 9), linears[names[0]].in_features)
-        with torch.no_grad():
-            ref = mlp(x)
-            try:
-                with OpLog(watch=q) as log:
-                    out = q(x)
-            except Exception as exc:  # noqa: BLE001 - any failure to run is the learner's to see
-                raise AssertionError(f"running the quantized model failed: {type(exc).__name__}: {exc}") from None
-        int8_reads = {shape for op in log.ops for dt, shape in zip(op.in_dtypes, op.in_shapes, strict=False)
-                      if dt == torch.int8}  # fmt: skip
-        for name, m in linears.items():
-            if name in keep:
-                assert log.reads(f"{name}.weight"), (
-                    f"the FP32 layer '{name}' was never used while the model ran: return the model whose forward "
-                    "runs these layers"
+            for name in keep:
+                why = torchao_int8_weight(linears[name])
+                assert why is not None, (
+                    f"'{name}' must stay FP32 (keep_fp32={sorted(keep)}) but holds INT8 weights: pass quantize_ a "
+                    "filter_fn(module, fqn) that returns False for the names in keep_fp32"
                 )
-                continue
-            o, i = m.weight.shape
-            assert (o, i) in int8_reads or (i, o) in int8_reads, (
-                f"no INT8 weight of '{name}' ({o}x{i}) was read while the returned model ran: its forward must run "
-                "the quantized layers (not an FP32 copy kept beside them)"
+                assert linears[name].weight.dtype == torch.float32, (
+                    f"'{name}' must stay FP32, it is {linears[name].weight.dtype}"
+                )
+            bad = {n: why for n, m in linears.items() if n not in keep and (why := torchao_int8_weight(m))}
+            assert not bad, (
+                f"{len(bad)} Linear layer(s) that should be INT8 are not torchao INT8 tensors, e.g. "
+                f"{next(iter(bad.items()))}: quantize_(model, Int8...Config(), filter_fn=...) quantizes each Linear "
+                "the filter accepts"
             )
-        cmp = compare_outputs(out, ref, "int8")
-        assert cmp.cosine >= COSINE_MIN, f"output cosine to FP32 {cmp.cosine:.4f} < {COSINE_MIN}: {cmp}"
-        print(f"   {len(linears) - len(keep)} Linear layers INT8 (read as int8 while running), {sorted(keep)} FP32; "
-              f"cosine to FP32 {cmp.cosine:.4f}")  # fmt: skip
+            x = c.randn(c.randint(3, 9), linears[names[0]].in_features)
+            with torch.no_grad():
+                ref = mlp(x)
+                try:
+                    with OpLog(watch=q) as log:
+                        out = q(x)
+                except Exception as exc:  # noqa: BLE001 - any failure to run is the learner's to see
+                    raise AssertionError(f"running the quantized model failed: {type(exc).__name__}: {exc}") from None
+            int8_reads = {shape for op in log.ops for dt, shape in zip(op.in_dtypes, op.in_shapes, strict=False)
+                          if dt == torch.int8}  # fmt: skip
+            for name, m in linears.items():
+                if name in keep:
+                    assert log.reads(f"{name}.weight"), (
+                        f"the FP32 layer '{name}' was never used while the model ran: return the model whose forward "
+                        "runs these layers"
+                    )
+                    continue
+                o, i = m.weight.shape
+                assert (o, i) in int8_reads or (i, o) in int8_reads, (
+                    f"no INT8 weight of '{name}' ({o}x{i}) was read while the returned model ran: its forward must run "
+                    "the quantized layers (not an FP32 copy kept beside them)"
+                )
+            cmp = compare_outputs(out, ref, "int8")
+            assert cmp.cosine >= COSINE_MIN, f"output cosine to FP32 {cmp.cosine:.4f} < {COSINE_MIN}: {cmp}"
+            print(f"   {len(linears) - len(keep)} Linear layers INT8 (read as int8 while running), "
+                  f"{sorted(keep)} FP32; cosine to FP32 {cmp.cosine:.4f}")  # fmt: skip
 
 
 @exercise(
@@ -162,54 +165,61 @@ def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Mod
     with cases("05.pt2e") as c:
         model = _random_cnn(c)
         convs = [n for n, m in model.named_children() if isinstance(m, nn.Conv2d)]
-        keep = c.choice(convs[1:])  # a later conv: the first one's input quantizer is the calibration probe
         big = c.randint(1, 3)  # the batch with the widest range is never the first
         base, shift = c.rng.uniform(2, 6), c.rng.uniform(-1, 1)
         sizes = c.rng.sample(range(3, 12), 4)  # distinct batch sizes: each calibration batch is recognisable
         calib = [c.randn(s, 3, 8, 8) * base * (8 if i == big else 1) + shift for i, s in enumerate(sizes)]
         example = (calib[0][:2].clone(),)
-        with OpLog() as log:
-            gm = fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep)
-        if not isinstance(gm, torch.fx.GraphModule):
-            raise AssertionError(
-                f"returned a {type(gm).__name__}, not the converted graph: static INT8 is torch.export.export(...)"
-                ".module() -> prepare_pt2e(..., X86InductorQuantizer()) -> calibration -> convert_pt2e"
+        # Each later conv kept once, in random order (the first conv's input quantizer is the calibration probe):
+        # a submission that ignores keep_fp32 and keeps a layer of its own choosing fails one of the two calls.
+        for keep in c.rng.sample(convs[1:], 2):
+            with OpLog() as log:
+                gm = fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep)
+            if not isinstance(gm, torch.fx.GraphModule):
+                raise AssertionError(
+                    f"returned a {type(gm).__name__}, not the converted graph: static INT8 is torch.export.export(...)"
+                    ".module() -> prepare_pt2e(..., X86InductorQuantizer()) -> calibration -> convert_pt2e"
+                )
+            observers = [n for n, _ in gm.named_modules() if "activation_post_process" in n]
+            assert not observers, (
+                f"observers {observers[:2]} are still in the graph: call convert_pt2e after calibrating"
             )
-        observers = [n for n, _ in gm.named_modules() if "activation_post_process" in n]
-        assert not observers, f"observers {observers[:2]} are still in the graph: call convert_pt2e after calibrating"
-        targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-        assert any(QUANT in t for t in targets) and any(DEQUANT_W in t for t in targets), (
-            "the graph holds no INT8 quantize/dequantize ops: prepare_pt2e with "
-            "X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibrate, convert_pt2e"
-        )
-        state = _conv_state(gm)
-        assert set(state) >= set(convs), f"convolutions {sorted(set(convs) - set(state))} are missing from the graph"
-        assert not state[keep]["weight_int8"] and not state[keep]["input_int8"], (
-            f"conv '{keep}' (keep_fp32) was quantized: quantizer.set_module_name_qconfig('{keep}', None) before "
-            "prepare_pt2e keeps it FP32"
-        )
-        fp32 = [n for n in convs if n != keep and not state[n]["weight_int8"]]
-        assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should (set_global quantizes the rest)"
-        ran = {op.in_shapes[0] for op in log.named("conv")
-               if op.in_shapes and all(type(d) is int for d in op.in_shapes[0])}  # fmt: skip
-        missed = [tuple(x.shape) for x in calib if tuple(x.shape) not in ran]
-        assert not missed, (
-            f"calibration batches of shape {missed} never ran through the prepared model: calibrate on every "
-            "batch you were given (run prepared(x) for each)"
-        )
-        first_q = next(n for n in gm.graph.nodes if n.op == "call_function" and QUANT in str(n.target))
-        allx = torch.cat([x.flatten() for x in calib])
-        ratio = float(first_q.args[1]) * 255 / float(allx.max() - allx.min())
-        assert 0.9 <= ratio <= 1.1, (
-            f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the observers saw "
-            "other data (calibrate with the given batches, all of them, and nothing else, before convert_pt2e)"
-        )
-        x = c.randn(c.randint(2, 9), 3, 8, 8) * base + shift
-        with torch.no_grad():
-            cmp = compare_outputs(gm(x), model(x), "int8")
-        assert cmp.cosine >= 0.95, f"the INT8 graph's output cosine to FP32 is {cmp.cosine:.4f} (< 0.95): {cmp}"
-        print(f"   {len(convs) - 1} convs INT8, '{keep}' FP32; calibration seen on {len(calib)} batches; "
-              f"output cosine {cmp.cosine:.4f}")  # fmt: skip
+            targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+            assert any(QUANT in t for t in targets) and any(DEQUANT_W in t for t in targets), (
+                "the graph holds no INT8 quantize/dequantize ops: prepare_pt2e with "
+                "X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibrate, "
+                "convert_pt2e"
+            )
+            state = _conv_state(gm)
+            assert set(state) >= set(convs), (
+                f"convolutions {sorted(set(convs) - set(state))} are missing from the graph"
+            )
+            assert not state[keep]["weight_int8"] and not state[keep]["input_int8"], (
+                f"conv '{keep}' (keep_fp32) was quantized: quantizer.set_module_name_qconfig('{keep}', None) before "
+                "prepare_pt2e keeps it FP32"
+            )
+            fp32 = [n for n in convs if n != keep and not state[n]["weight_int8"]]
+            assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should (set_global quantizes the rest)"
+            ran = {op.in_shapes[0] for op in log.named("conv")
+                   if op.in_shapes and all(type(d) is int for d in op.in_shapes[0])}  # fmt: skip
+            missed = [tuple(x.shape) for x in calib if tuple(x.shape) not in ran]
+            assert not missed, (
+                f"calibration batches of shape {missed} never ran through the prepared model: calibrate on every "
+                "batch you were given (run prepared(x) for each)"
+            )
+            first_q = next(n for n in gm.graph.nodes if n.op == "call_function" and QUANT in str(n.target))
+            allx = torch.cat([x.flatten() for x in calib])
+            ratio = float(first_q.args[1]) * 255 / float(allx.max() - allx.min())
+            assert 0.9 <= ratio <= 1.1, (
+                f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the observers saw "
+                "other data (calibrate with the given batches, all of them, and nothing else, before convert_pt2e)"
+            )
+            x = c.randn(c.randint(2, 9), 3, 8, 8) * base + shift
+            with torch.no_grad():
+                cmp = compare_outputs(gm(x), model(x), "int8")
+            assert cmp.cosine >= 0.95, f"the INT8 graph's output cosine to FP32 is {cmp.cosine:.4f} (< 0.95): {cmp}"
+            print(f"   {len(convs) - 1} convs INT8, '{keep}' FP32; calibration seen on {len(calib)} batches; "
+                  f"output cosine {cmp.cosine:.4f}")  # fmt: skip
 
 
 @exercise(

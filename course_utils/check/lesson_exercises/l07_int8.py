@@ -59,53 +59,59 @@ def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None
     from course_utils.check.compare import compare_outputs
 
     with cases("07.static-int8") as c, tempfile.TemporaryDirectory() as tmp:
-        path, convs = random_cnn_onnx(Path(tmp) / "cnn.onnx", c, blocks=c.randint(2, 3))
-        keep = c.choice(convs[1:])  # the first conv's input quantizer shows what calibration saw
+        path, convs = random_cnn_onnx(Path(tmp) / "cnn.onnx", c, blocks=3)
         big = c.randint(1, 2)
         base = c.rng.uniform(1, 4)
         calib = [(c.randn(c.randint(2, 6), 3, 8, 8) * base * (8 if i == big else 1)).numpy() for i in range(3)]
-        out = Path(tmp) / "cnn.int8.onnx"
-        try:
-            fn(str(path), str(out), [x.copy() for x in calib], keep)
-        except NotImplementedError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - the quantizer's own error is the most useful message
-            raise AssertionError(f"your quantization raised {type(exc).__name__}: {str(exc).splitlines()[0]}") from None
-        assert out.exists(), (
-            f"nothing was written to {out.name}: quantize_static(model_input, model_output, reader, ...)"
-        )
-        info = _qdq_info(out, keep)
-        assert info["ops"]["QuantizeLinear"] and info["ops"]["DequantizeLinear"], (
-            f"no QuantizeLinear/DequantizeLinear pairs in the file (ops {dict(info['ops'])}): static INT8 in QDQ "
-            "format is quantize_static(..., calibration reader, quant_format=QuantFormat.QDQ)"
-        )
-        assert info["input_scale"] is not None, "the model input is not quantized: quantize_static with a reader"
-        assert not info["weight_q"].get(keep, True), (
-            f"conv '{keep}' was quantized: pass nodes_to_exclude=['{keep}'] to keep it FP32"
-        )
-        fp32 = [n for n, q in info["weight_q"].items() if n != keep and not q]
-        assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should"
-        allx = np.concatenate([x.ravel() for x in calib])
-        ratio = info["input_scale"] * 255 / float(max(allx.max(), 0) - min(allx.min(), 0))
-        assert 0.9 <= ratio <= 1.1, (
-            f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the reader fed other "
-            "data (hand the quantizer every batch you were given, one {'input': array} per get_next(), then None)"
-        )
-        x = (c.randn(c.randint(2, 5), 3, 8, 8) * base).numpy()
-        ran = _kernels_run(out, x)
-        assert ran["QLinearConv"] >= len(convs) - 1, (
-            f"ORT's profile shows {ran['QLinearConv']} QLinearConv kernel(s) for {len(convs) - 1} quantized conv(s): "
-            f"the quantized graph did not run as INT8 (kernels seen {dict(ran)})"
-        )
-        import onnxruntime as ort
+        # Each later conv kept once, in random order (the first conv's input quantizer shows what calibration
+        # saw): a submission that ignores keep_fp32 and keeps a conv of its own choosing fails one of the calls.
+        for n_call, keep in enumerate(c.rng.sample(convs[1:], 2)):
+            out = Path(tmp) / f"cnn.int8.{n_call}.onnx"
+            try:
+                fn(str(path), str(out), [x.copy() for x in calib], keep)
+            except NotImplementedError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the quantizer's own error is the most useful message
+                raise AssertionError(
+                    f"your quantization raised {type(exc).__name__}: {str(exc).splitlines()[0]}"
+                ) from None
+            assert out.exists(), (
+                f"nothing was written to {out.name}: quantize_static(model_input, model_output, reader, ...)"
+            )
+            info = _qdq_info(out, keep)
+            assert info["ops"]["QuantizeLinear"] and info["ops"]["DequantizeLinear"], (
+                f"no QuantizeLinear/DequantizeLinear pairs in the file (ops {dict(info['ops'])}): static INT8 in QDQ "
+                "format is quantize_static(..., calibration reader, quant_format=QuantFormat.QDQ)"
+            )
+            assert info["input_scale"] is not None, "the model input is not quantized: quantize_static with a reader"
+            assert not info["weight_q"].get(keep, True), (
+                f"conv '{keep}' was quantized: pass nodes_to_exclude=['{keep}'] to keep it FP32"
+            )
+            fp32 = [n for n, q in info["weight_q"].items() if n != keep and not q]
+            assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should"
+            allx = np.concatenate([x.ravel() for x in calib])
+            ratio = info["input_scale"] * 255 / float(max(allx.max(), 0) - min(allx.min(), 0))
+            assert 0.9 <= ratio <= 1.1, (
+                f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the reader fed "
+                "other "
+                "data (hand the quantizer every batch you were given, one {'input': array} per get_next(), then None)"
+            )
+            x = (c.randn(c.randint(2, 5), 3, 8, 8) * base).numpy()
+            ran = _kernels_run(out, x)
+            assert ran["QLinearConv"] >= len(convs) - 1, (
+                f"ORT's profile shows {ran['QLinearConv']} QLinearConv kernel(s) for {len(convs) - 1} quantized "
+                "conv(s): "
+                f"the quantized graph did not run as INT8 (kernels seen {dict(ran)})"
+            )
+            import onnxruntime as ort
 
-        q = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
-        cmp = compare_outputs(torch.from_numpy(q), torch.from_numpy(_fp32(path, x)), "int8")
-        # a random 8x8 CNN quantized per tensor reaches cosine 0.979-1.0 with a correct pipeline (seen over seeds);
-        # wrong calibration is caught above by the input scale, wrong nodes by the graph
-        assert cmp.cosine >= 0.95, f"INT8 output cosine to FP32 {cmp.cosine:.4f} < 0.95: {cmp}"
-        print(f"   Q/DQ nodes {info['ops']['QuantizeLinear']}/{info['ops']['DequantizeLinear']}; QLinearConv ran "
-              f"{ran['QLinearConv']}x; '{keep}' FP32; cosine {cmp.cosine:.4f}")  # fmt: skip
+            q = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+            cmp = compare_outputs(torch.from_numpy(q), torch.from_numpy(_fp32(path, x)), "int8")
+            # a random 8x8 CNN quantized per tensor reaches cosine 0.979-1.0 with a correct pipeline (seen over seeds);
+            # wrong calibration is caught above by the input scale, wrong nodes by the graph
+            assert cmp.cosine >= 0.95, f"INT8 output cosine to FP32 {cmp.cosine:.4f} < 0.95: {cmp}"
+            print(f"   Q/DQ nodes {info['ops']['QuantizeLinear']}/{info['ops']['DequantizeLinear']}; QLinearConv ran "
+                  f"{ran['QLinearConv']}x; '{keep}' FP32; cosine {cmp.cosine:.4f}")  # fmt: skip
 
 
 @exercise(
