@@ -54,7 +54,7 @@ except ImportError:
 print(f"CUDA: {torch.cuda.is_available()}; TensorRT: {trt.__version__ if trt else 'not installed'}")
 
 # %% tags=["contract", "export"]
-import json  # noqa: E402 - the cells tagged "contract" are executed alone by tests/gpu_contract
+import json  # noqa: E402 - this cell also runs alone: in the contract tests, and as the exported module
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 

@@ -4,7 +4,7 @@ Do not edit: edit the lesson (the learner reads the same code there), then run `
 """
 
 # ruff: noqa
-import json  # noqa: E402 - the cells tagged "contract" are executed alone by tests/gpu_contract
+import json  # noqa: E402 - this cell also runs alone: in the contract tests, and as the exported module
 import time  # noqa: E402
 from pathlib import Path  # noqa: E402
 
