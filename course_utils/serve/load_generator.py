@@ -13,7 +13,6 @@ Both generators return a :class:`LoadResult`: counts by status, throughput of go
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import ipaddress
 import json
 import threading
@@ -187,6 +186,17 @@ class _Deadline:
         return max(0.001, min(self.timeout, self.left()))
 
 
+async def _send(client: Any, url: str, body: Any, deadline: _Deadline) -> int:
+    """POST ``body`` within what is left of the deadline; the HTTP status, or 0 when no answer came."""
+    import httpx
+
+    try:
+        r = await client.post(url, content=_body(body), headers=HEADERS, timeout=deadline.request_timeout())
+    except httpx.HTTPError:
+        return 0
+    return r.status_code
+
+
 async def _bounded(tasks: list[asyncio.Task], deadline: _Deadline) -> int:
     """Wait for ``tasks`` until the deadline; cancel the rest and return how many were cancelled."""
     if not tasks:
@@ -208,9 +218,7 @@ async def _closed(url: str, bodies: Sequence[Any], n_requests: int, concurrency:
         for i in range(warmup):
             if deadline.left() <= DRAIN_S:
                 break
-            with contextlib.suppress(httpx.HTTPError):
-                await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS,
-                                  timeout=deadline.request_timeout())  # fmt: skip
+            await _send(client, url, bodies[i % len(bodies)], deadline)
         lat: list[float] = []
         statuses: dict[int, int] = {}
         counter, start = 0, time.perf_counter()
@@ -221,12 +229,7 @@ async def _closed(url: str, bodies: Sequence[Any], n_requests: int, concurrency:
             while counter < n_requests and time.perf_counter() - start < stop_at:
                 i, counter = counter, counter + 1
                 t0 = time.perf_counter()
-                try:
-                    r = await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS,
-                                          timeout=deadline.request_timeout())  # fmt: skip
-                    code = r.status_code
-                except httpx.HTTPError:
-                    code = 0
+                code = await _send(client, url, bodies[i % len(bodies)], deadline)
                 statuses[code] = statuses.get(code, 0) + 1
                 if 200 <= code < 300:
                     lat.append((time.perf_counter() - t0) * 1000)
@@ -269,11 +272,7 @@ async def _open(url: str, bodies: Sequence[Any], rate: float, n_requests: int, m
         async def one(i: int) -> None:
             nonlocal in_flight
             try:
-                r = await client.post(url, content=_body(bodies[i % len(bodies)]), headers=HEADERS,
-                                      timeout=deadline.request_timeout())  # fmt: skip
-                code = r.status_code
-            except httpx.HTTPError:
-                code = 0
+                code = await _send(client, url, bodies[i % len(bodies)], deadline)
             finally:
                 in_flight -= 1
             statuses[code] = statuses.get(code, 0) + 1
