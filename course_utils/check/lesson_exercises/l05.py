@@ -49,9 +49,9 @@ def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
         mlp = _random_mlp(c)
         names = [n for n, m in mlp.named_modules() if isinstance(m, nn.Linear)]
         # Two calls with different layers to keep: a submission that keeps a fixed name fails one of them.
+        before = copy.deepcopy(mlp.state_dict())
         for kept in c.rng.sample(names, 2):
             keep = {kept}
-            before = copy.deepcopy(mlp.state_dict())
             q = fn(mlp, set(keep))
             assert isinstance(q, nn.Module), f"return the quantized model (an nn.Module), not {type(q).__name__}"
             after = mlp.state_dict()
@@ -170,6 +170,7 @@ def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Mod
         sizes = c.rng.sample(range(3, 12), 4)  # distinct batch sizes: each calibration batch is recognisable
         calib = [c.randn(s, 3, 8, 8) * base * (8 if i == big else 1) + shift for i, s in enumerate(sizes)]
         example = (calib[0][:2].clone(),)
+        allx = torch.cat([x.flatten() for x in calib])  # the calibration data's range, for the input-scale check
         # Each later conv kept once, in random order (the first conv's input quantizer is the calibration probe):
         # a submission that ignores keep_fp32 and keeps a layer of its own choosing fails one of the two calls.
         for keep in c.rng.sample(convs[1:], 2):
@@ -208,7 +209,6 @@ def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Mod
                 "batch you were given (run prepared(x) for each)"
             )
             first_q = next(n for n in gm.graph.nodes if n.op == "call_function" and QUANT in str(n.target))
-            allx = torch.cat([x.flatten() for x in calib])
             ratio = float(first_q.args[1]) * 255 / float(allx.max() - allx.min())
             assert 0.9 <= ratio <= 1.1, (
                 f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the observers saw "

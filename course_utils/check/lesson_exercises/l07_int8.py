@@ -63,6 +63,7 @@ def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None
         big = c.randint(1, 2)
         base = c.rng.uniform(1, 4)
         calib = [(c.randn(c.randint(2, 6), 3, 8, 8) * base * (8 if i == big else 1)).numpy() for i in range(3)]
+        allx = np.concatenate([x.ravel() for x in calib])  # the calibration data's range, for the input-scale check
         # Each later conv kept once, in random order (the first conv's input quantizer shows what calibration
         # saw): a submission that ignores keep_fp32 and keeps a conv of its own choosing fails one of the calls.
         for n_call, keep in enumerate(c.rng.sample(convs[1:], 2)):
@@ -89,7 +90,6 @@ def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None
             )
             fp32 = [n for n, q in info["weight_q"].items() if n != keep and not q]
             assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should"
-            allx = np.concatenate([x.ravel() for x in calib])
             ratio = info["input_scale"] * 255 / float(max(allx.max(), 0) - min(allx.min(), 0))
             assert 0.9 <= ratio <= 1.1, (
                 f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the reader fed "
