@@ -1,6 +1,7 @@
 """The lab bench of the GPU inference course: what several lessons share, in one folder per role.
 
-* ``measuring``: ``device``, ``timing`` (``cu.measure``, the timer), ``memory``;
+* ``measuring``: ``device``, ``timing`` (``cu.measure``, the timer), ``memory``, ``comparing`` (``cu.compare``:
+  every ratio with its interval) and ``intervals``;
 * ``show``: ``plots``, ``results`` (``cu.record``), ``machine_label``, ``leaderboard``;
 * ``check``: ``compare`` (``cu.check_outputs``), ``exercises`` and ``lesson_exercises``, ``streamcheck``, and
   ``standins`` (the CPU stand-ins that rehearse GPU sections);
@@ -25,7 +26,7 @@ import importlib
 from typing import Any
 
 _ROOMS = {
-    "measuring": ("device", "timing", "memory"),
+    "measuring": ("device", "timing", "memory", "comparing", "intervals"),
     "show": ("plots", "results", "machine_label", "leaderboard"),
     "check": ("compare", "exercises", "lesson_exercises", "streamcheck", "standins"),
     "supply": ("models", "data", "llm", "paths", "modes", "lesson", "errors"),
@@ -40,18 +41,19 @@ _MODULES = {name: f"{__name__}.{room}.{name}" for room, names in _ROOMS.items() 
 _SHORTCUTS = {
     "check_outputs": "compare", "compare_outputs": "compare", "pick_device": "device", "gpu_section": "modes",
     "is_smoke": "modes", "pick": "modes", "record": "results", "measure": "timing",
+    "compare": "comparing", "tolerance_table": "compare",  # cu.compare is the comparison (shortcuts win)
 }  # fmt: skip
 
 __all__ = sorted(set(_MODULES) | set(_SHORTCUTS) | set(_ROOMS))
 
 
 def __getattr__(name: str) -> Any:
+    if name in _SHORTCUTS:
+        return getattr(importlib.import_module(_MODULES[_SHORTCUTS[name]]), name)
     if name in _MODULES:
         return importlib.import_module(_MODULES[name])
     if name in _ROOMS:
         return importlib.import_module(f".{name}", __name__)
-    if name in _SHORTCUTS:
-        return getattr(importlib.import_module(_MODULES[_SHORTCUTS[name]]), name)
     raise AttributeError(f"module 'course_utils' has no attribute '{name}'")
 
 

@@ -76,7 +76,7 @@ models = {
 # not always bit-exact.
 
 # %%
-cu.compare.tolerance_table().loc[["fp32"]]
+cu.tolerance_table().loc[["fp32"]]
 
 # %%
 with torch.inference_mode():

@@ -271,7 +271,7 @@ def own_peak_mib(run, x, memory, resident):
 
 # %%
 THRESHOLD = 0.5  # accuracy points a variant may lose before it is flagged
-display(cu.compare.tolerance_table())
+display(cu.tolerance_table())
 cnn_variants = make_variants(cnn)
 acc_rows = []
 with torch.inference_mode():

@@ -363,7 +363,7 @@ counter = CompileCounter()
 with torch._dynamo.config.patch(recompile_limit=3), torch.inference_mode():
     limited = torch.compile(model, backend=counter, dynamic=False)
     for xs in shape_inputs:
-        cu.compare.check_outputs(limited(xs), model(xs), "fp32", label=f"batch {xs.shape[0]}")
+        cu.check_outputs(limited(xs), model(xs), "fp32", label=f"batch {xs.shape[0]}")
 print(
     f"{len(sizes)} sizes, graphs compiled: {counter.frame_count}; the other {len(sizes) - counter.frame_count} sizes "
     "ran in eager mode (correct, not compiled)."

@@ -112,7 +112,7 @@ print(
 
 session = ort.InferenceSession(str(onnx_path), providers=["CPUExecutionProvider"])
 print("inputs:", [(i.name, i.type, i.shape) for i in session.get_inputs()])
-print("FP32 tolerance:", cu.compare.TOLERANCES["fp32"])
+print("FP32 tolerance:", cu.tolerance_table().loc["fp32"].dropna().to_dict())
 for b, x in xs.items():
     (logits,) = session.run(["logits"], {"input": x.numpy()})
     cu.check_outputs(torch.from_numpy(logits), ref[b], "fp32", label=f"ORT vs PyTorch, batch {b}")
@@ -578,7 +578,7 @@ for b, x in xs.items():
     m8 = cu.measure(
         lambda f=feed: sess_int8.run(None, f), device="cpu", batch_size=b, label=f"ORT INT8 b={b}", **timing[b]
     )
-    cmp = cu.compare.compare_outputs(torch.from_numpy(sess_int8.run(None, feed)[0]), ref[b], "int8")
+    cmp = cu.compare_outputs(torch.from_numpy(sess_int8.run(None, feed)[0]), ref[b], "int8")
     int8_rows.append(
         {
             "batch": b,

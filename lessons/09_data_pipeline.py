@@ -100,7 +100,7 @@ pd.DataFrame(per_image)  # the first decode in a process also loads the decoder:
 # `DataLoader(ds, batch_size=..., num_workers=w)` with `w > 0` starts `w` processes; each runs `__getitem__`
 # for whole batches and collates them, the main process only receives finished batches. Correct before fast:
 # with `shuffle=False` the batches from workers must equal those of the main process (fp32 tolerance of
-# `cu.compare`).
+# `cu.check_outputs`).
 
 # %%
 ref_batch = next(iter(DataLoader(ds, batch_size=BATCH, num_workers=0)))[0]

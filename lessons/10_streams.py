@@ -109,7 +109,7 @@ def side_stream_prefetch(model, chunks, device):
 
 # %% [markdown]
 # Correct before fast: on this machine's device module, both give the model's outputs, in order (fp32
-# tolerance of `cu.compare`). The ordering itself is checked without a GPU in
+# tolerance of `cu.check_outputs`). The ordering itself is checked without a GPU in
 # `tests/gpu_contract/test_l10_streams.py`, which runs these very functions against a recording device module
 # that flags any copy and kernel that no wait orders.
 

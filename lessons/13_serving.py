@@ -227,7 +227,7 @@ def check_answers(srv, reference):
 # %% [markdown]
 # ## Without batching: correct first, then the load
 # The reference is `sentence-transformers` itself (`SentenceTransformer.encode`), not our code; the served
-# answers must match it within the fp32 tolerance of `cu.compare` before any speed figure. Then the server
+# answers must match it within the fp32 tolerance of `cu.check_outputs` before any speed figure. Then the server
 # with `max_batch_size=1` gets the load_generator. Its closed-loop peak tells us its capacity; the open-loop rates are
 # set relative to it: 70% (the queue stays short) and 150% (more arrives than it can serve).
 

@@ -177,7 +177,7 @@ def try_step(name: str, run, precision: str, builds_on: str) -> dict:
         out = run(example)
         cu.device.synchronize(device)
         first_s = time.perf_counter() - t0
-        cmp = cu.compare.compare_outputs(out.float(), ref, precision)
+        cmp = cu.compare_outputs(out.float(), ref, precision)
         acc = accuracy_fn(run)
         m = m_base = None
         if cmp.within:  # baseline and step timed back to back: a busy machine slows both alike

@@ -130,7 +130,7 @@ def test_gpu_rounding_fails_fp32_but_passes_the_uint8_check(ns):
     cpu, cuda_like = _u8_batches()
     assert not torch.equal(cpu, cuda_like)  # the rounding really differs
     norm = ns["normalize_on_device"]
-    assert not cu.compare.compare_outputs(norm(cuda_like), norm(cpu), "fp32").within
+    assert not cu.compare_outputs(norm(cuda_like), norm(cpu), "fp32").within
     got = ns["uint8_levels"](cuda_like, cpu)
     assert got["mean"] < 1.0 and got["max"] >= 1
 

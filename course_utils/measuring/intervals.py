@@ -1,0 +1,174 @@
+"""A ratio with its 95% confidence interval, its verdict and what flags it (drift, stand-in timing).
+
+:mod:`course_utils.measuring.comparing` measures the variants in interleaved rounds and keeps one ratio per
+round; :func:`ratio_from_rounds` turns those per-round ratios into a :class:`Ratio`: the median of the rounds,
+and a percentile-bootstrap interval of that median over the rounds (``scipy.stats.bootstrap``). A ratio above 1
+means the variant is better (faster, or more of a higher-is-better metric). The interval, not the estimate,
+decides: "faster" only when its low end is above 1, "slower" only when its high end is below 1, and otherwise
+"no difference beyond this machine's noise"; a target is "met" only when the low end clears it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+CONFIDENCE = 0.95
+NO_DIFFERENCE = "no difference beyond this machine's noise"
+VERDICTS = ("faster", "slower", NO_DIFFERENCE)
+JUDGEMENTS = ("met", "not shown", "missed", "not judged (stand-in timing)", "not judged (drifted)")
+STANDIN_FLAG = "stand-in timing (the rehearsal's CPU stand-in, not a GPU): judges nothing"
+_RESAMPLES = 2000
+_SEED = 0  # the same rounds always give the same interval
+
+
+def fmt(x: float) -> str:
+    """A ratio as printed: two decimals, one above 10, three significant digits below 0.1."""
+    if not np.isfinite(x):
+        return str(x)
+    if abs(x) >= 10:
+        return f"{x:.1f}"
+    if abs(x) >= 0.1:
+        return f"{x:.2f}"
+    return f"{x:.3g}"
+
+
+def median_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
+    """The percentile-bootstrap interval of the median of ``values`` (fixed seed: reproducible)."""
+    values = np.asarray(values, dtype=float)
+    if values.size < 2 or np.ptp(values) == 0:
+        v = float(np.median(values)) if values.size else float("nan")
+        return v, v
+    from scipy import stats
+
+    res = stats.bootstrap(
+        (values,),
+        np.median,
+        n_resamples=_RESAMPLES,
+        confidence_level=confidence,
+        method="percentile",
+        rng=np.random.default_rng(_SEED),
+    )
+    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+
+
+@dataclass
+class Ratio:
+    """A variant against the baseline: estimate, 95% interval over rounds, verdict and flags.
+
+    ``estimate`` is the median of the per-round ratios (``rounds``); ``low``/``high`` bound it at 95%.
+    ``drifted`` (with ``drift_reason``) says the interval cannot be trusted: the work both variants share, or
+    the baseline itself, changed during the comparison by more than the interval can absorb. ``standin`` says
+    the timings came from the rehearsal's CPU stand-in of a GPU: printed, labelled, never judged.
+    """
+
+    name: str
+    baseline: str
+    estimate: float
+    low: float
+    high: float
+    rounds: list[float] = field(repr=False)
+    drifted: bool = False
+    drift_reason: str = ""
+    standin: bool = False
+    confidence: float = CONFIDENCE
+
+    @property
+    def verdict(self) -> str:
+        if self.low > 1.0:
+            return "faster"
+        if self.high < 1.0:
+            return "slower"
+        return NO_DIFFERENCE
+
+    @property
+    def half_width(self) -> float:
+        """Half the interval's width relative to the estimate (0.05: about ±5%)."""
+        return (self.high - self.low) / 2 / self.estimate if self.estimate > 0 else float("inf")
+
+    @property
+    def flags(self) -> list[str]:
+        """What a reader must know before trusting the number (empty when nothing)."""
+        out = []
+        if self.standin:
+            out.append(STANDIN_FLAG)
+        if self.drifted:
+            out.append(f"drifted: {self.drift_reason}")
+        return out
+
+    @property
+    def interval_text(self) -> str:
+        """As printed: "1.45x (95% CI 1.31-1.62)" or "no difference beyond this machine's noise (0.90-1.30x)"."""
+        if self.verdict == NO_DIFFERENCE:
+            return f"{NO_DIFFERENCE} ({fmt(self.low)}-{fmt(self.high)}x)"
+        return f"{fmt(self.estimate)}x ({self.confidence:.0%} CI {fmt(self.low)}-{fmt(self.high)})"
+
+    def __str__(self) -> str:
+        return self.interval_text + "".join(f" [{f}]" for f in self.flags)
+
+    def judge(self, target: float) -> str:
+        """Against a target ratio: "met" only when the interval's low end reaches it, "missed" when its high end
+        is below it, "not shown" when the interval straddles it; stand-in or drifted numbers are not judged."""
+        if self.standin:
+            return "not judged (stand-in timing)"
+        if self.drifted:
+            return "not judged (drifted)"
+        if self.low >= target:
+            return "met"
+        if self.high < target:
+            return "missed"
+        return "not shown"
+
+    def against(self, target: float) -> str:
+        """A target line: "1.45x (95% CI 1.31-1.62) vs target >= 1.5x: not shown"."""
+        return f"{self} vs target >= {fmt(target)}x: {self.judge(target)}"
+
+    def says(self, variant: str, baseline: str, better: str = "faster than") -> str:
+        """A finding phrased from the interval: "INT8 is 1.45x (95% CI 1.31-1.62) faster than FP32", "INT8 is
+        0.62x (95% CI ...) the speed of FP32 (slower)", or "INT8 vs FP32: no difference beyond this machine's
+        noise (0.90-1.30x)". ``better`` names the direction for metrics ("the throughput of")."""
+        flags = "".join(f" [{f}]" for f in self.flags)
+        if self.verdict == NO_DIFFERENCE:
+            return f"{variant} vs {baseline}: {self.interval_text}{flags}"
+        if self.verdict == "faster":
+            return f"{variant} is {self.interval_text} {better} {baseline}{flags}"
+        return f"{variant} is {self.interval_text} vs {baseline}: {self.verdict}{flags}"
+
+    def as_row(self, prefix: str = "speedup") -> dict[str, float | str]:
+        """Columns for a table or a results row: ``speedup``, ``speedup_low``, ``speedup_high``, verdict, flags."""
+        return {
+            prefix: self.estimate,
+            f"{prefix}_low": self.low,
+            f"{prefix}_high": self.high,
+            "verdict": self.verdict,
+            "flags": "; ".join(self.flags),
+        }
+
+
+def ratio_from_rounds(
+    name: str,
+    baseline: str,
+    per_round: np.ndarray,
+    *,
+    drifted: bool = False,
+    drift_reason: str = "",
+    standin: bool = False,
+) -> Ratio:
+    """The :class:`Ratio` of per-round ratios (variant better when > 1): median and its bootstrap interval."""
+    per_round = np.asarray(per_round, dtype=float)
+    per_round = per_round[np.isfinite(per_round)]
+    if per_round.size == 0:
+        raise ValueError(f"{name} vs {baseline}: no finite per-round ratio (every round timed 0 or failed)")
+    low, high = median_interval(per_round)
+    return Ratio(
+        name=name,
+        baseline=baseline,
+        estimate=float(np.median(per_round)),
+        low=low,
+        high=high,
+        rounds=[float(r) for r in per_round],
+        drifted=drifted,
+        drift_reason=drift_reason,
+        standin=standin,
+    )

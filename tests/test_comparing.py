@@ -1,0 +1,207 @@
+"""cu.compare / compare_runs and Ratio pinned on cases with a known answer.
+
+Most timings here come from a fake clock (each call advances ``time.perf_counter`` by a set cost), so ratios
+are known exactly and nothing depends on this machine's load.
+"""
+
+import numpy as np
+import pytest
+
+import course_utils as cu
+from course_utils.measuring import comparing, intervals, timing
+from course_utils.measuring.intervals import NO_DIFFERENCE, Ratio, ratio_from_rounds
+
+
+class FakeClock:
+    """``perf_counter`` that moves only when a workload 'runs': ``work(ms)`` advances it by ms x load."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+        self.load = 1.0
+        self.calls: list[str] = []
+
+    def __call__(self) -> float:
+        return self.now
+
+    def work(self, name: str, ms: float):
+        def fn() -> None:
+            self.calls.append(name)
+            self.now += ms * self.load / 1000.0
+
+        return fn
+
+
+@pytest.fixture
+def clock(monkeypatch):
+    c = FakeClock()
+    monkeypatch.setattr(timing.time, "perf_counter", c)
+    return c
+
+
+def test_shortcut_is_the_comparison():
+    assert cu.compare is comparing.compare
+    assert cu.comparing.compare_runs is comparing.compare_runs
+    assert cu.tolerance_table().loc["fp32", "max_rel"] == 1e-4  # the check room's table, still a shortcut
+
+
+def test_exact_two_to_one(clock):
+    cmp = cu.compare({"one": clock.work("one", 2.0), "half": clock.work("half", 1.0)}, baseline="one", device="cpu",
+                     rounds=6, warmup=1, min_round_s=0.01)  # fmt: skip
+    r = cmp.ratio("half")
+    assert (r.estimate, r.low, r.high) == pytest.approx((2.0, 2.0, 2.0))
+    assert r.rounds == pytest.approx([2.0] * 6) and r.verdict == "faster"
+    assert str(r) == "2.00x (95% CI 2.00-2.00)"
+    assert cmp.measurements["one"].median_ms == pytest.approx(2.0)
+    assert cmp.measurements["half"].n == 6 * 10  # 10 calls of 1 ms fill each 0.01 s block
+    assert r.judge(1.5) == "met" and r.judge(1.99) == "met" and r.judge(2.01) == "missed"
+    t = cmp.table()
+    assert list(t.columns) == ["variant", "median", "unit", "spread", "ratio", "low", "high", "verdict", "flags"]
+    assert t.set_index("variant").loc["one", "verdict"] == "baseline"
+    assert t.set_index("variant").loc["half", "ratio"] == pytest.approx(2.0)
+    with pytest.raises(KeyError, match="baseline"):
+        cmp.ratio("one")
+
+
+def test_slower_variant_reads_below_one(clock):
+    cmp = cu.compare({"a": clock.work("a", 1.0), "b": clock.work("b", 4.0)}, baseline="a", device="cpu", rounds=4,
+                     warmup=0, min_round_s=0.0)  # fmt: skip
+    r = cmp.ratio("b")
+    assert r.estimate == pytest.approx(0.25) and r.verdict == "slower"
+    assert r.says("b", "a") == "b is 0.25x (95% CI 0.25-0.25) vs a: slower"
+
+
+def test_rounds_are_interleaved_in_a_fresh_order(clock):
+    names = ["a", "b", "c"]
+    cu.compare({n: clock.work(n, 1.0) for n in names}, baseline="a", device="cpu", rounds=30, warmup=0,
+               min_round_s=0.0, min_calls=1, seed=3)  # fmt: skip
+    rounds = [tuple(clock.calls[i : i + 3]) for i in range(0, 90, 3)]
+    assert all(sorted(r) == names for r in rounds)  # every round runs every variant once
+    assert len(set(rounds)) > 1  # and not always in the same order
+    assert {r[0] for r in rounds} == set(names)
+
+
+def test_load_change_between_rounds_cancels_in_the_ratio(clock):
+    """Identical workloads; the load triples after round 5. Timed one after the other, the second would look
+    3x slower; interleaved, every round's ratio is 1 and the baseline drift is flagged, not hidden."""
+    calls = {"n": 0}
+
+    def step(name):
+        base = clock.work(name, 1.0)
+
+        def fn():
+            calls["n"] += 1
+            clock.load = 1.0 if calls["n"] <= 10 else 3.0
+            base()
+
+        return fn
+
+    cmp = cu.compare({"a": step("a"), "b": step("b")}, baseline="a", device="cpu", rounds=10, warmup=0,
+                     min_round_s=0.0, min_calls=1, seed=1)  # fmt: skip
+    r = cmp.ratio("b")
+    assert r.estimate == pytest.approx(1.0) and r.verdict == NO_DIFFERENCE
+    assert r.drifted and "baseline's rounds moved from 1 to 3" in r.drift_reason
+    assert r.judge(1.0) == "not judged (drifted)"
+    assert "drifted" in str(r)
+
+
+def test_noise_without_a_difference_is_no_difference():
+    rng = np.random.default_rng(0)
+    r = ratio_from_rounds("b", "a", rng.lognormal(0.0, 0.2, size=15))
+    assert r.low < 1.0 < r.high and r.verdict == NO_DIFFERENCE
+    assert str(r) == f"{NO_DIFFERENCE} ({intervals.fmt(r.low)}-{intervals.fmt(r.high)}x)"
+    assert r.judge(1.2) in {"not shown", "missed"}
+    assert r.says("b", "a").startswith("b vs a: no difference beyond this machine's noise (")
+
+
+def test_interval_is_the_bootstrap_of_the_median():
+    per = np.array([1.0, 1.1, 1.2, 1.3, 1.4, 1.5, 1.6, 1.7, 5.0])
+    r = ratio_from_rounds("v", "b", per)
+    assert r.estimate == 1.4  # the median: the 5.0 outlier round does not move it
+    assert 1.0 <= r.low < 1.4 < r.high <= 1.7
+    row = r.as_row()
+    assert (row["speedup"], row["speedup_low"], row["speedup_high"]) == (r.estimate, r.low, r.high)
+    again = ratio_from_rounds("v", "b", per)
+    assert (again.low, again.high) == (r.low, r.high)  # fixed seed: the same rounds give the same interval
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "target", "expected"),
+    [(1.6, 1.8, 1.5, "met"), (1.5, 1.8, 1.5, "met"), (1.3, 1.7, 1.5, "not shown"), (1.1, 1.4, 1.5, "missed"),
+     (0.9, 1.3, 1.0, "not shown")],
+)  # fmt: skip
+def test_judge_uses_the_interval_not_the_estimate(low, high, target, expected):
+    r = Ratio("v", "b", estimate=(low + high) / 2, low=low, high=high, rounds=[])
+    assert r.judge(target) == expected
+    assert r.against(target).endswith(f": {expected}")
+
+
+def test_standin_and_drift_are_never_judged():
+    r = Ratio("v", "b", estimate=3.0, low=2.9, high=3.1, rounds=[], standin=True)
+    assert r.judge(1.5) == "not judged (stand-in timing)"
+    assert str(r) == f"3.00x (95% CI 2.90-3.10) [{intervals.STANDIN_FLAG}]"
+    d = Ratio("v", "b", estimate=3.0, low=2.9, high=3.1, rounds=[], drifted=True, drift_reason="why")
+    assert d.judge(1.5) == "not judged (drifted)" and str(d).endswith("[drifted: why]")
+
+
+def test_standin_flag_under_the_rehearsal(monkeypatch):
+    monkeypatch.setenv("COURSE_REHEARSE", "1")
+    cmp = cu.comparing.compare_runs({"a": lambda: 1.0, "b": lambda: 2.0}, baseline="a", rounds=3,
+                                    higher_is_better=True, device="cuda")  # fmt: skip
+    assert cmp.ratio("b").standin and cmp.ratio("b").judge(1.5) == "not judged (stand-in timing)"
+    assert intervals.STANDIN_FLAG in cmp.table().set_index("variant").loc["a", "flags"]
+    on_cpu = cu.comparing.compare_runs({"a": lambda: 1.0, "b": lambda: 2.0}, baseline="a", rounds=3,
+                                       higher_is_better=True, device="cpu")  # fmt: skip
+    assert not on_cpu.ratio("b").standin  # CPU sections of a rehearsed lesson time the real CPU
+
+
+def test_compare_runs_direction():
+    higher = cu.comparing.compare_runs({"static": lambda: 100.0, "cont": lambda: 150.0}, baseline="static", rounds=5,
+                                       higher_is_better=True, metric="tokens/s")  # fmt: skip
+    assert higher.ratio("cont").estimate == 1.5 and higher.ratio("cont").verdict == "faster"
+    lower = cu.comparing.compare_runs({"base": lambda: 10.0, "fast": lambda: 5.0}, baseline="base", rounds=5,
+                                      higher_is_better=False, metric="s")  # fmt: skip
+    assert lower.ratio("fast").estimate == 2.0
+    assert lower.table().set_index("variant").loc["base", "unit"] == "s"
+
+
+def test_shared_work_drift_is_flagged():
+    """Lesson 16's case: the identical prefills took 20.3 s under static and 8.0 s under continuous."""
+    rng = np.random.default_rng(1)
+    static = lambda: {"value": 10.0 * rng.uniform(0.95, 1.05), "shared_s": 20.3}  # noqa: E731
+    cont = lambda: {"value": 30.0 * rng.uniform(0.95, 1.05), "shared_s": 8.0}  # noqa: E731
+    cmp = cu.comparing.compare_runs({"static": static, "continuous": cont}, baseline="static", rounds=8,
+                                    higher_is_better=True)  # fmt: skip
+    r = cmp.ratio("continuous")
+    assert r.drifted and "20.3 s under static and 8 s under continuous" in r.drift_reason
+    assert r.judge(1.5) == "not judged (drifted)"
+    steady = lambda: {"value": 30.0 * rng.uniform(0.95, 1.05), "shared_s": 20.3}  # noqa: E731
+    ok = cu.comparing.compare_runs({"static": static, "continuous": steady}, baseline="static", rounds=8,
+                                   higher_is_better=True).ratio("continuous")  # fmt: skip
+    assert not ok.drifted and ok.judge(2.5) == "met"
+
+
+def test_high_spread_rows_are_flagged(clock):
+    costs = iter(np.tile([1.0, 1.0, 5.0, 0.2], 1000))
+
+    def jumpy():
+        clock.now += next(costs) / 1000.0
+
+    cmp = cu.compare({"steady": clock.work("s", 1.0), "jumpy": jumpy}, baseline="steady", device="cpu", rounds=4,
+                     warmup=0, min_round_s=0.0, min_calls=8)  # fmt: skip
+    flags = cmp.table().set_index("variant")["flags"]
+    assert flags["jumpy"].startswith("high spread (IQR") and flags["steady"] == ""
+
+
+def test_bad_input_names_the_fix(clock):
+    with pytest.raises(ValueError, match="baseline 'x' is not one of the variants"):
+        cu.compare({"a": clock.work("a", 1.0), "b": clock.work("b", 1.0)}, baseline="x")
+    with pytest.raises(ValueError, match="at least one other variant"):
+        cu.compare({"a": clock.work("a", 1.0)}, baseline="a")
+    with pytest.raises(TypeError, match="return a number"):
+        cu.comparing.compare_runs({"a": lambda: "fast", "b": lambda: 1.0}, baseline="a", rounds=1,
+                                  higher_is_better=True)  # fmt: skip
+
+
+@pytest.mark.parametrize(("x", "text"), [(15.049, "15.0"), (1.449, "1.45"), (0.9, "0.90"), (0.0123, "0.0123")])
+def test_format(x, text):
+    assert intervals.fmt(x) == text
