@@ -205,3 +205,20 @@ def test_bad_input_names_the_fix(clock):
 @pytest.mark.parametrize(("x", "text"), [(15.049, "15.0"), (1.449, "1.45"), (0.9, "0.90"), (0.0123, "0.0123")])
 def test_format(x, text):
     assert intervals.fmt(x) == text
+
+
+def test_record_keeps_the_interval_and_older_files_stay_readable():
+    from course_utils.show import results
+
+    r = Ratio("int8", "fp32", estimate=1.45, low=1.31, high=1.62, rounds=[], drifted=True, drift_reason="load")
+    row = results.record("99", "int8", median_ms=1.0, speedup_vs_baseline=r, notes="batch 32")
+    assert (row["speedup_vs_baseline"], row["speedup_low"], row["speedup_high"]) == (1.45, 1.31, 1.62)
+    assert row["notes"] == "batch 32; faster; drifted: load"
+    path = next(results.results_dir().glob("*.csv"))
+    old = [c for c in results.COLUMNS if c not in ("speedup_low", "speedup_high")]
+    path.write_text(",".join(old) + "\n")  # a file written before the interval columns existed
+    results.record("99", "int8", median_ms=1.0, speedup_vs_baseline=r)
+    results.record("99", "plain", median_ms=2.0, speedup_vs_baseline=2.0)
+    df = results.load_results()
+    assert list(df["technique"]) == ["int8", "plain"] and list(df["speedup_vs_baseline"]) == [1.45, 2.0]
+    assert "speedup_low" not in df.columns  # the older file keeps its columns; nothing is torn

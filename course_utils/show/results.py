@@ -26,15 +26,19 @@ try:
 except ImportError:  # Windows: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
+from course_utils.measuring.intervals import Ratio
 from course_utils.show.machine_label import machine_id
 from course_utils.supply.modes import is_smoke
 from course_utils.supply.paths import REFERENCE_DIR, append_text, results_dir
 from course_utils.supply.paths import REPO_ROOT as REPO_ROOT  # re-exported: results.REPO_ROOT
 
-NUMERIC_COLUMNS = ["batch_size", "median_ms", "p90_ms", "throughput", "speedup_vs_baseline", "error_vs_baseline"]
+NUMERIC_COLUMNS = ["batch_size", "median_ms", "p90_ms", "throughput", "speedup_vs_baseline", "error_vs_baseline",
+                   "speedup_low", "speedup_high"]  # fmt: skip
+# speedup_low/high (the 95% interval of a cu.compare ratio) came last: older files without them still load
 COLUMNS = [
     "lesson", "technique", "model", "device", "dtype", "batch_size", "median_ms", "p90_ms", "throughput",
     "speedup_vs_baseline", "error_vs_baseline", "notes", "machine", "gpu", "cpu", "torch", "mode", "time",
+    "speedup_low", "speedup_high",
 ]  # fmt: skip
 
 TEXT_LIMIT = 32_000  # characters per text field: a spreadsheet cell holds 32,767; csv's default field limit is 131,072
@@ -68,16 +72,23 @@ def record(
     median_ms: float | None = None,
     p90_ms: float | None = None,
     throughput: float | None = None,
-    speedup_vs_baseline: float | None = None,
+    speedup_vs_baseline: float | Ratio | None = None,
     error_vs_baseline: float | None = None,
     notes: str = "",
 ) -> dict[str, Any]:
     """Append one row to this machine's results file and return it.
 
     Pass a :class:`course_utils.measuring.timing.Measurement` as ``measurement`` to fill the timing columns
-    (median, p90, throughput, batch size, device) from it; explicit arguments win over it.
+    (median, p90, throughput, batch size, device) from it; explicit arguments win over it. Pass a
+    :class:`course_utils.measuring.intervals.Ratio` (``cu.compare(...).ratio(name)``) as ``speedup_vs_baseline``
+    to record its interval too (``speedup_low``/``speedup_high``; its flags go into the notes).
     """
     row: dict[str, Any] = {c: None for c in COLUMNS}
+    if isinstance(speedup_vs_baseline, Ratio):
+        ratio = speedup_vs_baseline
+        speedup_vs_baseline = ratio.estimate
+        row.update(speedup_low=ratio.low, speedup_high=ratio.high)
+        notes = "; ".join(x for x in [notes, ratio.verdict, *ratio.flags] if x)
     if measurement is not None:
         row.update(
             median_ms=measurement.median_ms,
@@ -97,11 +108,25 @@ def record(
     row.update(given)
     row.update(_machine_fields())
     row = {k: _safe_text(k, v) if isinstance(v, str) else v for k, v in row.items()}
-    line = pd.DataFrame([row], columns=COLUMNS).to_csv(index=False, header=False, lineterminator="\n")
+    path = results_dir() / f"{row['machine']}.csv"
+    columns = _existing_header(path) or COLUMNS  # an older file keeps its own columns (new ones are left out)
+    line = pd.DataFrame([row]).reindex(columns=columns).to_csv(index=False, header=False, lineterminator="\n")
     header = ",".join(COLUMNS) + "\n"
     # The header is written only if the file is empty, decided under the lock: one header per file.
-    append_text(results_dir() / f"{row['machine']}.csv", lambda empty: header + line if empty else line)
+    append_text(path, lambda empty: header + line if empty else line)
     return {k: unneutralize(v) if isinstance(v, str) else v for k, v in row.items()}
+
+
+def _existing_header(path: Path) -> list[str] | None:
+    """The columns of an existing results file when they differ from :data:`COLUMNS` (one written by an older
+    course version), else None."""
+    try:
+        with open(path, encoding="utf-8-sig", newline="") as fh:
+            first = fh.readline().strip()
+    except OSError:
+        return None
+    columns = first.split(",") if first else []
+    return columns if columns and columns != COLUMNS and {"lesson", "technique"} <= set(columns) else None
 
 
 def neutralize(text: str) -> str:
