@@ -2,7 +2,7 @@
 
 :mod:`course_utils.measuring.comparing` measures the variants in interleaved rounds and keeps one ratio per
 round; :func:`ratio_from_rounds` turns those per-round ratios into a :class:`Ratio`: the median of the rounds,
-and a percentile-bootstrap interval of that median over the rounds (``scipy.stats.bootstrap``). A ratio above 1
+and the distribution-free 95% interval of that median (:func:`median_interval`). A ratio above 1
 means the variant is better (faster, or more of a higher-is-better metric). The interval, not the estimate,
 decides: "faster" only when its low end is above 1, "slower" only when its high end is below 1, and otherwise
 "no difference beyond this machine's noise"; a target is "met" only when the low end clears it.
@@ -19,8 +19,6 @@ NO_DIFFERENCE = "no difference beyond this machine's noise"
 VERDICTS = ("faster", "slower", NO_DIFFERENCE)
 JUDGEMENTS = ("met", "not shown", "missed", "not judged (stand-in timing)", "not judged (drifted)")
 STANDIN_FLAG = "stand-in timing (the rehearsal's CPU stand-in, not a GPU): judges nothing"
-_RESAMPLES = 2000
-_SEED = 0  # the same rounds always give the same interval
 
 
 def fmt(x: float) -> str:
@@ -34,30 +32,36 @@ def fmt(x: float) -> str:
     return f"{x:.3g}"
 
 
-def median_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float]:
-    """The percentile-bootstrap interval of the median of ``values`` (fixed seed: reproducible)."""
+def median_interval(values: np.ndarray, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(low, high, confidence): the distribution-free interval of the median of ``values``.
+
+    It is the order-statistic interval (``scipy.stats.quantile_test``): the k-th smallest and k-th largest value,
+    k from the binomial distribution, so it covers the true median at least ``confidence`` of the time for any
+    distribution of independent rounds. A percentile bootstrap of the median, tried first, covered only 87-93%
+    at 7 to 15 rounds in simulation (heavy-tailed rounds are what a loaded machine gives). Under 6 rounds no 95%
+    interval exists: then it is the whole range, at the confidence that range has (94% at 5 rounds).
+    """
     values = np.asarray(values, dtype=float)
-    if values.size < 2 or np.ptp(values) == 0:
-        v = float(np.median(values)) if values.size else float("nan")
-        return v, v
+    n = values.size
+    if n == 0:
+        return float("nan"), float("nan"), confidence
+    med = float(np.median(values))
+    if n == 1 or np.ptp(values) <= 1e-12 * abs(med):  # every round the same (a simulated clock)
+        return med, med, confidence
     from scipy import stats
 
-    res = stats.bootstrap(
-        (values,),
-        np.median,
-        n_resamples=_RESAMPLES,
-        confidence_level=confidence,
-        method="percentile",
-        rng=np.random.default_rng(_SEED),
-    )
-    return float(res.confidence_interval.low), float(res.confidence_interval.high)
+    ci = stats.quantile_test(values, q=med, p=0.5).confidence_interval(confidence)
+    if np.isfinite(ci.low) and np.isfinite(ci.high):
+        return float(ci.low), float(ci.high), confidence
+    return float(values.min()), float(values.max()), 1.0 - 2.0 * 0.5**n
 
 
 @dataclass
 class Ratio:
     """A variant against the baseline: estimate, 95% interval over rounds, verdict and flags.
 
-    ``estimate`` is the median of the per-round ratios (``rounds``); ``low``/``high`` bound it at 95%.
+    ``estimate`` is the median of the per-round ratios (``rounds``); ``low``/``high`` bound it at ``confidence``
+    (95%; lower only when there were under 6 rounds).
     ``drifted`` (with ``drift_reason``) says the interval cannot be trusted: the work both variants share, or
     the baseline itself, changed during the comparison by more than the interval can absorb. ``standin`` says
     the timings came from the rehearsal's CPU stand-in of a GPU: printed, labelled, never judged.
@@ -155,12 +159,12 @@ def ratio_from_rounds(
     drift_reason: str = "",
     standin: bool = False,
 ) -> Ratio:
-    """The :class:`Ratio` of per-round ratios (variant better when > 1): median and its bootstrap interval."""
+    """The :class:`Ratio` of per-round ratios (variant better when > 1): their median and its interval."""
     per_round = np.asarray(per_round, dtype=float)
     per_round = per_round[np.isfinite(per_round)]
     if per_round.size == 0:
         raise ValueError(f"{name} vs {baseline}: no finite per-round ratio (every round timed 0 or failed)")
-    low, high = median_interval(per_round)
+    low, high, confidence = median_interval(per_round)
     return Ratio(
         name=name,
         baseline=baseline,
@@ -171,4 +175,5 @@ def ratio_from_rounds(
         drifted=drifted,
         drift_reason=drift_reason,
         standin=standin,
+        confidence=confidence,
     )
