@@ -183,7 +183,79 @@ def test_a_row_torn_by_a_killed_process_does_not_swallow_the_next_row():
     path = next(results.results_dir().glob("*.csv"))
     with open(path, "a") as fh:
         fh.write("99,killed-mid-li")  # no newline: the writer died here
-    results.record("99", "after", median_ms=2.0)
+    with pytest.warns(UserWarning, match=r"the last 16 bytes of .* were a row cut short .*kept in .*\.csv\.torn"):
+        results.record("99", "after", median_ms=2.0)  # the torn tail is cut first, its bytes kept beside the file
+    df = results.load_results()
+    assert list(df["technique"]) == ["before", "after"]
+    assert path.with_name(path.name + ".torn").read_text() == "99,killed-mid-li"
+
+
+# ---- rows torn by a killed writer, inside a quoted note ------------------------------------------------------
+
+
+def _line_of(technique: str, note: str) -> str:
+    """The CSV line ``record`` writes for a row (recorded in a scratch folder of its own, read back)."""
+    import os
+    import secrets
+
+    saved = os.environ["COURSE_RESULTS_DIR"]
+    os.environ["COURSE_RESULTS_DIR"] = f"{saved}-scratch-{secrets.token_hex(4)}"
+    try:
+        results.record("99", technique, median_ms=3.0, notes=note)
+        path = next(results.results_dir().glob("*.csv"))
+        return path.read_text(encoding="utf-8").split("\n", 1)[1]
+    finally:
+        os.environ["COURSE_RESULTS_DIR"] = saved
+
+
+def test_a_row_torn_inside_a_quoted_note_does_not_swallow_the_rows_after_it():
+    """A writer killed inside a quoted note: the rows recorded after it all load (3 of 8 did)."""
+    for i in range(3):
+        results.record("99", f"before{i}", median_ms=1.0, notes=f'note {i}, with "quotes"')
+    path = next(results.results_dir().glob("*.csv"))
+    line = _line_of("killed", 'a long note, with "quotes",\nand a second line')
+    torn = line[: line.index("second")]  # cut inside the open quote, after the note's own newline
+    with open(path, "a", encoding="utf-8", newline="") as fh:
+        fh.write(torn)
+    with pytest.warns(UserWarning, match="were a row cut short"):
+        results.record("99", "after0", median_ms=2.0, notes="after, 0")
+    for i in range(1, 5):
+        results.record("99", f"after{i}", median_ms=2.0, notes=f"after, {i}")
+    df = results.load_results()
+    assert list(df["technique"]) == [f"before{i}" for i in range(3)] + [f"after{i}" for i in range(5)]
+    assert df["notes"].iloc[0] == 'note 0, with "quotes"' and df["notes"].iloc[-1] == "after, 4"
+
+
+def test_the_reader_resynchronises_on_the_next_whole_row_after_a_torn_one(tmp_path):
+    """A file torn by an older writer (the torn line ended with a newline, rows appended after it)."""
+    header = ",".join(results.COLUMNS) + "\n"
+    good = [_line_of(f"t{i}", f'row {i}, "quoted"\nsecond line') for i in range(6)]
+    torn = _line_of("torn", 'killed, "here"\nand more')
+    torn = torn[: torn.index("and more")]  # the newline inside the note is the last byte written
+    f = tmp_path / "old.csv"
+    f.write_text(header + good[0] + good[1] + torn + "".join(good[2:]), encoding="utf-8")
+    with pytest.warns(UserWarning, match=r"skipped 1 malformed row\(s\).*line 6"):
+        df = results.read_rows(f)
+    assert list(df["technique"]) == [f"t{i}" for i in range(6)]
+    assert df["notes"].iloc[5] == 'row 5, "quoted"\nsecond line'
+
+
+def test_a_note_holding_text_that_looks_like_a_row_stays_one_row():
+    """Re-synchronising must not split a note whose own line parses as a whole row."""
+    lookalike = _line_of("inner", "x").rstrip("\n")
+    results.record("99", "outer", median_ms=1.0, notes="first line\n" + lookalike + "\nlast line")
+    results.record("99", "next", median_ms=2.0)
+    df = results.load_results()
+    assert list(df["technique"]) == ["outer", "next"]
+    assert df["notes"].iloc[0] == "first line\n" + lookalike + "\nlast line"
+
+
+def test_a_torn_multibyte_character_at_the_end_does_not_make_the_file_unreadable():
+    results.record("99", "kept", median_ms=1.0, notes="✓ fine")
+    path = next(results.results_dir().glob("*.csv"))
+    with open(path, "ab") as fh:
+        fh.write(_line_of("torn", "a note ending in ✓").encode()[:-30])
+        fh.write("✓".encode()[:2])  # killed between the bytes of one character
     with pytest.warns(UserWarning, match="skipped 1 malformed row"):
         df = results.load_results()
-    assert list(df["technique"]) == ["before", "after"]
+    assert list(df["technique"]) == ["kept"]

@@ -21,12 +21,8 @@ from typing import Any
 
 import pandas as pd
 
-try:
-    import fcntl
-except ImportError:  # Windows: no advisory locks
-    fcntl = None  # type: ignore[assignment]
-
 from course_utils.measuring.intervals import Ratio
+from course_utils.show import results_file
 from course_utils.show.machine_label import machine_id
 from course_utils.supply.modes import is_smoke
 from course_utils.supply.paths import REFERENCE_DIR, append_text, results_dir
@@ -113,7 +109,8 @@ def record(
     line = pd.DataFrame([row]).reindex(columns=columns).to_csv(index=False, header=False, lineterminator="\n")
     header = ",".join(COLUMNS) + "\n"
     # The header is written only if the file is empty, decided under the lock: one header per file.
-    append_text(path, lambda empty: header + line if empty else line)
+    # A tail torn by a writer killed mid-row is cut first (results_file.complete_part), so it swallows nothing.
+    append_text(path, lambda empty: header + line if empty else line, recover=results_file.complete_part)
     return {k: unneutralize(v) if isinstance(v, str) else v for k, v in row.items()}
 
 
@@ -159,42 +156,26 @@ def _safe_text(column: str, text: str) -> str:
     return neutralize(text)
 
 
-def _decode(path: Path) -> str:
-    """A results file's text; ``ValueError`` naming the cause when it is not a UTF-8 comma-separated file."""
-    data = path.read_bytes()
-    try:
-        text = data.decode("utf-8-sig")  # a spreadsheet's "CSV UTF-8" starts with a byte-order mark
-    except UnicodeDecodeError as exc:
-        raise ValueError(
-            f"it is not UTF-8 text (byte 0x{data[exc.start]:02x} at offset {exc.start}: saved by a spreadsheet as "
-            "cp1252/'ANSI'?); save it again as 'CSV UTF-8 (comma delimited)'"
-        ) from None
-    first = text.split("\n", 1)[0]
-    if first.count(";") >= 3 and "," not in first.replace('","', ""):
-        raise ValueError(
-            "its fields are separated by ';' (a spreadsheet in a decimal-comma locale saved it): save it again "
-            "with ',' as the separator and '.' for decimals"
-        )
-    return text
-
-
 def read_rows(path: str | Path) -> pd.DataFrame:
     """One results CSV as a DataFrame, keeping every good row.
 
     A row with the wrong number of fields (an extra comma, a line torn by a killed process), a non-number in a
     numeric column, NUL bytes (the zeroed tail a crash leaves) or an oversized field is skipped with one
-    warning naming the file, its line numbers and the cause; rows after it still load. Repeated header lines
+    warning naming the file, its line numbers and the cause; rows after it still load, also after a row torn
+    inside a quoted note (:func:`course_utils.show.results_file.parse_rows` re-synchronises). Repeated header lines
     (left by older, unlocked concurrent writes) are dropped; text fields come back as recorded (see
     :func:`unneutralize`). Raises ``ValueError`` (or ``OSError``) naming the cause when the file is not a
     UTF-8, comma-separated CSV at all (a cp1252 or semicolon-separated re-save from a spreadsheet).
     """
     path = Path(path)
-    text = _decode(path)
+    text = results_file.decode(path.read_bytes())
     old_limit = csv.field_size_limit(max(csv.field_size_limit(), 1 << 26))  # older files' long notes still load
     try:
-        header, good, bad = _parse(text)
+        header, good, bad = results_file.parse_rows(text, NUMERIC_COLUMNS)
     finally:
         csv.field_size_limit(old_limit)
+    numeric = {i for i, c in enumerate(header) if c in NUMERIC_COLUMNS}
+    good = [[f if i in numeric else unneutralize(f) for i, f in enumerate(row)] for row in good]
     dropped = [b for b in bad if b.endswith("(value dropped, row kept)")]
     bad = [b for b in bad if b not in dropped]
     for what, items in (("skipped {} malformed row(s)", bad), ("dropped {} value(s) that are not numbers", dropped)):
@@ -209,55 +190,6 @@ def read_rows(path: str | Path) -> pd.DataFrame:
     csv.writer(buf, lineterminator="\n").writerows([header, *good])
     buf.seek(0)
     return pd.read_csv(buf, dtype={"lesson": str})
-
-
-def _parse(text: str) -> tuple[list[str], list[list[str]], list[str]]:
-    """(header, good rows with text un-neutralized, one 'line N: cause' per skipped row)."""
-    reader = csv.reader(io.StringIO(text, newline=""))
-    try:
-        header = next(reader, None)
-    except csv.Error as exc:
-        raise ValueError(f"its header line cannot be parsed ({exc})") from None
-    if not header or not any(h.strip() for h in header):
-        raise ValueError("it is empty (no header line)")
-    if "\x00" in "".join(header):
-        raise ValueError("its header line holds NUL bytes (the file was damaged)")
-    numeric = [i for i, c in enumerate(header) if c in NUMERIC_COLUMNS]
-    good, bad = [], []
-    while True:
-        try:
-            fields = next(reader)
-        except StopIteration:
-            break
-        except csv.Error as exc:  # e.g. a field over the limit; the reader goes on at the next line
-            bad.append(f"line {reader.line_num}: {exc}")
-            continue
-        if not any(f.strip() for f in fields) or fields == header:
-            continue
-        if any("\x00" in f for f in fields):
-            bad.append(f"line {reader.line_num}: NUL bytes (a zeroed tail left by a crash, or a damaged line)")
-            continue
-        if len(fields) != len(header):
-            bad.append(f"line {reader.line_num}: {len(fields)} fields, header has {len(header)}")
-            continue
-        wrong = next((i for i in numeric if fields[i].strip() and not _is_number(fields[i])), None)
-        for i in numeric:  # 'nan' spelled out is no measurement: dropped (the leaderboard also drops inf, 1e308)
-            if fields[i].strip().lower().lstrip("+-") == "nan":
-                fields[i] = ""
-                bad.append(f"line {reader.line_num}: column '{header[i]}' holds 'nan' (value dropped, row kept)")
-        if wrong is None:
-            good.append([f if i in numeric else unneutralize(f) for i, f in enumerate(fields)])
-        else:
-            bad.append(f"line {reader.line_num}: column '{header[wrong]}' holds {fields[wrong][:30]!r}")
-    return header, good, bad
-
-
-def _is_number(text: str) -> bool:
-    try:
-        float(text)
-    except ValueError:
-        return False
-    return True
 
 
 def load_results(paths: Iterable[str | Path] | None = None) -> pd.DataFrame:

@@ -1,10 +1,14 @@
-"""Where things are: the repository, its shipped data, and the results folder (``COURSE_RESULTS_DIR``).
+"""Where things are: the repository, its shipped data, and the folders the course's path switches name.
 
 One place for paths, imported by every other module, importing no other course module but ``errors``
-(so ``modes`` and ``results`` no longer import each other). ``COURSE_RESULTS_DIR`` is read the same way
-whatever folder a notebook kernel or script runs in: ``~`` is expanded, a relative path is taken relative to
-the repository root, and a folder that cannot be created or written raises :class:`SettingError` naming the
-variable, instead of an ``OSError`` deep inside pandas or a stray ``notebooks/~/`` folder.
+(so ``modes`` and ``results`` no longer import each other). Every path switch (``COURSE_RESULTS_DIR``,
+``COURSE_LLM_CACHE``) is read by :func:`resolve_path_setting` the same way whatever folder a notebook kernel or
+script runs in: ``~`` and ``$VARS`` are expanded; quotes kept in the value, a URL, an unset ``$VARIABLE`` or
+``~nosuchuser`` raise :class:`SettingError` naming the variable; a relative path is taken from the repository
+root (results) or refused (the model cache: 540 MB must not land in the workspace); and
+:func:`ensure_writable` turns a folder that cannot be created or written into one :class:`SettingError` naming
+the folder, the variable and the fix, instead of an ``OSError`` deep inside pandas or a stray
+``notebooks/~/`` folder.
 :func:`append_text` appends to a file shared by concurrent processes (results CSVs, the section record)
 under an exclusive lock, so four lessons writing their first row at once still give one header.
 """
@@ -14,6 +18,7 @@ from __future__ import annotations
 import os
 import re
 import tempfile
+import warnings
 from collections.abc import Callable
 from pathlib import Path
 
@@ -33,7 +38,7 @@ _writable: set[Path] = set()  # folders already checked in this process (the che
 
 
 def _bad_value(raw: str, expanded: str) -> str | None:
-    """Why a ``COURSE_RESULTS_DIR`` value cannot name a folder (None when it can): each of these would
+    """Why a path switch's value cannot name a folder (None when it can): each of these would
     otherwise become a stray folder inside the checkout (``results/$SCRATCH``, ``~nosuchuser``, ``file:``)."""
     if raw[:1] in "'\"" or raw[-1:] in "'\"":
         return "it contains quote characters (the shell did not remove them): set the path without quotes"
@@ -49,50 +54,70 @@ def _bad_value(raw: str, expanded: str) -> str | None:
     return None
 
 
-def resolve_results_dir(value: str | None) -> Path:
-    """The folder a ``COURSE_RESULTS_DIR`` value names, without touching the disk.
+def resolve_path_setting(var: str, value: str | None, *, default: Path, relative_to: Path | None,
+                         example: str) -> Path:  # fmt: skip
+    """The folder a path switch's value names, without touching the disk.
 
-    Empty or unset means ``results/`` in the repository; ``~`` and ``$VARS`` are expanded; a relative path
-    is relative to the repository root (not to the folder the kernel happens to start in). A value that
-    cannot name a folder (quotes kept in the value, a ``file://`` URL, an unset ``$VARIABLE``, ``~nosuchuser``)
-    raises :class:`SettingError` saying why, instead of creating a folder of that name inside the checkout.
+    Empty or unset means ``default``; ``~`` and ``$VARS`` are expanded. A relative path is taken from
+    ``relative_to``, or refused when that is None (it would be taken from whatever folder the kernel runs in).
+    A value that cannot name a folder (quotes kept in the value, a ``file://`` URL, an unset ``$VARIABLE``,
+    ``~nosuchuser``) raises :class:`SettingError` naming ``var`` and saying why, instead of creating a folder of
+    that name inside the checkout.
     """
     raw = (value or "").strip()
     if not raw:
-        return REPO_ROOT / "results"
+        return default
     expanded = os.path.expandvars(os.path.expanduser(raw))
     why = _bad_value(raw, expanded)
+    if not why and relative_to is None and not os.path.isabs(expanded):
+        why = (f"it is a relative path, which would be taken inside whatever folder the notebook runs in (the "
+               f"workspace or the repository): write an absolute path such as {example!r}")  # fmt: skip
     if why:
-        raise SettingError(f"{RESULTS_VAR}={raw!r} cannot be used: {why}; then restart the kernel.")
+        raise SettingError(f"{var}={raw!r} cannot be used: {why}; then restart the kernel.")
     path = Path(expanded)
-    return path if path.is_absolute() else (REPO_ROOT / path).resolve()
+    return path if path.is_absolute() else (relative_to / path).resolve()
 
 
-def _suggestion(path: Path) -> str:
+def resolve_results_dir(value: str | None) -> Path:
+    """The folder a ``COURSE_RESULTS_DIR`` value names (:func:`resolve_path_setting`): empty means ``results/``
+    in the repository, and a relative path is relative to the repository root (not to the folder the kernel
+    happens to start in)."""
+    return resolve_path_setting(RESULTS_VAR, value, default=REPO_ROOT / "results", relative_to=REPO_ROOT,
+                                example="~/course-results")  # fmt: skip
+
+
+def suggestion(path: Path, candidates: tuple[str, ...]) -> str:
     """A folder to suggest instead of ``path``: never ``path`` itself (nor a folder inside it)."""
-    for candidate in ("~/course-results", os.path.join(tempfile.gettempdir(), "course-results")):
+    for candidate in candidates:
         full = Path(os.path.expanduser(candidate))
         if full != path and path not in full.parents:
             return candidate
     return "/path/to/a/folder/you/can/write"
 
 
-def _ensure_writable(path: Path) -> None:
+def ensure_writable(path: Path, var: str, *, what: str, suggest: tuple[str, ...]) -> None:
+    """Create ``path`` if needed and write a file in it; else raise one :class:`SettingError` naming the
+    folder (``what`` it is), the switch ``var`` it came from and a folder to set instead (from ``suggest``)."""
     if path in _writable and path.is_dir():
         return
-    raw = os.environ.get(RESULTS_VAR)
-    source = f"{RESULTS_VAR}={raw!r}" if raw and raw.strip() else f"the default results folder ({RESULTS_VAR} unset)"
+    raw = os.environ.get(var)
+    source = f"{var}={raw!r}" if raw and raw.strip() else f"the default {what} ({var} unset)"
     try:
         path.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=path):  # a real write: os.access says yes to root on read-only mounts
             pass
     except OSError as exc:
         raise SettingError(
-            f"the results folder {path} from {source} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). "
-            f"Set {RESULTS_VAR} to a folder you can write, e.g. `export {RESULTS_VAR}={_suggestion(path)}`, "
+            f"the {what} {path} from {source} cannot be written ({type(exc).__name__}: {exc.strerror or exc}). "
+            f"Set {var} to a folder you can write, e.g. `export {var}={suggestion(path, suggest)}`, "
             "and restart the kernel."
         ) from None
     _writable.add(path)
+
+
+def _ensure_writable(path: Path) -> None:
+    suggest = ("~/course-results", os.path.join(tempfile.gettempdir(), "course-results"))
+    ensure_writable(path, RESULTS_VAR, what="results folder", suggest=suggest)
 
 
 def results_dir(*, write: bool = True) -> Path:
@@ -108,22 +133,39 @@ def results_dir(*, write: bool = True) -> Path:
     return path
 
 
-def append_text(path: Path, text: str | Callable[[bool], str]) -> None:
+def append_text(
+    path: Path, text: str | Callable[[bool], str], *, recover: Callable[[bytes], tuple[int, str]] | None = None
+) -> None:
     """Append ``text`` to ``path`` under an exclusive file lock (``fcntl.flock``), creating the file if needed.
 
     ``text`` may be a function of ``empty`` (True when the file has no bytes yet, decided under the lock):
     a CSV writer passes one that adds the header only then, so concurrent first writes give one header.
     A last line left without its newline (a writer killed mid-line) is ended first, so the torn line does
-    not swallow the new one.
+    not swallow the new one. A format that knows where its records end passes ``recover``: given the file's
+    bytes, ``(length of its complete part, text to write before the new text)``; a torn tail beyond that length
+    is cut off (a results row torn inside a quoted note), its bytes appended to ``<path>.torn`` (nothing is
+    deleted) and a warning names both files.
     """
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path, "a+", encoding="utf-8", newline="") as fh:
         if fcntl is not None:
             fcntl.flock(fh.fileno(), fcntl.LOCK_EX)
         try:
-            size = os.fstat(fh.fileno()).st_size
-            torn = size > 0 and os.pread(fh.fileno(), 1, size - 1) != b"\n"
-            fh.write(("\n" if torn else "") + (text(size == 0) if callable(text) else text))
+            fd = fh.fileno()
+            size = os.fstat(fd).st_size
+            if recover is None:
+                keep, before = size, ("\n" if size > 0 and os.pread(fd, 1, size - 1) != b"\n" else "")
+            else:
+                data = os.pread(fd, size, 0)
+                keep, before = recover(data)
+                if keep < size:
+                    torn = path.with_name(path.name + ".torn")
+                    with open(torn, "ab") as out:
+                        out.write(data[keep:])
+                    os.ftruncate(fd, keep)
+                    warnings.warn(f"the last {size - keep} bytes of {path} were a row cut short by a writer that "
+                                  f"was killed: removed before appending (kept in {torn})", stacklevel=3)  # fmt: skip
+            fh.write(before + (text(keep == 0) if callable(text) else text))
             fh.flush()
         finally:
             if fcntl is not None:
