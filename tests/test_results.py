@@ -259,3 +259,25 @@ def test_a_torn_multibyte_character_at_the_end_does_not_make_the_file_unreadable
     with pytest.warns(UserWarning, match="skipped 1 malformed row"):
         df = results.load_results()
     assert list(df["technique"]) == ["kept"]
+
+
+# ---- the install id file, damaged ------------------------------------------------------------------------------
+
+
+def test_an_install_id_that_is_not_text_is_renewed_saying_so():
+    """Bytes that are not UTF-8 in .install_id: every record() raised a bare UnicodeDecodeError naming no file."""
+    path = results.results_dir() / machine_label.INSTALL_ID_FILE
+    path.write_bytes(b"\xff\xfe\x80 not an id \xc3")
+    with pytest.warns(UserWarning, match=r"\.install_id .*not text.*new install id"):
+        row = results.record("99", "t", median_ms=1.0)
+    assert row["machine"].endswith("_" + machine_label.install_id())
+    assert len(results.load_results()) == 1
+
+
+def test_an_install_id_path_that_is_a_folder_names_the_file():
+    from course_utils.supply.errors import CourseError
+
+    path = results.results_dir() / machine_label.INSTALL_ID_FILE
+    path.mkdir()
+    with pytest.raises(CourseError, match=r"\.install_id.*Remove it"):
+        results.record("99", "t", median_ms=1.0)

@@ -11,6 +11,7 @@ import contextlib
 import os
 import re
 import secrets
+import warnings
 from pathlib import Path
 
 try:
@@ -18,6 +19,7 @@ try:
 except ImportError:  # Windows: no advisory locks
     fcntl = None  # type: ignore[assignment]
 
+from course_utils.supply.errors import CourseError
 from course_utils.supply.paths import results_dir
 
 INSTALL_ID_FILE = ".install_id"
@@ -57,16 +59,22 @@ def install_id(folder: Path | None = None) -> str:
     leaderboard labels apart. The file holds ``<id> <machine fingerprint>``: a folder copied with a cloned
     VM image (same file, another machine) gets a fresh id on first use, so clones do not share one; a file of
     the older one-field format is renewed once the same way (rows already written keep their file, which
-    still loads). Concurrent first calls agree: the id is chosen under a file lock.
+    still loads). A file holding bytes that are not text is renewed too, with a warning naming it; a folder in
+    its place raises :class:`CourseError` naming it. Concurrent first calls agree: the id is chosen under a lock.
     """
     folder = folder or results_dir()
     path = folder / INSTALL_ID_FILE
     mine = machine_fingerprint()
+    damaged = False
 
     def current() -> str | None:
+        nonlocal damaged
         try:
-            fields = path.read_text().split()
+            fields = path.read_bytes().decode("utf-8").split()
         except OSError:
+            return None
+        except UnicodeDecodeError:  # a damaged file: renewed below, saying so
+            damaged = True
             return None
         if len(fields) == 2 and fields[1] == mine:
             return re.sub(r"[^A-Za-z0-9]", "", fields[0])[:12] or None
@@ -83,7 +91,20 @@ def install_id(folder: Path | None = None) -> str:
             found = secrets.token_hex(3)
             tmp = folder / f"{INSTALL_ID_FILE}.{os.getpid()}.{secrets.token_hex(4)}"
             tmp.write_text(f"{found} {mine}\n")
-            os.replace(tmp, path)
+            try:
+                os.replace(tmp, path)
+            except OSError as exc:
+                tmp.unlink(missing_ok=True)
+                raise CourseError(
+                    f"{path} cannot be replaced ({exc.strerror}; a folder of that name?): it should be a small text "
+                    "file holding this results folder's install id. Remove it and run again (a new id is chosen)."
+                ) from None
+            if damaged:
+                warnings.warn(
+                    f"{path} held bytes that are not text (a damaged file): wrote a new install id, {found}; rows "
+                    "recorded from now on go to a new results file (the older file still loads)",
+                    stacklevel=2,
+                )
     return found
 
 
