@@ -122,3 +122,29 @@ def test_running_and_saving_a_lesson_in_the_workspace_leaves_the_repo_clean(tmp_
     assert not list(ws.glob("*.py")), "a paired text copy was written beside the workspace notebook"
     if not problems_before:
         assert nbcheck.check_all() == [], "the clean-notebook check fails after a workspace save"
+
+
+def test_resets_within_one_second_never_overwrite_an_earlier_backup(tmp_path):
+    """`make reset-lesson` twice in a second (and reset-workspace then reset-lesson): every old copy is kept.
+
+    A `date` that always prints the same second stands in for two quick runs (backups were named to the second:
+    the second reset replaced the first backup, 2 of 2 tries)."""
+    ws, fake_bin = tmp_path / "ws", tmp_path / "bin"
+    fake_bin.mkdir()
+    (fake_bin / "date").write_text("#!/bin/sh\necho 20261201-120000\n")
+    (fake_bin / "date").chmod(0o755)
+    env = dict(os.environ, PATH=f"{fake_bin}{os.pathsep}{os.environ['PATH']}")
+
+    def make(*args: str) -> None:
+        subprocess.run(["make", "-s", *args, f"WORKSPACE={ws}"], cwd=ROOT, check=True, capture_output=True, env=env)
+
+    make("workspace")
+    lesson = sorted(ws.glob("*.ipynb"))[0]
+    versions = []
+    for step in ("reset-lesson", "reset-lesson", "reset-workspace", "reset-lesson"):
+        versions.append(f'{{"my work": "before {step} #{len(versions)}"}}')
+        lesson.write_text(versions[-1])
+        make(step, "LESSON=" + lesson.name[:2]) if step == "reset-lesson" else make(step)
+    kept = sorted(p.read_text() for p in (ws / ".old").glob(lesson.name + ".*"))
+    assert kept == sorted(versions), f"backups lost: {len(kept)} of {len(versions)} kept"
+    assert lesson.read_bytes() == (ROOT / "notebooks" / lesson.name).read_bytes()
