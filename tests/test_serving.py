@@ -542,3 +542,51 @@ def test_lesson_13_writefile_cells_work_with_a_space_in_tmpdir(tmp_path):
     for name in ("embed_server.py", "my_api.py"):  # and a plain-script run finds the same cells
         out = server_process.writefile_fallback(tmp_path / name, lesson)
         assert out.read_text().startswith("import litserve as ls")
+
+
+# ---- run folders left by a server and then its kernel dying ---------------------------------------------------
+
+
+def test_a_run_folder_left_by_dead_server_and_kernel_is_removed_at_the_next_start(api_file, tmp_path, monkeypatch):
+    """The server's main process is killed, then the kernel dies: no process is left to remove the run folder;
+    the next serve() removes it (its owner is gone), and keeps the folders of live owners."""
+    import tempfile
+
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    script = tmp_path / "kernel.py"
+    script.write_text(
+        textwrap.dedent(f"""
+        import time
+        from course_utils.serve import server_process
+        with server_process.serve("{api_file}:Double") as srv:
+            print(srv.pgid, srv.process.pid, srv.run_dir, flush=True)
+            time.sleep(600)
+    """)
+    )
+    env = dict(os.environ, PYTHONPATH=str(server_process.REPO_ROOT), TMPDIR=str(tmp))
+    kernel = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pgid, main_pid, run_dir = kernel.stdout.readline().split()
+        os.kill(int(main_pid), signal.SIGKILL)
+        end = time.monotonic() + 20
+        while server_process.group_pids(int(pgid)) and time.monotonic() < end:
+            time.sleep(0.2)
+        kernel.send_signal(signal.SIGKILL)
+        kernel.wait(10)
+    finally:
+        if kernel.poll() is None:
+            kernel.kill()
+    assert server_process.group_pids(int(pgid)) == [] and Path(run_dir).is_dir()
+    live = tmp / "course_serve_live"  # a folder another notebook of ours still uses: kept
+    live.mkdir()
+    (live / "server.log").write_text("")
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    with server_process.serve(f"{api_file}:Double") as srv:
+        assert srv.run_dir.parent == tmp
+        assert not Path(run_dir).exists(), "the stale run folder was not removed"
+        (live / "owner").write_text((srv.run_dir / "owner").read_text())  # owned by this live process
+    with server_process.serve(f"{api_file}:Double"):
+        pass
+    assert live.is_dir(), "a live owner's run folder was removed"

@@ -13,8 +13,9 @@ What can go wrong, and what happens:
   program on the port is never mistaken for it; if no port binds, :class:`ServingError` says so;
 * the notebook's process dies (even SIGKILL): a watchdog thread in the server notices its parent is gone,
   removes the run folder and kills the whole group; the server's main process dies: each worker process's own
-  watchdog kills the group (:func:`course_utils.serve.server_watch.start_watchdog`); at interpreter exit
-  (``atexit``) every live server is stopped;
+  watchdog kills the group (:func:`course_utils.serve.server_watch.start_watchdog`); if the notebook's process
+  then dies too, the next start removes the run folder it left (its ``owner`` file names a process that is
+  gone); at interpreter exit (``atexit``) every live server is stopped;
 * the ``with`` body raises: the group gets SIGTERM, then SIGKILL, and :func:`stop` checks that no process and no
   listening port is left.
 
@@ -106,6 +107,32 @@ def pid_alive(pid: int) -> bool:
     except OSError:
         return False
     return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")
+
+
+def _started(pid: int) -> str:
+    """When process ``pid`` started (clock ticks since boot, from /proc), or "" if it is gone: with the pid, it
+    names one process, so a pid reused by a later process is not mistaken for the one recorded."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return ""
+    return stat[stat.rfind(")") + 2 :].split()[19]
+
+
+def _remove_stale_run_dirs() -> None:
+    """Remove this user's ``<TMPDIR>/course_serve_*`` folders whose owner (the process that started the server,
+    named in their ``owner`` file) is gone. When the server's main process is killed and then the kernel dies,
+    no process is left to remove its run folder (the workers' watchdogs only kill the group); the next start
+    does. Folders without an owner file, or of other users, are left alone."""
+    for d in Path(tempfile.gettempdir()).glob("course_serve_*"):
+        try:
+            if d.is_symlink() or not d.is_dir() or d.stat().st_uid != os.getuid():
+                continue
+            pid, started = (d / "owner").read_text().split()
+        except (OSError, ValueError):
+            continue
+        if pid.isdigit() and _started(int(pid)) != started:
+            shutil.rmtree(d, ignore_errors=True)
 
 
 def _worker_died(srv: Server) -> bool:
@@ -219,7 +246,9 @@ def serve(target: str | Path, *, max_batch_size: int = 1, batch_timeout: float =
         raise ServingError(f"target {str(target)!r} must be 'path/to/file.py:name' with an existing file")
     if max_batch_size < 1 or batch_timeout < 0 or workers_per_device < 1:
         raise ServingError("need max_batch_size >= 1, batch_timeout >= 0 (seconds) and workers_per_device >= 1")
+    _remove_stale_run_dirs()
     run_dir, instance = Path(tempfile.mkdtemp(prefix="course_serve_")), secrets.token_hex(8)
+    (run_dir / "owner").write_text(f"{os.getpid()} {_started(os.getpid())}")  # who may still need the folder
     knobs = {"max_batch_size": max_batch_size, "batch_timeout": batch_timeout, "workers_per_device": workers_per_device,
              "accelerator": accelerator, "port": port,
              "max_connections": max_connections, "limit_concurrency": limit_concurrency,
