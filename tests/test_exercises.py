@@ -1,7 +1,12 @@
-"""The exercise machinery: every reference solution passes its own checker; check() prints exactly one verdict,
-tells the placeholder from a NotImplementedError raised inside torch, stops a hung answer, cuts huge messages."""
+"""The exercise machinery: check() prints exactly one verdict, tells the placeholder from a NotImplementedError
+raised inside torch, stops a hung answer (one that swallows the stop too), cuts huge messages, validates
+COURSE_EXERCISE_SEED, and its ✓ line lists what the checker observed. Each reference solution runs in its lesson's
+tests (tests/test_exercises_lNN.py), not again here."""
 
+import random
+import re
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -17,16 +22,23 @@ def test_every_lesson_registers_exercises():
     assert {f"{n:02d}" for n in range(15)} <= lessons
 
 
-@pytest.mark.parametrize("key", KEYS)
-def test_reference_solution_passes(key):
-    ex = exercises.get(key)
-    ex.checker(ex.solution)
+def test_every_exercise_has_its_lessons_tests():
+    """The reference and wrong answers of each exercise are tested in its lesson's file (not re-run here)."""
+    tests = Path(__file__).resolve().parent
+    missing = []
+    for key in KEYS:
+        path = tests / f"test_exercises_l{key[:2]}.py"
+        if not path.exists() or key not in path.read_text():
+            missing.append(key)
+    assert not missing, f"exercises without tests in tests/test_exercises_lNN.py: {missing}"
 
 
 def _double_checker(fn):
     with cases("test.double") as c:
         n = c.randint(2, 50)
-        assert fn(n) == 2 * n, f"double({n}) should be {2 * n}, got {fn(n)}"
+        got = fn(n)
+        assert got == 2 * n, f"double({n}) should be {2 * n}, got {got}"
+        exercises.observed(f"double({n}) returned {got}")
 
 
 @pytest.fixture
@@ -50,7 +62,7 @@ def test_check_prints_exactly_one_verdict(double_exercise, capsys):
     for answer, mark, words in [
         (stub, "✎", "not solved yet"),
         (lambda n: n, "✗", "not quite"),
-        (lambda n: 2 * n, "✓", "correct"),
+        (lambda n: 2 * n, "✓", "passed its self-check (random cases of seed"),
     ]:
         exercises.check(double_exercise, answer)
         lines = _verdict_lines(capsys.readouterr().out)
@@ -140,3 +152,91 @@ def test_forbid_restores_what_it_replaced():
     with forbid(item=(torch.Tensor, "no .item() in the timed loop")), pytest.raises(AssertionError, match="timed"):
         torch.ones(1).item()
     assert torch.ones(1).item() == 1.0
+
+
+def test_the_tick_line_lists_what_was_observed_and_the_seed(double_exercise, capsys, monkeypatch):
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", "77")
+    exercises.check(double_exercise, lambda n: 2 * n)
+    (line,) = _verdict_lines(capsys.readouterr().out)
+    n = random.Random(77).randint(2, 50)
+    want = f"✓  Exercise test.double: passed its self-check (random cases of seed 77). Observed: double({n}) returned"
+    assert line == f"{want} {2 * n}."
+    assert "correct" not in line and "proof" not in line
+
+
+def _swallow_exception(n):  # the commonest retry loop: it catches everything an Exception is
+    while True:
+        try:
+            time.sleep(0.01)
+        except Exception:
+            pass
+
+
+def _swallow_bare(n):  # a bare except catches the BaseException too: the stop must come again
+    while True:
+        try:
+            time.sleep(0.01)
+        except:  # noqa: E722
+            pass
+
+
+def _swallow_base_then_retry(n):
+    while True:
+        try:
+            time.sleep(0.01)
+        except BaseException:
+            continue
+
+
+@pytest.mark.parametrize("answer", [_swallow_exception, _swallow_bare, _swallow_base_then_retry])
+def test_the_time_limit_survives_a_retry_loop_that_swallows_errors(double_exercise, capsys, answer):
+    t0 = time.perf_counter()
+    exercises.check(double_exercise, answer)
+    assert time.perf_counter() - t0 < 10
+    (line,) = _verdict_lines(capsys.readouterr().out)
+    assert line.startswith("✗") and "stopped after 2 s" in line, line
+    if answer is not _swallow_exception:
+        assert "caught the stop and went on" in line, line
+    assert issubclass(exercises.ExerciseTimeout, BaseException)
+    assert not issubclass(exercises.ExerciseTimeout, Exception)
+    import sys
+
+    assert sys.gettrace() is None or "again" not in getattr(sys.gettrace(), "__name__", ""), "the trace is removed"
+    assert exercises.verdict(double_exercise, lambda n: 2 * n) == "accepted", "the timer is disarmed afterwards"
+
+
+@pytest.mark.parametrize(
+    "value, reason",
+    [
+        ("abc", "is not a whole number"),
+        ("1e3", "is not a whole number"),
+        ("3.5", "is not a whole number"),
+        ("-5", "is negative"),
+        ("99999999999999999999999", "is out of range"),
+        (str(2**32), "is out of range"),
+    ],
+)
+def test_a_bad_seed_is_named_not_blamed_on_the_learner(double_exercise, capsys, monkeypatch, value, reason):
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", value)
+    exercises.check(double_exercise, lambda n: 2 * n)
+    (line,) = _verdict_lines(capsys.readouterr().out)
+    assert line.startswith("✗") and "not checked" in line and reason in line and "your code" not in line, line
+    assert "a whole number from 0 to 4294967295" in line and "unset it" in line
+    with pytest.raises(exercises.SeedError, match=re.escape(reason)):
+        exercises.verdict(double_exercise, lambda n: 2 * n)
+
+
+@pytest.mark.parametrize("value, seed", [(" 12 ", 12), ("0", 0), (str(2**32 - 1), 2**32 - 1), ("", None)])
+def test_good_seeds_are_used(monkeypatch, value, seed):
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", value)
+    assert exercises.fixed_seed() == seed
+    with cases("k") as c:
+        assert seed is None or c.seed == seed
+
+
+def test_a_seed_given_to_verdict_wins(double_exercise, monkeypatch):
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", "5")
+    seen = []
+    exercises.verdict(double_exercise, lambda n: seen.append(n) or 2 * n, seed=9)
+    n9 = random.Random(9).randint(2, 50)
+    assert seen == [n9]

@@ -1,32 +1,47 @@
 """Exercises shared by all lessons: a self-check the learner calls, and reference solutions the tests run.
 
 A lesson's exercise is a function the learner completes (it starts as ``raise NotImplementedError``).
-``check("03.knee", my_knee)`` runs the exercise's checker against the learner's function and prints a
+``check("03.oom-sweep", oom_safe_sweep)`` runs the exercise's checker against the learner's function and prints a
 verdict; an unsolved exercise prints "not solved yet" instead of failing, so the shipped notebook runs
-top to bottom. ``show_solution("03.knee")`` prints the reference solution. Each lesson registers its
-exercises in ``course_utils/check/lesson_exercises/lNN.py``; ``tests/test_exercises.py`` runs every reference
-solution through its checker.
+top to bottom. ``show_solution("03.oom-sweep")`` prints the reference solution. Each lesson registers its
+exercises in ``course_utils/check/lesson_exercises/lNN.py``; the per-lesson tests (``tests/test_exercises_lNN.py``)
+run every reference solution and plausible wrong answers through its checker.
+
+What a check is: a self-check for honest work. It runs the answer on random cases and looks where the technique
+runs (operators, graphs, files, the fake TensorRT's engine), and its ✓ line lists what it observed. Code that reads
+or patches the checker (its frames, its module, torch's flags) can fool it; it is not an exam and proves nothing
+beyond what it observed.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import importlib
 import inspect
+import os
 import pkgutil
+import re
 import signal
+import sys
+import sysconfig
 import threading
 import traceback
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 #: Seconds a checker may run before it is stopped (a learner's infinite loop or deadlocked DataLoader).
 DEFAULT_TIME_LIMIT = 180.0
+#: Seconds between further stops when the learner's code caught the first one and went on.
+REARM_S = 0.25
 #: Longest verdict message printed: a checker that quotes a huge answer is cut, not dumped.
 MAX_MESSAGE = 1500
+SEED_VAR = "COURSE_EXERCISE_SEED"
+SEED_MAX = 2**32 - 1  # seeds a check draws are below 2**31; any value up to this one repeats a case
 _PACKAGE = Path(__file__).resolve().parents[1]  # course_utils/: frames in it are the course's
+_LIBRARIES = {Path(p).resolve() for k in ("stdlib", "platstdlib", "purelib", "platlib") if (p := sysconfig.get_path(k))}
 
 
 @dataclass
@@ -79,8 +94,74 @@ def get(key: str) -> Exercise:
     return reg[key]
 
 
-class ExerciseTimeout(Exception):
-    """A checker ran past its exercise's time limit (raised inside the learner's code by a timer signal)."""
+# ---- the random cases' seed, and what a check observed ----------------------------------------------------------
+class SeedError(ValueError):
+    """``COURSE_EXERCISE_SEED`` holds something that is not a seed (the message names the fix)."""
+
+
+@dataclass
+class _Run:
+    """One checker run: the seed it must use (None: fresh), the seeds it drew, what it observed."""
+
+    seed: int | None = None
+    seeds: list[int] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+
+_RUN: contextvars.ContextVar[_Run | None] = contextvars.ContextVar("exercise_run", default=None)
+
+
+def fixed_seed() -> int | None:
+    """The seed that fixes a check's random cases: ``verdict(..., seed=)`` (tests), else ``COURSE_EXERCISE_SEED``
+    (validated), else None (a fresh seed per call). Raises :class:`SeedError` for a value that is not a seed."""
+    run = _RUN.get()
+    if run is not None and run.seed is not None:
+        return run.seed
+    raw = os.environ.get(SEED_VAR)
+    if raw is None or not raw.strip():
+        return None
+    text = raw.strip()
+    fix = f"set it to a whole number from 0 to {SEED_MAX} (a failed check prints the seed it used), or unset it"
+    if re.fullmatch(r"-\s*[0-9]+", text):
+        raise SeedError(f"{SEED_VAR}={raw!r} is negative: {fix}")
+    if not re.fullmatch(r"\+?[0-9]+", text):
+        raise SeedError(f"{SEED_VAR}={raw!r} is not a whole number: {fix}")
+    value = int(text)
+    if value > SEED_MAX:
+        raise SeedError(f"{SEED_VAR}={raw!r} is out of range: {fix}")
+    return value
+
+
+def observed(text: str) -> None:
+    """A checker states what it saw (operators, dtypes, graph nodes, engine settings): the ✓ line lists it."""
+    run = _RUN.get()
+    if run is not None and text not in run.notes:
+        run.notes.append(text)
+
+
+def drew(seed: int) -> None:
+    """A checker's random cases came from ``seed`` (the ✓ line names it, so a pass can be repeated too)."""
+    run = _RUN.get()
+    if run is not None and seed not in run.seeds:
+        run.seeds.append(seed)
+
+
+# ---- the time limit ---------------------------------------------------------------------------------------------
+class ExerciseTimeout(BaseException):
+    """A checker ran past its exercise's time limit (raised inside the learner's code by a timer signal).
+
+    A BaseException, as KeyboardInterrupt is: a learner's ``except Exception`` retry loop does not swallow it. A bare
+    ``except:`` does; then it is raised again (every :data:`REARM_S`, and at the next line of that handler).
+    """
+
+
+def _learner_frame(frame: Any) -> bool:
+    """A frame of the learner's code: not the course's, not the standard library's, not an installed package's."""
+    name = frame.f_code.co_filename
+    if name.startswith("<"):
+        return not name.startswith("<frozen")  # a cell compiled from text is the learner's
+    path = Path(name).resolve()
+    return not path.is_relative_to(_PACKAGE) and not any(path.is_relative_to(lib) for lib in _LIBRARIES)
 
 
 @contextlib.contextmanager
@@ -88,18 +169,46 @@ def time_limit(seconds: float, key: str) -> Iterator[None]:
     """Stop the code inside after ``seconds`` with :class:`ExerciseTimeout` (main thread only, as in a kernel).
 
     Uses a real-time interval timer: an endless Python loop or a blocked queue wait is interrupted; a single C
-    call that never returns (rare) is interrupted when it comes back to Python.
+    call that never returns (rare) is interrupted when it comes back to Python. If the learner's code catches the
+    stop and goes on, the timer fires again every :data:`REARM_S` and a trace function raises it once more at the
+    next line of the learner's handler that swallowed it.
     """
     if threading.current_thread() is not threading.main_thread() or seconds <= 0:
         yield
         return
+    fired, traced = [0], []
+    previous_trace = sys.gettrace()
 
-    def expire(_signum: int, _frame: Any) -> None:
-        raise ExerciseTimeout(
+    def message() -> str:
+        text = (
             f"stopped after {seconds:.0f} s: the checker of {key} normally finishes in seconds. Look for an endless "
             "loop, a wait that never ends (a DataLoader worker that is stuck, a queue nobody fills) or work far larger "
             "than asked, then run the cell again."
         )
+        if fired[0] > 1:
+            text += (
+                " Your code caught the stop and went on (a bare `except:` or `except BaseException`), so it was "
+                f"raised again ({fired[0]} times): catch only the errors you expect (`except torch.OutOfMemoryError:`)."
+            )
+        return text
+
+    def again(frame: Any, event: str, arg: Any) -> Any:
+        if event == "line" and isinstance(sys.exc_info()[1], ExerciseTimeout) and _learner_frame(frame):
+            raise ExerciseTimeout(message())  # inside the handler that swallowed it: it leaves that try
+        return again
+
+    def expire(_signum: int, frame: Any) -> None:
+        fired[0] += 1
+        signal.setitimer(signal.ITIMER_REAL, REARM_S)  # again, in case this one is caught
+        if fired[0] > 1:  # the last one was swallowed: watch the learner's handlers
+            sys.settrace(again)
+            f = frame
+            while f is not None and Path(f.f_code.co_filename).resolve() != Path(__file__).resolve():
+                if _learner_frame(f):
+                    f.f_trace = again
+                    traced.append(f)
+                f = f.f_back
+        raise ExerciseTimeout(message())
 
     previous = signal.signal(signal.SIGALRM, expire)
     signal.setitimer(signal.ITIMER_REAL, seconds)
@@ -108,8 +217,13 @@ def time_limit(seconds: float, key: str) -> Iterator[None]:
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, previous)
+        if fired[0] > 1:
+            sys.settrace(previous_trace)
+            for f in traced:
+                f.f_trace = None
 
 
+# ---- running a check --------------------------------------------------------------------------------------------
 def _short(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` cut to ``limit`` characters, saying how much was left out."""
     return text if len(text) <= limit else f"{text[:limit]} ... [{len(text) - limit} more characters not shown]"
@@ -135,18 +249,31 @@ def _where(exc: BaseException) -> str:
     return f"{Path(last.filename).name}:{last.lineno} in {last.name}()"
 
 
-def verdict(key: str, answer: Callable[..., Any], **kwargs: Any) -> str:
+@contextlib.contextmanager
+def _one_check(seed: int | None) -> Iterator[_Run]:
+    """The state of one checker run: the seed it must use (or None), the seeds it drew, what it observed."""
+    token = _RUN.set(_Run(seed))
+    try:
+        yield _RUN.get()  # type: ignore[misc]
+    finally:
+        _RUN.reset(token)
+
+
+def verdict(key: str, answer: Callable[..., Any], *, seed: int | None = None, **kwargs: Any) -> str:
     """Exercise ``key``'s checker on ``answer``: "accepted", or the checker's reason for rejecting it.
 
-    The tests use it to show that each checker rejects wrong submissions, and why. A run past the exercise's time
-    limit is a rejection too; other errors propagate.
+    The tests use it to show that each checker rejects wrong submissions, and why; ``seed`` fixes the random
+    cases. A run past the exercise's time limit is a rejection too; other errors propagate.
     """
     ex = get(key)
+    token = _RUN.set(_Run(seed))
     try:
         with time_limit(ex.time_limit, key):
             ex.checker(answer, **kwargs)
     except (AssertionError, ExerciseTimeout) as exc:
         return _short(str(exc))
+    finally:
+        _RUN.reset(token)
     return "accepted"
 
 
@@ -158,9 +285,21 @@ def check(key: str, answer: Callable[..., Any]) -> None:
     * a rejection prints the checker's reason (cut to :data:`MAX_MESSAGE` characters);
     * any other error of the learner's code, a NotImplementedError raised deep inside a library included, is
       printed with where it happened, and the notebook goes on;
-    * a checker still running after the exercise's time limit is stopped, with a message saying so.
+    * a checker still running after the exercise's time limit is stopped, with a message saying so;
+    * a pass prints ✓ with what the checker observed (what it did not observe, it does not claim).
     """
     ex = get(key)
+    try:
+        fixed_seed()
+    except SeedError as exc:
+        print(f"✗  Exercise {key} not checked: {exc}.")
+        return
+    with _one_check(None) as run:
+        _run_and_print(ex, answer, run)
+
+
+def _run_and_print(ex: Exercise, answer: Callable[..., Any], run: _Run) -> None:
+    key = ex.key
     try:
         with time_limit(ex.time_limit, key):
             ex.checker(answer)
@@ -182,7 +321,9 @@ def check(key: str, answer: Callable[..., Any]) -> None:
     except Exception as exc:  # the learner's own bug: show it in one line, keep the notebook going
         print(f"✗  Exercise {key}: your code raised {type(exc).__name__} at {_where(exc)}: {_short(str(exc))}")
     else:
-        print(f"✓  Exercise {key}: correct.")
+        seeds = f" (random cases of seed {', '.join(map(str, run.seeds))})" if run.seeds else ""
+        seen = f" Observed: {'; '.join(run.notes)}." if run.notes else ""
+        print(_short(f"✓  Exercise {key}: passed its self-check{seeds}.{seen}"))
 
 
 def show_solution(key: str) -> None:

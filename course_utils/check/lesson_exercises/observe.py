@@ -7,7 +7,9 @@ A checker must see the technique where it runs, not where a Python hook can be b
   by storage) it read. Work moved to numpy, to another thread or to a throwaway input does not show up as the
   operators the checker expects, so it is rejected.
 * :func:`cases` draws a checker's random cases from a seed chosen per call (``COURSE_EXERCISE_SEED`` fixes it);
-  a failure message ends with the seed, so the learner can rerun the same case.
+  a failure message ends with the seed, so the learner can rerun the same case;
+* :func:`gpu` gives the device a GPU technique targets (the real GPU, or the rehearsal's CPU stand-in), so a
+  case can be drawn where the technique runs;
 * :func:`forbid` makes named shortcuts raise (``model.generate`` inside a decode loop, ``torch.cuda.synchronize``
   ...) with a message naming the mistake.
 """
@@ -15,7 +17,6 @@ A checker must see the technique where it runs, not where a Python hook can be b
 from __future__ import annotations
 
 import contextlib
-import os
 import random
 import threading
 from collections import Counter
@@ -163,15 +164,46 @@ class Cases:
 def cases(key: str) -> Iterator[Cases]:
     """Random cases for one checker call; an AssertionError raised inside gets the seed appended.
 
-    The seed is fresh per call (so no table of answers passes) unless ``COURSE_EXERCISE_SEED`` fixes it.
+    The seed is fresh per call (so no table of answers passes) unless the test's ``verdict(..., seed=)`` or
+    ``COURSE_EXERCISE_SEED`` fixes it (a value that is not a seed raises ``exercises.SeedError``).
     """
-    fixed = os.environ.get("COURSE_EXERCISE_SEED", "").strip()
-    seed = int(fixed) if fixed.isdigit() else random.SystemRandom().randrange(2**31)
+    from course_utils.check.exercises import drew, fixed_seed
+
+    fixed = fixed_seed()
+    seed = fixed if fixed is not None else random.SystemRandom().randrange(2**31)
+    drew(seed)
     try:
         yield Cases(seed)
     except AssertionError as exc:
         note = f"[{key}: random case seed {seed}; COURSE_EXERCISE_SEED={seed} repeats it]"
         raise AssertionError(f"{exc} {note}") from None
+
+
+@contextlib.contextmanager
+def gpu() -> Iterator[str]:
+    """The device GPU techniques target, ``"cuda"``: the real GPU where there is one, else the rehearsal's CPU
+    stand-in (its "cuda" tensors enforce placement; activated for the block unless a rehearsal already runs).
+
+    A checker draws a case on it so that code written for one device only (``torch.autocast("cpu")`` hard-coded,
+    ``empty_cache`` guarded by ``torch.cuda.is_available()``) is judged where it would run.
+    """
+    from course_utils.check.standins import rehearsal
+
+    if rehearsal.active() or not rehearsal.no_real_gpu():
+        yield "cuda"
+        return
+    rehearsal.activate()
+    try:
+        yield "cuda"
+    finally:
+        rehearsal.deactivate()
+
+
+def on_standin() -> bool:
+    """True when "cuda" is the rehearsal's CPU stand-in (inside :func:`gpu` on a machine without a GPU)."""
+    from course_utils.check.standins import rehearsal
+
+    return rehearsal.active() and rehearsal.no_real_gpu()
 
 
 @contextlib.contextmanager

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import ctypes
 import json
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -22,18 +21,36 @@ _TRT_TO_NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32":
               "BOOL": np.bool_, "UINT8": np.uint8}  # fmt: skip
 
 
-def _readable(ptr: int, nbytes: int) -> bool:
-    """Is [ptr, ptr + nbytes) inside one read-write mapping of this process? (a bad address must not crash)"""
-    try:
-        maps = Path("/proc/self/maps").read_text().splitlines()
-    except OSError:
-        return False
-    for line in maps:
-        rng, perms = line.split()[:2]
-        lo, hi = (int(v, 16) for v in rng.split("-"))
-        if lo <= ptr and ptr + nbytes <= hi and perms.startswith("rw"):
-            return True
-    return False
+def _host_room(ptr: int) -> int:
+    """Bytes from host address ``ptr`` to the end of the live torch storage or numpy array holding it (0: none).
+
+    A copy must fit the buffer the address points into, not only some mapping of the process: a too-small
+    output buffer would otherwise be overrun and the heap corrupted (the kernel dies with no verdict). Tensors are
+    tracked by the garbage collector; numpy arrays are not, so they are found among what tracked objects hold.
+    """
+    import gc
+
+    import torch
+
+    def spans(objects: list[Any], kind: type) -> int:
+        kinds: dict[type, bool] = {}
+        room = 0
+        for obj in objects:
+            if kinds.setdefault(type(obj), issubclass(type(obj), kind)):
+                try:
+                    if kind is np.ndarray:
+                        start, size = obj.__array_interface__["data"][0], obj.nbytes
+                    else:
+                        storage = obj.untyped_storage()
+                        start, size = storage.data_ptr(), storage.nbytes()
+                except (RuntimeError, NotImplementedError, TypeError):  # meta tensors, subclasses without storage
+                    continue
+                if start <= ptr < start + size:
+                    room = max(room, start + size - ptr)
+        return room
+
+    tracked = gc.get_objects()
+    return spans(tracked, torch.Tensor) or spans(gc.get_referents(*tracked), np.ndarray)
 
 
 def _fused_layers(nodes: list[list[str]]) -> list[dict[str, Any]]:
@@ -157,11 +174,18 @@ def run_behaviors(fake: Any) -> dict[str, Any]:
 
             stream = model.stream_for(stream_handle)
             clock = stream.tick()
+            model.external_run(stream)  # the work queued on the stream runs first; the engine takes device time
 
         def host(ptr: int, nbytes: int, name: str, write: bool) -> int:
             if model is None:
-                if not _readable(ptr, nbytes):
-                    raise RuntimeError(f"fake TensorRT: address {ptr:#x} of '{name}' is not valid memory")
+                room = _host_room(ptr)
+                if room < nbytes:
+                    held = "is not inside any live tensor or array" if not room else f"has room for {room} bytes"
+                    raise RuntimeError(
+                        f"fake TensorRT: the buffer at {ptr:#x} given for {'output' if write else 'input'} '{name}' "
+                        f"{held}, but '{name}' needs {nbytes} bytes ({tuple(context_shape(context, name))}): "
+                        "allocate it with context.get_tensor_shape(name) and the engine's dtype, and keep it alive"
+                    )
                 return ptr
             address, key = _device(ptr, nbytes, name)
             what = f"TensorRT execute_async_v3 {'output' if write else 'input'} '{name}'"
