@@ -1,6 +1,10 @@
-"""Lesson 08's self-checks reject wrong answers (the reference solutions pass in test_exercises.py)."""
+"""Lesson 08's self-checks accept the reference solutions and right alternatives, and reject wrong answers with
+their reason: the builder judged from the config the engine was built with, the runner on the host and on the
+stand-in GPU (too-small buffers give an error, not a crash), 08.profile and 08.stale on 200 seeds each."""
 
 from __future__ import annotations
+
+import json
 
 import pytest
 import torch
@@ -9,6 +13,7 @@ from course_utils.check import exercises
 from course_utils.check.lesson_exercises import l08
 
 DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16}
+SWEEP = range(200)
 
 
 def _runner(
@@ -36,8 +41,8 @@ def _runner(
 
             path = Path(tempfile.mkdtemp()) / "mine.onnx"
             width = next(iter(feeds.values())).shape[1]
-            l08._two_io_onnx(path, 2.0, width)
-            engine = l08._engine(trt, path, {"a": (1, 4, 8), "b": (1, 4, 8)}, width)
+            l08.two_io_onnx(path, 2.0, width)
+            engine = l08.engine_of(trt, path, {"a": (1, 4, 8), "b": (1, 4, 8)}, width)
             context = engine.create_execution_context()
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
@@ -51,7 +56,8 @@ def _runner(
                 continue
             dtype = torch.float32 if float_outputs else DTYPES[engine.get_tensor_dtype(name).name]
             shape = tuple(context.get_tensor_shape(name))
-            outs[name] = torch.empty(tuple(max(d, 0) for d in shape), dtype=dtype)
+            device = next(iter(feeds.values())).device
+            outs[name] = torch.empty(tuple(max(d, 0) for d in shape), dtype=dtype, device=device)
             if not skip_output_address:
                 context.set_tensor_address(name, outs[name].data_ptr())
         handle = stream.cuda_stream if stream_handle is None else stream_handle
@@ -106,6 +112,8 @@ def test_the_runner_check_rejects_wrong_loops(mistake, reason):
 
 def _builder(
     *,
+    throwaway_config=False,
+    clear_after_build=False,
     keep_tf32=False,
     old_workspace=False,
     one_input=False,
@@ -122,7 +130,7 @@ def _builder(
             from pathlib import Path
 
             onnx_path = Path(tempfile.mkdtemp()) / "mine.onnx"
-            l08._two_io_onnx(onnx_path, 2.0, next(iter(shapes.values()))[0][1])
+            l08.two_io_onnx(onnx_path, 2.0, next(iter(shapes.values()))[0][1])
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
         network = builder.create_network(0)
@@ -134,7 +142,9 @@ def _builder(
             config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
         if fp16_flag:
             config.set_flag(trt.BuilderFlag.FP16)
-        if true_fp32 and not keep_tf32:
+        if true_fp32 and throwaway_config:
+            builder.create_builder_config().clear_flag(trt.BuilderFlag.TF32)  # cleared on a config never built
+        elif true_fp32 and not keep_tf32 and not clear_after_build:
             config.clear_flag(trt.BuilderFlag.TF32)
         profile = builder.create_optimization_profile()
         for i, (name, (lo, opt, hi)) in enumerate(shapes.items()):
@@ -150,6 +160,8 @@ def _builder(
             profile.set_shape(name, lo, opt, hi)
         config.add_optimization_profile(profile)
         plan = builder.build_serialized_network(network, config)
+        if true_fp32 and clear_after_build:
+            config.clear_flag(trt.BuilderFlag.TF32)  # too late: the engine is built
         if engine_returned:
             return trt.Runtime(logger).deserialize_cuda_engine(plan)
         return plan if plan is None else bytes(plan)
@@ -162,7 +174,9 @@ def test_the_reference_builder_passes():
 
 
 BUILDER_WRONG = [
-    ({"keep_tf32": True}, "TF32 stays on"),
+    ({"keep_tf32": True}, "built with TF32 on"),
+    ({"throwaway_config": True}, "built with TF32 on"),
+    ({"clear_after_build": True}, "built with TF32 on"),
     ({"old_workspace": True}, "does not accept"),
     ({"one_input": True}, "returned None"),
     ({"swap": True}, "min <= opt <= max"),  # the fake refuses it as TensorRT does
@@ -180,6 +194,81 @@ def test_the_builder_check_rejects(mistake, reason):
     assert reason in msg, msg
 
 
+def test_the_builder_draws_distinct_strictly_increasing_profiles_on_every_seed():
+    from course_utils.check.lesson_exercises.l08_builder import draw_build_case
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    for seed in SWEEP:
+        _, _, bounds, workspace = draw_build_case(Cases(seed))
+        assert bounds["a"] != bounds["b"] and all(lo < opt < hi for lo, opt, hi in bounds.values())
+        assert workspace >= 1 << 20
+
+
+def small_outputs(trt, engine, context, feeds, stream, producer):
+    """Outputs allocated for the profile's smallest batch: too small for the batch that runs."""
+    outs = {}
+    for name in ("a", "b"):
+        context.set_input_shape(name, tuple(feeds[name].shape))
+        context.set_tensor_address(name, feeds[name].data_ptr())
+    for name, dtype in (("sum", torch.float32), ("scaled", torch.float16)):
+        lo = engine.get_tensor_profile_shape("a", 0)[0]
+        outs[name] = torch.empty(tuple(lo), dtype=dtype, device=feeds["a"].device)
+        context.set_tensor_address(name, outs[name].data_ptr())
+    stream.wait_stream(producer)
+    context.execute_async_v3(stream.cuda_stream)
+    producer.wait_stream(stream)
+    return outs
+
+
+def test_too_small_output_buffers_are_an_error_not_a_crash():
+    """The fake TensorRT bounds-checks each copy against the buffer it writes (it used to corrupt the heap)."""
+    for seed in range(20):
+        msg = exercises.verdict("08.runner", small_outputs, seed=seed)
+        if "has room for" in msg:
+            assert "needs" in msg and "get_tensor_shape" in msg, msg
+            break
+    else:
+        raise AssertionError("no drawn batch was larger than the profile's minimum")
+
+
+def host_outputs(trt, engine, context, feeds, stream, producer):
+    """Right on the host, wrong on a GPU: outputs allocated in host memory (no device=)."""
+    run = exercises.get("08.runner").solution
+    for name in ("a", "b"):
+        context.set_input_shape(name, tuple(feeds[name].shape))
+        context.set_tensor_address(name, feeds[name].data_ptr())
+    outs = {}
+    for name, dtype in (("sum", torch.float32), ("scaled", torch.float16)):
+        outs[name] = torch.empty(tuple(context.get_tensor_shape(name)), dtype=dtype)
+        context.set_tensor_address(name, outs[name].data_ptr())
+    stream.wait_stream(producer)
+    context.execute_async_v3(stream.cuda_stream)
+    producer.wait_stream(stream)
+    assert run is not None
+    return outs
+
+
+def test_the_runner_is_checked_on_the_gpu_too():
+    msg = exercises.verdict("08.runner", host_outputs, seed=3)
+    assert "with the inputs on the GPU" in msg and "live CUDA memory" in msg, msg
+
+
+def test_the_device_run_sees_a_missing_wait_after():
+    import tempfile
+    from pathlib import Path
+
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(tmp) / "m.onnx"
+        l08.two_io_onnx(path, 2.0, 5)
+        with pytest.raises(AssertionError, match="with the inputs on the GPU"):
+            l08._run_on_device(_runner(no_wait_after=True), Cases(1), path, 2.0, 5, 3)
+        with pytest.raises(AssertionError, match="with the inputs on the GPU"):
+            l08._run_on_device(_runner(no_wait_before=True), Cases(1), path, 2.0, 5, 3)
+        assert "both stream orders held" in l08._run_on_device(l08.run_engine, Cases(1), path, 2.0, 5, 3)
+
+
 def test_unsolved_runner_is_reported_not_raised(capsys):
     def run_engine(trt, engine, context, feeds, stream, producer):
         raise NotImplementedError
@@ -188,13 +277,112 @@ def test_unsolved_runner_is_reported_not_raised(capsys):
     assert "not solved yet" in capsys.readouterr().out
 
 
-def test_stale_check_rejects_ignoring_build_settings():
-    fields_without_build = [f for f in l08.FIELDS if f != "build"]
+# ------------------------------------------------------------------ 08.profile and 08.stale, 200 seeds each
+def _profile(opt_rule):
+    def fn(batches):
+        if not batches:
+            raise ValueError("no traffic")
+        return min(batches), opt_rule(batches), max(batches)
 
-    def stale(stored, here):
+    return fn
+
+
+def _most_common(batches):
+    import collections
+
+    return collections.Counter(batches).most_common(1)[0][0]
+
+
+def _mode(batches):
+    import statistics
+
+    return statistics.mode(batches)
+
+
+def _largest_on_ties(batches):
+    return max(set(batches), key=lambda b: (batches.count(b), b))
+
+
+def _median(batches):
+    return sorted(batches)[len(batches) // 2]
+
+
+def _profile_numpy(batches):
+    import numpy as np
+
+    if not batches:
+        raise ValueError("empty")
+    values, counts = np.unique(np.array(batches), return_counts=True)
+    return np.array([values.min(), values[np.argmax(counts)], values.max()])  # np.argmax: the first (smallest) tie
+
+
+PROFILE_RIGHT = [exercises.get("08.profile").solution, _profile_numpy,
+                 lambda b: list(exercises.get("08.profile").solution(b))]  # fmt: skip
+PROFILE_WRONG = [
+    (_profile(_most_common), "tied for most frequent"),
+    (_profile(_mode), "tied for most frequent"),
+    (_profile(_largest_on_ties), "tied for most frequent"),
+    (_profile(_median), "tied for most frequent|opt the most frequent batch"),
+    (lambda b: (min(b), max(b), _most_common(b)), "(min, opt, max)"),
+    (lambda b: (min(b), _most_common(b), max(b)) if b else (0, 0, 0), "raise ValueError|tied"),
+]
+
+
+def test_profile_right_answers_pass_on_every_seed():
+    for fn in PROFILE_RIGHT:
+        bad = {s: v for s in SWEEP if (v := exercises.verdict("08.profile", fn, seed=s)) != "accepted"}
+        assert not bad, bad
+
+
+@pytest.mark.parametrize("fn, reason", PROFILE_WRONG, ids=range(len(PROFILE_WRONG)))
+def test_profile_wrong_answers_fail_on_every_seed(fn, reason):
+    import re
+
+    for seed in SWEEP:
+        msg = exercises.verdict("08.profile", fn, seed=seed)
+        assert re.search(re.escape(reason) if "|" not in reason else reason, msg) and f"seed {seed}" in msg, msg
+
+
+def _stale(compare, fields=l08.FIELDS, missing_all=True):
+    def fn(stored, here):
         if stored is None:
-            return list(l08.FIELDS)
-        return [f for f in fields_without_build if stored.get(f) != here.get(f)]
+            return list(l08.FIELDS) if missing_all else []
+        return [f for f in fields if compare(stored.get(f), here.get(f))]
 
-    with pytest.raises(AssertionError, match="TF32"):
-        l08._check_rebuild(stale)
+    return fn
+
+
+STALE_RIGHT = [
+    exercises.get("08.stale").solution,
+    _stale(lambda a, b: json.dumps(a, sort_keys=True) != json.dumps(b, sort_keys=True)),
+    lambda stored, here: tuple(f for f in l08.FIELDS if stored is None or stored.get(f) != here.get(f)),
+]
+STALE_WRONG = [
+    (_stale(lambda a, b: a is not b), "compare values with != (not `is not`)"),
+    (_stale(lambda a, b: a != b, [f for f in l08.FIELDS if f != "build"]), "the build settings too"),
+    (_stale(lambda a, b: a != b, [f for f in l08.FIELDS if f != "precision"]), "you left out ['precision']"),
+    (_stale(lambda a, b: a != b, [f for f in l08.FIELDS if f != "profile"]), "you left out ['profile']"),
+    (_stale(lambda a, b: a != b, [f for f in l08.FIELDS if f != "onnx_sha256"]), "you left out ['onnx_sha256']"),
+    (_stale(lambda a, b: a != b, sorted(l08.FIELDS)), "in FIELDS order"),
+    (
+        lambda stored, here: (
+            set(l08.FIELDS) if stored is None else {f for f in l08.FIELDS if stored.get(f) != here.get(f)}
+        ),
+        "in FIELDS order",
+    ),
+    (lambda stored, here: list(l08.FIELDS) if stored is None or stored != here else [], "stale fields are"),
+    (_stale(lambda a, b: a != b, missing_all=False), "no stored metadata"),
+]
+
+
+def test_stale_right_answers_pass_on_every_seed():
+    for fn in STALE_RIGHT:
+        bad = {s: v for s in SWEEP if (v := exercises.verdict("08.stale", fn, seed=s)) != "accepted"}
+        assert not bad, bad
+
+
+@pytest.mark.parametrize("fn, reason", STALE_WRONG, ids=range(len(STALE_WRONG)))
+def test_stale_wrong_answers_fail_on_every_seed(fn, reason):
+    for seed in SWEEP:
+        msg = exercises.verdict("08.stale", fn, seed=seed)
+        assert reason in msg and f"seed {seed}" in msg, (seed, msg)

@@ -3,9 +3,22 @@
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
-from course_utils.check.exercises import exercise
-from course_utils.check.lesson_exercises.l08 import OrderStream, _fake_trt, _two_io_onnx, run_engine
+from course_utils.check.exercises import exercise, observed
+from course_utils.check.lesson_exercises.l08 import OrderStream, fake_trt, run_engine, two_io_onnx
+
+
+def draw_build_case(c: Any) -> tuple[float, int, dict[str, tuple[int, int, int]], int]:
+    """The model's constant and width, each input's (min, opt, max) batch (strictly increasing; the two inputs'
+    bounds differ, so one input's profile given to both is seen) and the workspace limit."""
+    k, width = round(c.rng.uniform(1.5, 4.0), 3), c.randint(3, 9)
+    bounds: dict[str, tuple[int, int, int]] = {}
+    while len(set(bounds.values())) < 2:
+        for name in ("a", "b"):
+            lo, hi = c.randint(1, 4), c.randint(16, 64)
+            bounds[name] = (lo, c.randint(lo + 1, hi - 1), hi)
+    return k, width, bounds, (1 << c.randint(20, 30)) * c.randint(1, 3)
 
 
 def _check_builder(fn: Callable) -> None:
@@ -18,17 +31,14 @@ def _check_builder(fn: Callable) -> None:
     from course_utils.check.standins.tensorrt import PLAN_MAGIC
 
     with cases("08.builder") as c, tempfile.TemporaryDirectory() as tmp:
+        seen = []
         for true_fp32 in c.rng.sample([True, False], 2):
-            trt = _fake_trt()
-            k, width = round(c.rng.uniform(1.5, 4.0), 3), c.randint(3, 9)
+            trt = fake_trt()
+            builds = _watch_builds(trt)
+            k, width, bounds, workspace = draw_build_case(c)
             onnx_path = Path(tmp) / f"model_{c.randint(0, 10**6)}.onnx"
-            _two_io_onnx(onnx_path, k, width)
-            bounds = {}
-            for name in ("a", "b"):
-                lo, hi = c.randint(1, 4), c.randint(16, 64)
-                bounds[name] = (lo, c.randint(lo + 1, hi - 1), hi)
+            two_io_onnx(onnx_path, k, width)
             shapes = {n: tuple((d, width) for d in b) for n, b in bounds.items()}
-            workspace = (1 << c.randint(20, 30)) * c.randint(1, 3)
             try:
                 plan = fn(trt, str(onnx_path), shapes, workspace, true_fp32)
             except NotImplementedError:
@@ -70,22 +80,44 @@ def _check_builder(fn: Callable) -> None:
                 f"workspace limit {info['pools'].get('WORKSPACE')}, expected {workspace}: "
                 "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)"
             )
-            cleared = [a[0].name for a in trt.called("IBuilderConfig.clear_flag")]
-            set_after = [a[0].name for a in trt.called("IBuilderConfig.set_flag")]
-            tf32_on = "TF32" not in cleared or "TF32" in info["flags"]
+            made = [b for b in builds if b["plan"] == blob]
+            assert made, "return the plan that builder.build_serialized_network returned (bytes of it), unchanged"
+            tf32_on = made[-1]["tf32"]  # the config the engine was built with, read when the build ran
             if true_fp32:
                 assert not tf32_on, (
-                    "true FP32 asked, but TF32 stays on (TensorRT 11's default): "
-                    "config.clear_flag(trt.BuilderFlag.TF32)"
+                    "true FP32 asked, but the engine was built with TF32 on (TensorRT 11's default): clear it on the "
+                    "config you pass to build_serialized_network, before the build "
+                    "(config.clear_flag(trt.BuilderFlag.TF32))"
                 )
             else:
-                assert tf32_on or "TF32" in set_after, "true_fp32=False: leave TF32 on (TensorRT's default) or set it"
+                assert tf32_on, "true_fp32=False: leave TF32 on (TensorRT's default); the engine was built without it"
+            seen.append(f"true_fp32={true_fp32}: TF32 {'on' if tf32_on else 'off'} in the build's config")
             engine = trt.Runtime(trt.Logger()).deserialize_cuda_engine(blob)
             b = c.randint(max(bounds["a"][0], bounds["b"][0]), min(bounds["a"][2], bounds["b"][2]))
             feeds = {"a": c.randn(b, width), "b": c.randn(b, width)}
             s1, s2 = OrderStream(trt, 0x5EED, "stream"), OrderStream(trt, 0x7EA, "producer")
             out = run_engine(trt, engine, engine.create_execution_context(), feeds, s1, s2)
             torch.testing.assert_close(out["sum"], feeds["a"] * k + feeds["b"], msg="the engine computes another model")
+            seen[-1] += f", workspace {workspace} B, one profile {[list(map(list, v)) for v in prof.values()]}"
+    observed("two plans read back (built from the given file, engine run): " + "; ".join(seen))
+
+
+def _watch_builds(trt: Any) -> list[dict[str, Any]]:
+    """Record, when each build runs, whether TF32 is on in the config it is given, and the plan it returns: what
+    the engine was built with (a config changed after the build, or another config, does not count)."""
+    build = trt.behavior["Builder.build_serialized_network"]
+    builds: list[dict[str, Any]] = []
+
+    def watched(builder: Any, **bound: Any) -> Any:
+        state = bound["config"].__dict__["_state"]  # the fake config's flags (its get_flag misreads a config with
+        # another flag set: TF32 is on unless cleared, as in TensorRT 11)
+        tf32 = "TF32" in state.get("flags_set", set()) or "TF32" not in state.get("flags_cleared", set())
+        plan = build(builder, **bound)
+        builds.append({"tf32": tf32, "plan": bytes(plan) if plan is not None else None})
+        return plan
+
+    trt.behavior["Builder.build_serialized_network"] = watched
+    return builds
 
 
 @exercise(
