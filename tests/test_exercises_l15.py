@@ -7,26 +7,139 @@ from transformers import DynamicCache
 
 from course_utils.check import exercises
 
-SEEDS = (1, 2, 3)
+SEEDS = (1, 2, 3)  # full checker runs of each wrong answer (the 200-seed sweeps run the drawing/judging core)
+SWEEP = range(200)
 
 
-def _verdicts(key, fn):
-    return [exercises.verdict(key, fn, seed=s) for s in SEEDS]
+def _verdicts(key, fn, seeds=SEEDS):
+    return [exercises.verdict(key, fn, seed=s) for s in seeds]
 
 
-def _rejected(key, fn, reason, seeds=(1,)):
+def _rejected(key, fn, reason, seeds=SEEDS):
     for v in (exercises.verdict(key, fn, seed=s) for s in seeds):
         assert v != "accepted" and reason in v, v
         assert "seed" in v, "a failure names its seed"
 
 
-def test_references_pass_on_several_seeds():
-    for key in ("15.kv-decode", "15.kv-memory"):
-        assert _verdicts(key, exercises.get(key).solution) == ["accepted"] * len(SEEDS)
+# ---- 15.kv-decode ------------------------------------------------------------------------------------------
+def decode_returned_cache(model, ids, n):  # right too: the cache the model returns, passed back each step
+    new = []
+    with torch.inference_mode():
+        out = model(ids, use_cache=True)
+        for step in range(n):
+            token = out.logits[:, -1:].argmax(-1)
+            new.append(token)
+            if step < n - 1:
+                out = model(token, cache=out.cache, use_cache=True)
+    return torch.cat(new, 1)
+
+
+def decode_explicit_positions(model, ids, n):  # right too: positions given by hand, int64 numpy-free
+    cache, new = DynamicCache(config=model.config), []
+    with torch.no_grad():
+        logits = model(ids, cache=cache).logits
+        for step in range(n):
+            token = logits[:, -1:].argmax(-1)
+            new.append(token)
+            if step < n - 1:
+                pos = torch.tensor([[ids.shape[1] + step]])
+                logits = model(token, cache=cache, position_ids=pos).logits
+    return torch.cat(new, 1)[0]  # a 1-D tensor is accepted too
+
+
+def test_decode_reference_and_alternatives_are_accepted():
+    for fn in (exercises.get("15.kv-decode").solution, decode_returned_cache, decode_explicit_positions):
+        assert _verdicts("15.kv-decode", fn) == ["accepted"] * len(SEEDS), fn.__name__
     assert exercises.verdict("15.kv-decode", exercises.get("15.kv-decode").solution) == "accepted"  # random seed
 
 
-# ---- 15.kv-decode ------------------------------------------------------------------------------------------
+def test_decode_reference_is_accepted_on_many_seeds():
+    """The full check of the reference on 40 seeds (each runs generate and the loop: the 200-seed sweep of the
+    decode checker is its judging core, below)."""
+    ref = exercises.get("15.kv-decode").solution
+    bad = {s: v for s in range(40) if (v := exercises.verdict("15.kv-decode", ref, seed=s)) != "accepted"}
+    assert not bad, bad
+
+
+def no_cache_embeds(model, ids, n):
+    """No cache: the sequence's embeddings grow by one token per step and all of them run again (inputs_embeds)."""
+    embed = model.get_input_embeddings()
+    with torch.no_grad():
+        embeds = embed(ids)
+        new = []
+        for _ in range(n):
+            token = model(inputs_embeds=embeds, use_cache=False).logits[:, -1:].argmax(-1)
+            new.append(token)
+            embeds = torch.cat([embeds, embed(token)], 1)
+    return torch.cat(new, 1)
+
+
+def test_decode_rejects_no_cache_through_inputs_embeds():
+    _rejected("15.kv-decode", no_cache_embeds, "recomputes the sequence (no KV cache), whether fed as ids or as")
+
+
+def fresh_cache_each_step(model, ids, n):
+    new = []
+    with torch.no_grad():
+        logits = model(ids, cache=DynamicCache(config=model.config)).logits
+        for step in range(n):
+            token = logits[:, -1:].argmax(-1)
+            new.append(token)
+            if step < n - 1:
+                logits = model(token, cache=DynamicCache(config=model.config)).logits
+    return torch.cat(new, 1)
+
+
+def test_decode_rejects_a_fresh_cache_each_step():
+    _rejected("15.kv-decode", fresh_cache_each_step, "no cache reached the model")
+
+
+def test_the_decode_judge_names_each_mistake_on_every_drawn_case():
+    """The judging core over 200 seeds: for each seed's case (prompt and length), the passes each wrong loop
+    makes (queries, keys, positions) are rejected with their reason, and the right passes accepted."""
+    import random
+
+    from course_utils.check.lesson_exercises.l15 import judge_decode
+
+    for seed in SWEEP:
+        rng = random.Random(seed)
+        n_prompt, n_new = rng.randint(4, 20), rng.randint(3, 9)
+        prompt = torch.randint(3, 500, (1, n_prompt), generator=torch.Generator().manual_seed(seed))
+        ref = torch.randint(3, 500, (1, n_new), generator=torch.Generator().manual_seed(seed + 1))
+        right = [(n_prompt, n_prompt, False)] + [(1, n_prompt + s, False) for s in range(1, n_new)]
+        pos = [list(range(n_prompt))] + [[n_prompt + s - 1] for s in range(1, n_new)]
+        judge_decode(right, pos, ref.clone(), prompt, n_new, ref)
+        wrong = {
+            "recomputes the sequence": ([(n_prompt + s, n_prompt + s, False) for s in range(n_new)], pos, ref),
+            "ran the prompt again": ([(n_prompt, n_prompt, False)] * n_new, pos, ref),
+            "no cache reached the model": ([right[0]] + [(1, 1, False)] * (n_new - 1), pos, ref),
+            "one too many": (right + [(1, n_prompt + n_new, False)], pos + [[n_prompt + n_new - 1]], ref),
+            "placed at position": (right, [pos[0]] + [[n_prompt]] * (n_new - 1), ref),
+            "greedy generate gives": (right, pos, (ref + 1) % 500),
+            "called model.generate": ([(n_prompt, n_prompt, True)], pos, ref),
+            "expected (1, ": (right, pos, ref[:, :-1]),
+        }
+        for reason, (attention, positions, out) in wrong.items():
+            try:
+                judge_decode(attention, positions, out, prompt, n_new, ref)
+            except AssertionError as exc:
+                assert reason in str(exc), (seed, reason, str(exc))
+            else:
+                raise AssertionError(f"seed {seed}: {reason!r} accepted")
+
+
+def test_decode_leaves_no_hook_and_rebuilds_a_model_the_answer_changed():
+    from course_utils.check.lesson_exercises import l15
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    def halves(model, ids, n):
+        model.half()  # changes the checker's model in place
+        return torch.zeros(1, n, dtype=torch.long)
+
+    assert exercises.verdict("15.kv-decode", halves, seed=1) != "accepted"
+    model = l15.draw_decode_case(Cases(1))[0]
+    assert next(model.parameters()).dtype == torch.float32, "a model an answer changed is not reused"
+    assert not model.model.rotary_emb._forward_pre_hooks and not model.model.layers[0].self_attn._forward_hooks
 
 
 def test_decode_rejects_no_cache():
@@ -110,7 +223,7 @@ def test_decode_rejects_one_token_without_the_cache():
                     logits = model(token).logits  # one token, but no cache: the model sees no context
         return torch.cat(new, 1)
 
-    _rejected("15.kv-decode", forgets_cache, "greedy generate gives")
+    _rejected("15.kv-decode", forgets_cache, "no cache reached the model")
 
 
 def test_decode_rejects_a_stuck_position():
@@ -125,7 +238,7 @@ def test_decode_rejects_a_stuck_position():
                     logits = model(token, cache=cache, position_ids=torch.tensor([[ids.shape[1]]])).logits
         return torch.cat(new, 1)
 
-    _rejected("15.kv-decode", stuck, "count positions", seeds=SEEDS)
+    _rejected("15.kv-decode", stuck, "count positions")
 
 
 # ---- 15.kv-memory ------------------------------------------------------------------------------------------
@@ -187,7 +300,85 @@ def test_memory_rejects_measuring_instead_of_predicting():
         LlamaForCausalLM(c).to(dt)(torch.randint(3, c.vocab_size, (b, t)), cache=cache)
         return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
-    _rejected("15.kv-memory", measure, "ran a model")
+    _rejected("15.kv-memory", measure, "that is measuring")
+
+
+def test_memory_rejects_filling_a_cache_with_zeros():
+    def zeros(c, b, t, dt):
+        cache = DynamicCache(config=c)
+        for layer in range(c.num_hidden_layers):
+            kv = torch.zeros(b, c.num_key_value_heads, t, c.head_dim, dtype=dt)
+            cache.update(kv, kv.clone(), layer)
+        return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
+
+    _rejected("15.kv-memory", zeros, "that is measuring")
+
+
+def test_memory_rejects_head_dim_from_the_hidden_size():
+    def from_hidden(c, b, t, dt):
+        return (
+            c.num_hidden_layers
+            * 2
+            * b
+            * c.num_key_value_heads
+            * t
+            * (c.hidden_size // c.num_attention_heads)
+            * _bytes(dt)
+        )
+
+    _rejected("15.kv-memory", from_hidden, "hidden_size // num_attention_heads")
+
+
+def test_memory_accepts_the_answer_in_any_number_type():
+    import numpy as np
+
+    ref = exercises.get("15.kv-memory").solution
+    for convert in (np.int64, float, np.float64, lambda v: torch.tensor(v), int, np.int32):
+        assert _verdicts("15.kv-memory", lambda c, b, t, dt, f=convert: f(ref(c, b, t, dt))) == ["accepted"] * 3
+    alternatives = [
+        lambda c, b, t, dt: c.num_hidden_layers * 2 * b * c.num_key_value_heads * t * c.head_dim * dt.itemsize,
+        lambda c, b, t, dt: np.prod([c.num_hidden_layers, 2, b, c.num_key_value_heads, t, c.head_dim, dt.itemsize]),
+        lambda c, b, t, dt: (
+            c.num_hidden_layers * 2 * b * c.num_key_value_heads * t * c.head_dim * torch.finfo(dt).bits // 8
+        ),
+    ]
+    for fn in alternatives:
+        assert _verdicts("15.kv-memory", fn) == ["accepted"] * 3
+    assert "got str" in exercises.verdict("15.kv-memory", lambda c, b, t, dt: str(ref(c, b, t, dt)), seed=1)
+
+
+def test_the_memory_judge_over_every_drawn_case():
+    """The drawing and judging core over 200 seeds: each known mistake is named, right answers in any number type
+    are accepted. (The truth here is the formula; the next test checks it against real caches.)"""
+    import numpy as np
+
+    from course_utils.check.lesson_exercises import l15
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    ref = exercises.get("15.kv-memory").solution
+    for seed in SWEEP:
+        cs = l15.draw_memory_cases(Cases(seed))
+        truths = [ref(*case) for case in cs]
+        assert len({case[3] for case in cs}) == 3 and cs[0][1] >= 3
+        assert any(case[0].head_dim != case[0].hidden_size // case[0].num_attention_heads for case in cs)
+        l15.judge_memory([(np.int64(t), case) for t, case in zip(truths, cs, strict=True)], truths)
+        for formula, why in l15._MISTAKES:
+            try:
+                l15.judge_memory([(formula(*case), case) for case in cs], truths)
+            except AssertionError as exc:
+                assert why in str(exc), (seed, why, str(exc))
+            else:
+                raise AssertionError(f"seed {seed}: {why!r} accepted")
+
+
+def test_the_formula_is_what_real_caches_hold():
+    from course_utils.check.lesson_exercises import l15
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    ref = exercises.get("15.kv-memory").solution
+    for seed in range(12):
+        for case in l15.draw_memory_cases(Cases(seed)):
+            assert l15.measured_kv_bytes(*case) == ref(*case), (seed, case[1:])
 
 
 def test_check_prints_the_verdicts(capsys):
@@ -198,4 +389,4 @@ def test_check_prints_the_verdicts(capsys):
 
     exercises.check("15.kv-memory", unsolved)
     out = capsys.readouterr().out
-    assert "correct" in out and "not solved yet" in out
+    assert "passed its self-check" in out and "not solved yet" in out
