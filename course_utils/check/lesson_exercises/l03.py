@@ -18,8 +18,9 @@ from typing import Any
 import numpy as np
 import torch
 
-from course_utils.check.exercises import exercise
-from course_utils.check.lesson_exercises.observe import Cases, cases
+from course_utils.check.exercises import exercise, observed
+from course_utils.check.lesson_exercises.observe import Cases, cases, gpu
+from course_utils.check.standins.rehearsal import RehearsalError
 
 CANDIDATES = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0]
 
@@ -27,11 +28,12 @@ CANDIDATES = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0]
 # ---- 03.oom-sweep -----------------------------------------------------------------------------------------------
 class _Planted:
     """A small model that runs out of memory from batch ``limit`` on, after allocating activations (as a real
-    out-of-memory does: the traceback then holds the batch and what was computed from it)."""
+    out-of-memory does: the traceback then holds the batch and what was computed from it); or, with ``bug``,
+    raises an ordinary RuntimeError at that batch (a bug, which a sweep must not mistake for out-of-memory)."""
 
-    def __init__(self, c: Cases, limit: int | None, features: int) -> None:
-        self.limit, self.features = limit, features
-        self.weight = c.randn(features, 4)
+    def __init__(self, c: Cases, limit: int | None, features: int, device: str, bug: bool = False) -> None:
+        self.limit, self.features, self.bug = limit, features, bug
+        self.weight = c.randn(features, 4).to(device)
         self.calls: list[tuple[int, bool]] = []  # (batch, inference mode on)
         self.failed: list[weakref.ref] = []
 
@@ -40,6 +42,9 @@ class _Planted:
         self.calls.append((b, torch.is_inference_mode_enabled()))
         act = x @ self.weight  # an activation of the batch
         if self.limit is not None and b >= self.limit:
+            if self.bug:
+                raise RuntimeError(f"mat1 and mat2 shapes cannot be multiplied ({b}x{self.features + 1} and "
+                                   f"{self.features}x4) (planted by the checker at batch {b})")  # fmt: skip
             self.failed += [weakref.ref(x), weakref.ref(act)]
             raise torch.OutOfMemoryError(
                 f"CUDA out of memory. Tried to allocate {b * 2:.2f} GiB (planted by the checker at batch {b})"
@@ -47,17 +52,27 @@ class _Planted:
         return act.relu()
 
 
-def _run_sweep(fn: Callable[..., Any], c: Cases, limit_index: int | None) -> None:
-    first = c.randint(0, 2)
-    sizes = [2**k for k in range(first, first + c.randint(4, 7))]
+def draw_sweeps(c: Cases) -> list[tuple[list[int], int | None, bool]]:
+    """The sweeps of one check, each (batch sizes, index of the failing batch or None, a bug instead of an OOM):
+    an out-of-memory part-way, one on the first batch, none at all, and a planted RuntimeError that is no OOM."""
+    runs = []
+    for limit_index, bug in [(c.randint(1, 3), False), (0, False), (None, False), (c.randint(1, 3), True)]:
+        first = c.randint(0, 2)
+        runs.append(([2**k for k in range(first, first + c.randint(4, 7))], limit_index, bug))
+    c.rng.shuffle(runs)
+    return runs
+
+
+def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: int | None, bug: bool,
+               device: str) -> str:  # fmt: skip
     limit = None if limit_index is None else sizes[limit_index]
-    model = _Planted(c, limit, features=c.randint(8, 24))
+    model = _Planted(c, limit, features=c.randint(8, 24), device=device, bug=bug)
     freed: list[tuple[bool, bool]] = []  # per empty_cache call: (inside an except block, failed batch still alive)
     ms_of = {b: round(0.5 + 0.37 * b + c.rng.random(), 4) for b in sizes}  # what the timing function reports
     timed: list[int] = []
 
     def make_input(b: int) -> torch.Tensor:
-        return torch.randn(b, model.features)
+        return torch.randn(b, model.features, device=device)
 
     def measure(call: Callable[[], Any]) -> float:
         before = len(model.calls)
@@ -73,6 +88,8 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, limit_index: int | None) -> Non
 
     real = torch.cuda.empty_cache
     torch.cuda.empty_cache = recorder
+    failure = f"a RuntimeError (no OOM) at batch {limit}" if bug else f"out of memory from batch {limit}"
+    where = f"batch sizes {sizes} on {device}, " + ("no OOM" if limit is None else failure)
     try:
         try:
             rows = fn(model, make_input, list(sizes), measure)
@@ -81,9 +98,20 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, limit_index: int | None) -> Non
                 f"the out-of-memory at batch {limit} escaped your sweep ({exc}): catch torch.OutOfMemoryError around "
                 "each batch, stop the sweep there and return the rows measured so far"
             ) from None
+        except RehearsalError as exc:  # a CUDA rule the stand-in GPU enforces, broken by the sweep
+            raise AssertionError(f"{where}: on the GPU your sweep broke a CUDA rule: {exc}") from None
+        except RuntimeError as exc:
+            if bug and "planted by the checker" in str(exc):
+                return "a planted RuntimeError (no OOM) propagated"
+            raise
     finally:
         torch.cuda.empty_cache = real
-    where = f"batch sizes {sizes}, out of memory from batch {limit}" if limit else f"batch sizes {sizes}, no OOM"
+    if bug:
+        raise AssertionError(
+            f"{where}: your sweep caught the RuntimeError raised at batch {limit} (a bug: wrong shapes, not memory) "
+            "and went on as if the batch had not fit. Catch only torch.OutOfMemoryError (not Exception, not "
+            "RuntimeError, of which it is a subclass): any other error must reach the caller"
+        )
     assert isinstance(rows, list) and all(isinstance(r, dict) for r in rows), (
         f"{where}: return a list of dicts, one per batch size that ran: {{'batch_size': b, 'ms': measure(...)}}"
     )
@@ -110,7 +138,7 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, limit_index: int | None) -> Non
         "out-of-memory (a larger batch needs even more memory)"
     )
     if limit is None:
-        return
+        return f"no OOM: {len(rows)} rows"
     assert freed, (
         f"{where}: after the out-of-memory nothing called torch.cuda.empty_cache(): free the cached blocks (after "
         "leaving the except block) so the rest of the notebook has memory"
@@ -125,20 +153,22 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, limit_index: int | None) -> Non
         "exception kept in a variable, or a lambda holding x): set x = None (and drop the exception) before "
         "gc.collect() and torch.cuda.empty_cache()"
     )
+    return f"OOM at batch {limit}: {len(rows)} rows kept, empty_cache after the except block with the batch freed"
 
 
 def _check_oom_sweep(fn: Callable[..., list[dict[str, Any]]]) -> None:
-    with cases("03.oom-sweep") as c:
-        for limit_index in [c.randint(1, 3), 0, None]:  # OOM part-way (random), on the first batch, never
-            _run_sweep(fn, c, limit_index)
-            gc.collect()
+    with cases("03.oom-sweep") as c, gpu() as device:
+        seen = [_run_sweep(fn, c, sizes, limit_index, bug, device) for sizes, limit_index, bug in draw_sweeps(c)]
+        available = torch.cuda.is_available()
+    observed(f"4 sweeps with inputs on {device} (torch.cuda.is_available() {available}) under inference_mode: "
+             + "; ".join(seen))  # fmt: skip
 
 
 @exercise(
     "03.oom-sweep",
     "oom_safe_sweep(model, make_input, batch_sizes, measure) -> [{'batch_size': b, 'ms': measure(...)}...]: under "
-    "inference_mode; stop at torch.OutOfMemoryError keeping the rows; free (x = None, gc.collect(), "
-    "torch.cuda.empty_cache()) after leaving the except block.",
+    "inference_mode; stop at torch.OutOfMemoryError keeping the rows (any other error propagates); free (x = None, "
+    "gc.collect(), torch.cuda.empty_cache()) after leaving the except block.",
     _check_oom_sweep,
     time_limit=30,
 )
@@ -180,37 +210,64 @@ def _p99(arrivals: np.ndarray, service: Callable[[int], float], b: int, wait: fl
     return simulate(arrivals, service, max_batch_size=b, max_wait_ms=wait).p99_ms
 
 
+def pick_target(c: Cases, p99: dict[float, float]) -> tuple[float, float] | None:
+    """A p99 target exactly equal to one candidate's p99 ("meets" means <=, so a strict < is seen), chosen so that
+    two or more candidates meet it (the largest and the smallest differ); and the largest that does. None when no
+    such target exists for these p99s."""
+    options = [w for w in CANDIDATES[1:-1] if sum(p99[v] <= p99[w] for v in CANDIDATES) >= 2]
+    if not options:
+        return None
+    target = p99[c.choice(options)]
+    return target, max(w for w in CANDIDATES if p99[w] <= target)
+
+
+def judge_wait(got: Any, p99: dict[float, float], target: float, want: float, where: str) -> None:
+    """The answer against the simulated p99 of every candidate (``want``: the largest that meets the target)."""
+    assert got is not None, f"{where}: some candidates meet the target, you returned None"
+    match = [w for w in CANDIDATES if _same_number(got, w)]
+    assert match, f"{where}: return one of the candidates (a max_wait_ms), got {got!r}"
+    w = match[0]
+    assert p99[w] <= target, (
+        f"{where}: max_wait_ms={w} gives p99 {p99[w]:.2f} ms, over the target: simulate each candidate"
+    )
+    if w != want:
+        exact = [v for v in CANDIDATES if p99[v] == target and v > w]
+        raise AssertionError(
+            f"{where}: {w} meets the target, but a larger wait, {want}, does too (p99 {p99[want]:.2f} ms"
+            + (f"; {exact[0]} gives p99 exactly the target, and meeting it means p99 <= target, not <" if exact else "")
+            + "): return the largest candidate that meets it (fuller batches)"
+        )
+
+
+def _same_number(got: Any, w: float) -> bool:
+    try:
+        return not isinstance(got, bool) and float(got) == w
+    except (TypeError, ValueError):
+        return False
+
+
 def _check_max_wait(fn: Callable[..., float | None]) -> None:
     from course_utils.techniques.batching_sim import poisson_arrivals
 
     with cases("03.max-wait") as c:
-        found = 0
+        seen = []
         for _ in range(12):
-            if found == 3:
+            if len(seen) == 3:
                 break
             fixed, per_item = round(c.rng.uniform(1.0, 12.0), 2), round(c.rng.uniform(0.1, 1.2), 2)
             b = c.choice([8, 16, 32])
             rate = round(c.rng.uniform(0.3, 0.8) * 1000 * b / (fixed + per_item * b), 1)  # below capacity
             service = _service(fixed, per_item)
-            arrivals = poisson_arrivals(rate, 2000, seed=c.randint(0, 10_000))
+            arrivals = poisson_arrivals(rate, 800, seed=c.randint(0, 10_000))
             p99 = {w: _p99(arrivals, service, b, w) for w in CANDIDATES}
-            k = c.randint(1, len(CANDIDATES) - 2)
-            target = p99[CANDIDATES[k]] * 1.0001
-            want = max(w for w in CANDIDATES if p99[w] <= target)
-            if want == min(w for w in CANDIDATES if p99[w] <= target):
-                continue  # one candidate meets it: a case that cannot tell largest from smallest
-            found += 1
+            picked = pick_target(c, p99)
+            if picked is None:
+                continue  # no target that two candidates meet: a case that cannot tell largest from smallest
+            target, want = picked
             got = fn(arrivals, service, b, target, list(CANDIDATES))
-            where = f"service {fixed} + {per_item}*b ms, {rate:g} req/s, max batch {b}, p99 target {target:.2f} ms"
-            assert got is not None, f"{where}: some candidates meet the target, you returned None"
-            assert got in CANDIDATES, f"{where}: return one of the candidates (a max_wait_ms), got {got!r}"
-            assert p99[got] <= target, (
-                f"{where}: max_wait_ms={got} gives p99 {p99[got]:.2f} ms, over the target: simulate each candidate"
-            )
-            assert got == want, (
-                f"{where}: {got} meets the target, but a larger wait, {want}, does too (p99 {p99[want]:.2f} ms): "
-                "return the largest candidate that meets it (fuller batches)"
-            )
+            where = f"service {fixed} + {per_item}*b ms, {rate:g} req/s, max batch {b}, p99 target {target:.4f} ms"
+            judge_wait(got, p99, target, want, where)
+            seen.append(f"{want} ms of {sum(p99[w] <= target for w in CANDIDATES)} meeting a {target:.2f} ms target")
         fixed = round(c.rng.uniform(30.0, 60.0), 1)
         service = _service(fixed, 1.0)
         arrivals = poisson_arrivals(5.0, 300, seed=c.randint(0, 10_000))
@@ -220,6 +277,8 @@ def _check_max_wait(fn: Callable[..., float | None]) -> None:
             f"a {target} ms p99 target cannot be met when one batch takes at least {fixed + 1:.0f} ms: return None, "
             f"not {got!r}"
         )
+    observed(f"{len(seen)} simulated servers, each with a target equal to one candidate's p99: you chose the largest "
+             f"wait that meets it ({'; '.join(seen)}); None for a target no candidate meets")  # fmt: skip
 
 
 @exercise(
