@@ -20,9 +20,58 @@ def reason(key, fn):
     return exercises.verdict(key, fn)
 
 
+SWEEP = range(200)
+
+
+def amp_autocast(model, x):  # right too: torch.amp.autocast, positional arguments
+    with torch.amp.autocast(x.device.type, torch.bfloat16):
+        return model(x).float()
+
+
+def to_float_after(model, x):  # right too: the output cast with .to(torch.float32)
+    with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+        out = model(x)
+    return out.to(torch.float32)
+
+
 def test_references_pass():
     for key in ("04.bf16-autocast", "04.channels-last"):
-        assert reason(key, exercises.get(key).solution) == "accepted", key
+        for seed in (1, 22):  # seed 22: near-tied logits once failed the reference on a top-1 criterion
+            assert exercises.verdict(key, exercises.get(key).solution, seed=seed) == "accepted", key
+    for fn in (amp_autocast, to_float_after):
+        assert exercises.verdict("04.bf16-autocast", fn, seed=3) == "accepted", fn.__name__
+
+
+def cpu_only(model, x):  # autocast hard-coded for the CPU: on a CUDA input it does nothing
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        return model(x).float()
+
+
+def test_a_hard_coded_cpu_autocast_is_seen_on_the_gpu():
+    for seed in range(5):
+        got = exercises.verdict("04.bf16-autocast", cpu_only, seed=seed)
+        assert "torch.autocast('cpu') does nothing to cuda tensors" in got and f"seed {seed}" in got, got
+
+
+def _cases(seeds=SWEEP):
+    """Per seed: the checker's model, input and reference outputs, drawn once for every answer judged on it."""
+    from course_utils.check.lesson_exercises import l04
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    for seed in seeds:
+        model, x = l04._cnn(Cases(seed))
+        yield seed, model, x, l04.references(model, x)
+
+
+def _judge(fn, model, x, refs):
+    """The judging core on the CPU (a fresh copy of the model per answer): None when accepted, else the reason."""
+    from course_utils.check.lesson_exercises import l04
+
+    try:
+        l04._bf16_run(fn, copy.deepcopy(model), x.clone(), refs)
+    except AssertionError as exc:
+        return str(exc)
+    return None
 
 
 # ---- 04.bf16-autocast: plausible wrong submissions ---------------------------------------------------------
@@ -90,25 +139,44 @@ def left_on(model, x):
     return model(x).float()
 
 
-@pytest.mark.parametrize(
-    "wrong, message",
-    [
-        (plain_fp32, "BF16 autocast was not active"),
-        (throwaway_then_fp32, "autocast around a throwaway call"),
-        (first_layer_only, "autocast covered only part of the model"),
-        (both_then_fp32, "the BF16 run was thrown away"),
-        (cast_model, "that is a cast"),
-        (cast_copy, "is not autocast"),
-        (fp16, "float16"),
-        (wrong_device, "BF16 autocast was not active"),
-        (bf16_out, "return FP32"),
-        (scaled, "differs from the BF16 autocast forward"),
-        (decoy_conv, "autocast covered only part of the model"),
-    ],
-)
+BF16_WRONG = [
+    (plain_fp32, "BF16 autocast was not active"),
+    (throwaway_then_fp32, "autocast around a throwaway call"),
+    (first_layer_only, "autocast covered only part of the model"),
+    (both_then_fp32, "the BF16 run was thrown away"),
+    (cast_model, "that is a cast"),
+    (cast_copy, "was cast to BF16"),
+    (fp16, "float16"),
+    (wrong_device, "BF16 autocast was not active"),
+    (bf16_out, "return FP32"),
+    (scaled, "differs from the BF16 autocast forward"),
+    (decoy_conv, "autocast covered only part of the model"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", BF16_WRONG)
 def test_bf16_autocast_rejects(wrong, message):
     got = reason("04.bf16-autocast", wrong)
     assert message in got and "random case seed" in got, got
+
+
+def test_bf16_the_reference_passes_the_judge_on_200_seeds():
+    """The judging core (the full check adds the GPU run, tested above) over 200 seeds' models and inputs: seed 22
+    once failed the reference on a top-1 criterion over near-tied logits."""
+    for seed, model, x, refs in _cases():
+        assert _judge(exercises.get("04.bf16-autocast").solution, model, x, refs) is None, seed
+
+
+def test_bf16_every_answer_over_50_seeds():
+    """Right alternatives accepted and each wrong answer rejected with its reason, by the judging core, on 50
+    seeds' models (the rejections follow from the operators' dtypes and weights, not from values: 2 or 3 convolutions,
+    batch 3-9, every seed alike; 200 seeds cost a minute of CPU here)."""
+    for seed, model, x, refs in _cases(range(50)):
+        for fn in (amp_autocast, to_float_after):
+            assert _judge(fn, model, x, refs) is None, (seed, fn.__name__)
+        for fn, message in BF16_WRONG:
+            got = _judge(fn, model, x, refs)
+            assert got is not None and message in got, (seed, fn.__name__, got)
 
 
 def test_autocast_left_on_is_rejected():

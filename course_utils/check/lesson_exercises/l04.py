@@ -16,15 +16,15 @@ import torch
 from torch import nn
 
 from course_utils.check.compare import compare_outputs
-from course_utils.check.exercises import exercise
-from course_utils.check.lesson_exercises.observe import CONV_OPS, MATMUL_OPS, Cases, OpLog, cases
+from course_utils.check.exercises import exercise, observed
+from course_utils.check.lesson_exercises.observe import CONV_OPS, MATMUL_OPS, Cases, OpLog, cases, gpu
 from course_utils.techniques.precision import is_channels_last
 
 
 def _cnn(c: Cases) -> tuple[nn.Module, torch.Tensor]:
     """A small random CNN (2 or 3 convolutions, batch norm, a classifier) and an input of random batch and size."""
     torch.manual_seed(c.randint(0, 2**31 - 1))
-    chans = [3] + [c.choice([4, 6, 8, 12, 16]) for _ in range(c.randint(2, 3))]
+    chans = [3] + [c.choice([4, 6, 8, 12]) for _ in range(c.randint(2, 3))]
     layers: list[nn.Module] = []
     for i, (cin, cout) in enumerate(zip(chans, chans[1:], strict=False)):
         layers += [nn.Conv2d(cin, cout, 3, padding=1), nn.ReLU()]
@@ -35,7 +35,7 @@ def _cnn(c: Cases) -> tuple[nn.Module, torch.Tensor]:
     with torch.no_grad():  # non-trivial batch-norm statistics
         model[1].running_mean.uniform_(-0.5, 0.5)
         model[1].running_var.uniform_(0.5, 1.5)
-    b, hw = c.randint(3, 9), c.randint(8, 14)
+    b, hw = c.randint(3, 9), c.randint(4, 8)
     return model, c.randn(b, 3, hw, hw)
 
 
@@ -51,81 +51,114 @@ def _layer_weights(model: nn.Module) -> list[str]:
     return [f"{n}.weight" for n, m in model.named_modules() if isinstance(m, nn.Conv2d | nn.Linear)]
 
 
+def references(model: nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The FP32 output and the BF16 autocast output (as FP32) of ``model`` on ``x``."""
+    with torch.inference_mode():
+        ref = model(x)
+        with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
+            return ref, model(x).float()
+
+
+def _bf16_run(fn: Callable[[nn.Module, torch.Tensor], torch.Tensor], model: nn.Module, x: torch.Tensor,
+              refs: tuple[torch.Tensor, torch.Tensor] | None = None) -> str:  # fmt: skip
+    """One call of the answer on ``x`` (on its device), judged from the operators that ran; returns what was seen.
+    ``refs``: :func:`references` of this model and input, when already computed."""
+    b, device = x.shape[0], x.device.type
+    ref, want = refs if refs is not None else references(model, x)
+    before = copy.deepcopy(model.state_dict())
+    with torch.inference_mode(), OpLog(watch=model) as log:
+        out = fn(model, x)
+        left_on = torch.is_autocast_enabled(device)  # read inside: leaving the mode resets it
+    assert not left_on, "autocast is still on after your function: use it as a `with torch.autocast(...):` block"
+    assert isinstance(out, torch.Tensor), f"return the output tensor, got {type(out).__name__}"
+    params = {p.dtype for p in model.parameters()}
+    assert params == {torch.float32}, (
+        f"the model's weights are now {params}: that is a cast (model.to(...)), not autocast; autocast leaves "
+        "the weights in FP32"
+    )
+    assert all(torch.equal(before[k].cpu(), v.cpu()) for k, v in model.state_dict().items()), (
+        "the model's weights changed"
+    )
+    layers = _layer_weights(model)
+    compute = log.named(*CONV_OPS, *MATMUL_OPS)
+    on_x = [op for op in compute if _batch(op) == b]
+    assert compute, "no convolution or matmul ran in your function: call model(x) inside it"
+    if not on_x:
+        raise AssertionError(
+            f"the model never ran on the input you were given (batch {b}): it ran only on "
+            f"{sorted({_batch(op) for op in compute})}: call model(x)"
+        )
+    n_layers = len(layers)
+    low = [op for op in on_x if set(op.out_dtypes) == {torch.bfloat16}]
+    fp32 = [op for op in on_x if op not in low]
+    other = sorted({str(d) for op in fp32 for d in op.out_dtypes})
+    throwaway = [op for op in compute if op not in on_x and torch.bfloat16 in op.out_dtypes]
+    if torch.float16 in {d for op in compute for d in op.out_dtypes}:
+        raise AssertionError("your convolutions ran in float16: autocast with dtype=torch.bfloat16")
+    if not low and throwaway:
+        raise AssertionError(
+            f"BF16 ran only on another input (batch {_batch(throwaway[0])}); on the real input (batch {b}) "
+            f"every convolution and matmul ran in {other}: autocast around a throwaway call, then the FP32 "
+            "answer. Run model(x) itself inside the autocast block"
+        )
+    if not low and device != "cpu":
+        raise AssertionError(
+            f"with the input on {device} every convolution and matmul ran in {other}: autocast for another device "
+            f"type (torch.autocast('cpu') does nothing to {device} tensors). Use "
+            "torch.autocast(device_type=x.device.type, dtype=torch.bfloat16)"
+        )
+    assert low, (
+        f"on the real input every convolution and matmul ran in {other}: BF16 autocast was not active around "
+        f"the model call (torch.autocast(device_type=x.device.type, dtype=torch.bfloat16); x is on {device})"
+    )
+    if len(low) >= n_layers and len(fp32) >= n_layers:
+        raise AssertionError(
+            f"the model ran on x twice, once in BF16 and once in {other}: the BF16 run was thrown away and the "
+            "FP32 answer returned. Return the output of the autocast call itself, .float()"
+        )
+    assert not fp32, (
+        f"{len(low)} of {len(on_x)} convolutions/matmuls on the real input ran in BF16, {len(fp32)} in {other}: "
+        "autocast covered only part of the model. Put the whole model(x) call inside the autocast block"
+    )
+    unread = [w for w in layers if not any(op in on_x for op in log.reads(w))]
+    assert not unread, (
+        f"the model's own weights {unread} were not read by the BF16 computation on the real input: call the "
+        "model you were given (not a copy, not F.conv2d with other weights)"
+    )
+    norms = [op for op in log.named("batch_norm") if _batch(op) == b]
+    cast = [op for op in norms if any(d != torch.float32 for d in op.in_dtypes[1:])]
+    assert norms and not cast, (
+        "BatchNorm ran with its weights and statistics in "
+        f"{sorted({str(d) for op in cast for d in op.in_dtypes[1:]})}: the model (or a copy of it) was cast to BF16. "
+        "Autocast keeps every weight in FP32 and casts per operation; BatchNorm reads FP32 statistics"
+        if cast
+        else "no BatchNorm ran on the real input: call the model you were given"
+    )
+    assert out.dtype == torch.float32, f"return FP32 outputs (call .float() on the result), got {out.dtype}"
+    assert tuple(out.shape) == tuple(ref.shape), f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
+    assert out.device.type == device, f"return the output on the input's device ({device}), got {out.device}"
+    if torch.equal(out.cpu(), ref.cpu()) and not torch.equal(want.cpu(), ref.cpu()):
+        raise AssertionError(
+            "your output is bit-for-bit the FP32 model's output, not the BF16 forward's: the BF16 run was "
+            "thrown away and an FP32 answer returned. Return the autocast call's output, .float()"
+        )
+    cmp = compare_outputs(out.flatten(), want.flatten(), "fp32")  # flattened: no top-1 on a few near-tied rows
+    assert cmp.within, (
+        f"your output differs from the BF16 autocast forward of the same model and input ({cmp}): return "
+        "model(x) computed under autocast, as FP32. A model cast to BF16 (model.to(torch.bfloat16), on a copy "
+        "too) is not autocast: it runs every layer, batch norm included, in BF16"
+    )
+    return (f"on {device}: {len(low)} convolutions/matmuls in bfloat16 reading the model's FP32 weights, BatchNorm "
+            "with FP32 statistics, output float32")  # fmt: skip
+
+
 def _check_bf16_autocast(fn: Callable[[nn.Module, torch.Tensor], torch.Tensor]) -> None:
     with cases("04.bf16-autocast") as c:
         model, x = _cnn(c)
-        b = x.shape[0]
-        with torch.inference_mode():
-            ref = model(x)
-            with torch.autocast(device_type=x.device.type, dtype=torch.bfloat16):
-                want = model(x).float()
-        before = copy.deepcopy(model.state_dict())
-        with torch.inference_mode(), OpLog(watch=model) as log:
-            out = fn(model, x)
-            left_on = torch.is_autocast_enabled(x.device.type)  # read inside: leaving the mode resets it
-        assert not left_on, "autocast is still on after your function: use it as a `with torch.autocast(...):` block"
-        assert isinstance(out, torch.Tensor), f"return the output tensor, got {type(out).__name__}"
-        params = {p.dtype for p in model.parameters()}
-        assert params == {torch.float32}, (
-            f"the model's weights are now {params}: that is a cast (model.to(...)), not autocast; autocast leaves "
-            "the weights in FP32"
-        )
-        assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()), "the model's weights changed"
-        layers = _layer_weights(model)
-        compute = log.named(*CONV_OPS, *MATMUL_OPS)
-        on_x = [op for op in compute if _batch(op) == b]
-        assert compute, "no convolution or matmul ran in your function: call model(x) inside it"
-        if not on_x:
-            raise AssertionError(
-                f"the model never ran on the input you were given (batch {b}): it ran only on "
-                f"{sorted({_batch(op) for op in compute})}: call model(x)"
-            )
-        n_layers = len(layers)
-        low = [op for op in on_x if set(op.out_dtypes) == {torch.bfloat16}]
-        fp32 = [op for op in on_x if op not in low]
-        other = sorted({str(d) for op in fp32 for d in op.out_dtypes})
-        throwaway = [op for op in compute if op not in on_x and torch.bfloat16 in op.out_dtypes]
-        if torch.float16 in {d for op in compute for d in op.out_dtypes}:
-            raise AssertionError("your convolutions ran in float16: autocast with dtype=torch.bfloat16")
-        if not low and throwaway:
-            raise AssertionError(
-                f"BF16 ran only on another input (batch {_batch(throwaway[0])}); on the real input (batch {b}) "
-                f"every convolution and matmul ran in {other}: autocast around a throwaway call, then the FP32 "
-                "answer. Run model(x) itself inside the autocast block"
-            )
-        assert low, (
-            f"on the real input every convolution and matmul ran in {other}: BF16 autocast was not active around "
-            "the model call (torch.autocast(device_type=x.device.type, dtype=torch.bfloat16))"
-        )
-        if len(low) >= n_layers and len(fp32) >= n_layers:
-            raise AssertionError(
-                f"the model ran on x twice, once in BF16 and once in {other}: the BF16 run was thrown away and the "
-                "FP32 answer returned. Return the output of the autocast call itself, .float()"
-            )
-        assert not fp32, (
-            f"{len(low)} of {len(on_x)} convolutions/matmuls on the real input ran in BF16, {len(fp32)} in {other}: "
-            "autocast covered only part of the model. Put the whole model(x) call inside the autocast block"
-        )
-        unread = [w for w in layers if not any(op in on_x for op in log.reads(w))]
-        assert not unread, (
-            f"the model's own weights {unread} were not read by the BF16 computation on the real input: call the "
-            "model you were given (not a copy, not F.conv2d with other weights)"
-        )
-        assert out.dtype == torch.float32, f"return FP32 outputs (call .float() on the result), got {out.dtype}"
-        assert tuple(out.shape) == tuple(ref.shape), f"output shape {tuple(out.shape)}, expected {tuple(ref.shape)}"
-        if torch.equal(out, ref) and not torch.equal(want, ref):
-            raise AssertionError(
-                "your output is bit-for-bit the FP32 model's output, not the BF16 forward's: the BF16 run was "
-                "thrown away and an FP32 answer returned. Return the autocast call's output, .float()"
-            )
-        cmp = compare_outputs(out, want, "fp32")
-        assert cmp.within, (
-            f"your output differs from the BF16 autocast forward of the same model and input ({cmp}): return "
-            "model(x) computed under autocast, as FP32. A model cast to BF16 (model.to(torch.bfloat16), on a copy "
-            "too) is not autocast: it runs every layer, batch norm included, in BF16"
-        )
-        cmp = compare_outputs(out, ref, "bf16")
-        assert cmp.within, f"output vs FP32 at the BF16 tolerance: {cmp}"
+        seen = [_bf16_run(fn, model, x)]
+        with gpu() as device:  # where autocast matters most: a hard-coded device type shows here
+            seen.append(_bf16_run(fn, copy.deepcopy(model).to(device), x.to(device)))
+    observed("; ".join(seen))
 
 
 @exercise(
