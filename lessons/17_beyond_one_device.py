@@ -1,0 +1,1383 @@
+# ---
+# jupyter:
+#   kernelspec:
+#     display_name: GPU inference course
+#     language: python
+#     name: gpu-inference-course
+# ---
+
+# %% [markdown]
+# # 17 · Beyond one device
+#
+# **Goals.** When a model or its traffic outgrows one GPU, servers split the work across devices. Write the
+# three splits yourself on `torch.distributed`, with real processes on this machine, check each against the
+# single-process model, and measure what it costs:
+# * **tensor parallelism** (Megatron-style): column- and row-parallel linear layers, the attention heads and the
+#   MLP split across ranks, one all-reduce per block; greedy output token-identical at 1, 2 and 3 ranks;
+# * **what it costs**: all-reduce time against message size, compute against communication in a decode step, a
+#   model of the step time (messages x latency + bytes / bandwidth) fitted here and checked against the
+#   measured step time, then the same model for NVLink and PCIe with their datasheet numbers;
+# * **pipeline parallelism**: layers split across ranks, micro-batches, the bubble measured against
+#   `(p - 1) / (m + p - 1)`;
+# * **data-parallel replicas** behind one router, round-robin against least-outstanding-requests, under the
+#   course's load generator;
+# * and the engines that do this at scale: `vllm serve --tensor-parallel-size / --pipeline-parallel-size /
+#   --data-parallel-size`, a Ray Serve LLM deployment and Triton's vLLM backend, with a decision table.
+#
+# **The bottleneck it attacks** (*01 · Measuring inference*, the taxonomy; *15 · LLM decoding*): a decode step is
+# memory-bound: it reads every weight once per token. Split the weights over `p` devices and each reads `1/p`
+# of them, in parallel: more memory bandwidth, and room for a model that fits no single device. The price is
+# **communication**: the partial results must be combined, twice per layer, on every step. Whether the split
+# pays depends on the link between the devices; this lesson measures it.
+
+# %%
+import atexit
+import contextlib
+import datetime
+import json
+import os
+import shutil
+import socket
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import matplotlib.pyplot as plt
+import numpy as np
+import pandas as pd
+import psutil
+import torch
+import torch.distributed as dist
+from IPython.display import display
+
+import course_utils as cu
+from course_utils.measuring.intervals import ratio_from_rounds
+from course_utils.serve import load_generator, server_process
+
+device = cu.lesson.start("17", "Beyond one device")
+WORK = Path(tempfile.mkdtemp(prefix="lesson17_"))  # weights for the ranks, server files: not in the course
+atexit.register(shutil.rmtree, WORK, ignore_errors=True)  # removed when the kernel (or script) exits
+CORES = len(os.sched_getaffinity(0))
+print(
+    f"This machine: {CORES} CPU cores for this process; torch {torch.__version__}, gloo available: "
+    f"{dist.is_gloo_available()}, NCCL available: {dist.is_nccl_available()}"
+)
+
+# %% [markdown]
+# ## The model, and why its heads decide the split
+# Tensor parallelism gives each rank a whole number of attention heads. SmolLM2-135M has **9 query heads and 3
+# key/value heads** (grouped-query attention: 3 query heads share one K/V head): it splits over 3 ranks (3
+# query heads and 1 K/V head each) or 9, **not over 2**. vLLM refuses such a split too (the head counts must be
+# divisible by `--tensor-parallel-size`).
+#
+# So the measurements use a **random-weight model of the same family with divisible heads**: SmolLM2's exact
+# shape (30 layers, hidden 576, MLP 1536, vocabulary 49152, the same weight matrices, 134.5M parameters) with
+# its 576 attention dimensions cut into **18 query heads and 6 K/V heads of 32** instead of 9 and 3 of 64. Every
+# matrix has the same size, so the time per step is SmolLM2's; 18 and 6 divide by 1, 2 and 3. The real SmolLM2
+# runs split over 3 ranks as well, and its answer is shown as text. Speed does not depend on the weights; each
+# run is checked against that model's own `generate`.
+
+# %%
+LAYERS = cu.pick(full=30, smoke=2)  # SmolLM2 has 30; smoke runs use 2 so the tests stay fast
+tp_model = cu.llm.tiny_llama(
+    seed=17, num_attention_heads=18, num_key_value_heads=6, head_dim=32, num_hidden_layers=LAYERS
+)
+cfg = tp_model.config
+n_params = sum(p.numel() for p in tp_model.parameters())
+print(
+    f"Split model: {n_params / 1e6:.1f}M parameters, {cfg.num_hidden_layers} layers, {cfg.num_attention_heads} "
+    f"query heads and {cfg.num_key_value_heads} K/V heads of {cfg.head_dim}"
+)
+REAL = cu.llm.has_smollm2()
+if REAL:
+    real_model, tok = cu.llm.load_smollm2()
+    print(
+        f"SmolLM2-135M-Instruct: {real_model.config.num_attention_heads} query heads, "
+        f"{real_model.config.num_key_value_heads} K/V heads: it splits over 3 ranks"
+    )
+else:
+    real_model, tok = None, None
+    print("The SmolLM2 file is not installed here (make setup installs it): the real-model run is left out.")
+
+# %% [markdown]
+# ## Ranks: processes that talk through `torch.distributed`
+# Each **rank** is its own process with its own copy of Python and torch. `torch.distributed` joins them into a
+# **process group**: `init_process_group(backend, init_method, rank, world_size)`. On a CPU the backend is
+# **gloo** (TCP between processes); on NVIDIA GPUs it is **NCCL** (NVLink or PCIe between GPUs). Then a
+# collective such as `dist.all_reduce(t)` replaces `t`, on every rank, by the sum of all ranks' `t`.
+#
+# Two details matter on a shared machine. The rendezvous (how the ranks find each other) is often given as
+# `init_method="tcp://127.0.0.1:PORT"`; torch's TCP store then listens on that port **on every network
+# interface**, whatever address you name (the next cell shows it). We rendezvous through a file instead, and
+# `GLOO_SOCKET_IFNAME=lo` keeps gloo's own sockets on the loopback interface, on ports the system picks free.
+
+
+# %%
+def listening(pid):
+    """The TCP addresses process `pid` listens on."""
+    return sorted(
+        f"{c.laddr.ip}:{c.laddr.port}"
+        for c in psutil.Process(pid).net_connections("tcp")
+        if c.status == psutil.CONN_LISTEN
+    )
+
+
+with socket.socket() as s:  # a free port, the usual way (bind to port 0, read it, close)
+    s.bind(("127.0.0.1", 0))
+    free_port = s.getsockname()[1]
+store = dist.TCPStore("127.0.0.1", free_port, 1, is_master=True, timeout=datetime.timedelta(seconds=5))
+store_addrs = listening(os.getpid())
+print(f"TCPStore('127.0.0.1', {free_port}) listens on: {store_addrs}")
+del store
+print(f"after closing it: {listening(os.getpid()) or 'nothing'}")
+
+# %% [markdown]
+# The ranks are started with `torch.multiprocessing` (`spawn`: a fresh interpreter per rank; `torchrun` does
+# the same from a shell). A rank joins the group, makes the sub-groups of the first 1, 2 and 3 ranks (so one set
+# of processes can run every world size, interleaved), and then runs the tasks the notebook sends it, until it
+# is told to stop. `World` is the notebook's side: it starts the ranks, sends tasks, collects answers, and
+# stops **every** process when its `with` block ends, also after an error, a rank that died, or an interrupt
+# (a test kills a rank mid-step and checks that no process and no listening port is left). A rank also exits
+# by itself if the notebook's process disappears.
+#
+# A process started with `spawn` imports the code it runs: a function defined in a notebook cell cannot be found
+# there. The cells tagged `export` below are also the module `course_utils.from_lessons.l17_beyond_one_device`
+# (`make notebooks` writes it, the tests check that it is the same text), and the ranks import that.
+
+
+# %% tags=["export"]
+import contextlib  # noqa: E402, F811 - this cell is also the top of the exported module
+import datetime  # noqa: E402, F811 - this cell is also the top of the exported module that the rank processes import
+import importlib  # noqa: E402
+import os  # noqa: E402, F811
+import queue  # noqa: E402
+import shutil  # noqa: E402, F811
+import tempfile  # noqa: E402, F811
+import threading  # noqa: E402, F811
+import time  # noqa: E402, F811
+import traceback  # noqa: E402
+
+import torch  # noqa: E402, F811
+import torch.distributed as dist  # noqa: E402, F811
+import torch.multiprocessing as mp  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
+
+STATE = {}  # inside a rank process: its rank, the process groups, the weights it holds
+
+
+class RankError(RuntimeError):
+    """A rank failed or died; the world was stopped."""
+
+
+def _watch_parent(parent_pid):
+    while os.getppid() == parent_pid:  # the notebook is gone (even killed with SIGKILL): leave at once
+        time.sleep(0.5)
+    os._exit(1)
+
+
+def rank_main(rank, world_size, init_method, backend, inbox, outbox, parent_pid, timeout_s=120.0):
+    """One rank process: join the process group, then run the tasks the parent sends until told to stop."""
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on the loopback interface only
+    os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    torch.set_num_threads(1)  # one core per rank
+    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
+    if backend == "nccl":
+        torch.cuda.set_device(rank)  # one GPU per rank
+    dist.init_process_group(
+        backend,
+        init_method=init_method,
+        rank=rank,
+        world_size=world_size,
+        timeout=datetime.timedelta(seconds=timeout_s),
+    )
+    try:
+        groups = {p: dist.new_group(list(range(p))) for p in range(1, world_size + 1)}  # every rank makes each
+        STATE.update(
+            rank=rank,
+            world_size=world_size,
+            groups=groups,
+            backend=backend,
+            device=torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu"),
+        )
+        outbox.put((rank, "ok", os.getpid()))
+        while (task := inbox.get()) is not None:
+            module, name, kwargs = task
+            try:
+                result = getattr(importlib.import_module(module), name)(**kwargs)
+                outbox.put((rank, "ok", result))
+            except Exception:  # noqa: BLE001 - reported to the parent, which stops the world
+                outbox.put((rank, "error", traceback.format_exc()))
+    finally:
+        dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def _ranks_skip_main():
+    """While starting ranks: `spawn` would re-run a plain script's top level (the whole lesson) in every rank;
+    a rank needs only this module, so the script's name is hidden from it (a notebook has none)."""
+    import sys
+
+    main = sys.modules["__main__"]
+    saved = {k: main.__dict__[k] for k in ("__file__", "__spec__") if k in main.__dict__}
+    main.__dict__.pop("__file__", None)
+    main.__spec__ = None
+    try:
+        yield
+    finally:
+        main.__dict__.pop("__spec__", None)
+        main.__dict__.update(saved)
+
+
+class World:
+    """`size` rank processes joined in one process group; `run(task, ...)` runs a module-level function on them.
+
+    Use it as `with World(3) as world:`: on leaving the block, also by an error, every rank is stopped."""
+
+    def __init__(self, size, backend="gloo", timeout_s=300.0):
+        self.size, self.backend, self.timeout_s, self.procs = size, backend, timeout_s, []
+
+    def __enter__(self):
+        ctx = mp.get_context("spawn")
+        self.folder = tempfile.mkdtemp(prefix="lesson17_world_")
+        init_method = f"file://{self.folder}/rendezvous"  # no TCP store: nothing listens beyond loopback
+        self.inboxes, self.outbox = [ctx.Queue() for _ in range(self.size)], ctx.Queue()
+        try:
+            with _ranks_skip_main():
+                for r in range(self.size):
+                    args = (r, self.size, init_method, self.backend, self.inboxes[r], self.outbox, os.getpid())
+                    rank = ctx.Process(target=rank_main, args=(*args, self.timeout_s), name=f"rank {r}", daemon=True)
+                    self.procs.append(rank)
+                    rank.start()
+            self.pids = self._collect(range(self.size))  # every rank joined the group
+        except BaseException:
+            self.close(graceful=False)
+            raise
+        return self
+
+    def run(self, task, ranks=None, **kwargs):
+        """Run `task(**kwargs)` on `ranks` (default: all); return their results in rank order."""
+        ranks = list(range(self.size)) if ranks is None else list(ranks)
+        for r in ranks:
+            self.inboxes[r].put((task.__module__, task.__name__, kwargs))
+        return self._collect(ranks)
+
+    def _collect(self, ranks):
+        got, deadline = {}, time.monotonic() + self.timeout_s
+        while len(got) < len(ranks):
+            try:
+                rank, status, value = self.outbox.get(timeout=0.2)
+            except queue.Empty:
+                dead = [f"{p.name} (exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
+                if dead:
+                    raise RankError(f"{', '.join(dead)} stopped: the other ranks are stopped too") from None
+                if time.monotonic() > deadline:
+                    missing = sorted(set(ranks) - set(got))
+                    raise RankError(f"no answer from ranks {missing} in {self.timeout_s:.0f} s") from None
+                continue
+            if status == "error":
+                raise RankError(f"rank {rank} failed:\n{value}")
+            got[rank] = value
+        return [got[r] for r in ranks]
+
+    def close(self, graceful=True):
+        """Stop every rank: ask them to leave (graceful), then SIGTERM, then SIGKILL; remove the rendezvous."""
+        if graceful:
+            for inbox, p in zip(self.inboxes, self.procs, strict=False):
+                if p.is_alive():
+                    inbox.put(None)
+            end = time.monotonic() + 10
+            for p in self.procs:
+                p.join(timeout=max(0.0, end - time.monotonic()))
+        for p in self.procs:
+            if p.pid is not None and p.is_alive():
+                p.terminate()
+        for p in self.procs:
+            if p.pid is None:  # never started
+                continue
+            p.join(timeout=3)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        for q in [*self.inboxes, self.outbox]:  # tasks a dead rank never read must not hold up our exit
+            q.cancel_join_thread()
+            q.close()
+        shutil.rmtree(self.folder, ignore_errors=True)
+
+    def __exit__(self, kind, error, tb):
+        self.close(graceful=kind is None)
+
+
+# %% [markdown]
+# ## Column- and row-parallel layers
+# A linear layer computes `y = x W^T` with `W` of shape `(out_features, in_features)` (torch's layout). Megatron-LM
+# names the two ways to split it after the matrix `A = W^T` of `y = x A`:
+# * **column-parallel**: split `A`'s columns, i.e. the **output features** (rows of torch's `W`). Every rank
+#   needs the whole input `x` and makes its own slice of `y`. No communication.
+# * **row-parallel**: split `A`'s rows, i.e. the **input features** (columns of torch's `W`). Every rank holds
+#   only its slice of `x` and makes a *partial sum* of the whole `y`; one `all_reduce` adds the partial sums.
+#
+# Put a column-parallel layer first and a row-parallel one after it, and the slice the first makes is exactly the
+# slice the second needs: the pair costs **one** all-reduce. A transformer layer has two such pairs:
+# * attention: `q_proj`, `k_proj`, `v_proj` column-parallel (each rank gets whole heads: 18/p query heads and
+#   6/p K/V heads, its own KV cache), the attention itself per head, `o_proj` row-parallel -> all-reduce;
+# * MLP: `gate_proj` and `up_proj` column-parallel (1536/p intermediate features each), `down_proj`
+#   row-parallel -> all-reduce.
+#
+# Norms and the embedding are small and kept whole on every rank. The output layer (`lm_head`, 49152 x 576, a
+# fifth of the weights) is split column-parallel over the vocabulary; greedy decoding then needs only each rank's
+# best token and its score (an `all_gather` of two numbers).
+
+
+# %% tags=["export"]
+def column_parallel(weight, rank, p):
+    """This rank's slice of a column-parallel layer: its block of output features (rows of torch's weight)."""
+    n = weight.shape[0] // p
+    return weight[rank * n : (rank + 1) * n].clone()
+
+
+def row_parallel(weight, rank, p):
+    """This rank's slice of a row-parallel layer: its block of input features (columns of torch's weight)."""
+    n = weight.shape[1] // p
+    return weight[:, rank * n : (rank + 1) * n].contiguous()
+
+
+def shape_of(config):
+    """What the ranks need to know of a Llama config (plain numbers: no transformers import in the ranks)."""
+    rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
+    return {
+        "layers": config.num_hidden_layers,
+        "head_dim": config.head_dim,
+        "eps": config.rms_norm_eps,
+        "theta": rope["rope_theta"],
+    }
+
+
+def load_shards(path, shape, sizes, name, whole_on_every_rank=False):
+    """Read the full weights (memory-mapped) and keep this rank's slices for every split size in `sizes`.
+
+    `whole_on_every_rank=True` keeps whole layers on every rank (the pipeline's stages pick their blocks)."""
+    full = torch.load(path, mmap=True, weights_only=True)  # a checkpoint: weights only, no pickled code
+    rank, dev = STATE["rank"], STATE["device"]
+    kept = STATE.setdefault("models", {}).setdefault(name, {})
+    for p in sizes:
+        if rank >= p and not whole_on_every_rank:
+            continue
+        r = 0 if whole_on_every_rank else rank
+        layers = []
+        for i in range(shape["layers"]):
+            w = {k.split(f"layers.{i}.")[1]: v for k, v in full.items() if f".layers.{i}." in k}
+            layers.append(
+                {
+                    "ln1": w["input_layernorm.weight"].clone(),
+                    "ln2": w["post_attention_layernorm.weight"].clone(),
+                    "q": column_parallel(w["self_attn.q_proj.weight"], r, p),  # whole query heads
+                    "k": column_parallel(w["self_attn.k_proj.weight"], r, p),  # their K/V heads
+                    "v": column_parallel(w["self_attn.v_proj.weight"], r, p),
+                    "o": row_parallel(w["self_attn.o_proj.weight"], r, p),
+                    "gate": column_parallel(w["mlp.gate_proj.weight"], r, p),
+                    "up": column_parallel(w["mlp.up_proj.weight"], r, p),
+                    "down": row_parallel(w["mlp.down_proj.weight"], r, p),
+                }
+            )
+        head = full.get("lm_head.weight", full["model.embed_tokens.weight"])  # tied embeddings in SmolLM2
+        d = shape["head_dim"]
+        kept[p] = {
+            "embed": full["model.embed_tokens.weight"].clone().to(dev),
+            "norm": full["model.norm.weight"].clone().to(dev),
+            "lm_head": column_parallel(head, r, p).to(dev),  # this rank's slice of the vocabulary
+            "vocab_start": r * (head.shape[0] // p),
+            "layers": [{k: v.to(dev) for k, v in layer.items()} for layer in layers],
+            "inv_freq": 1.0 / (shape["theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)),
+            "eps": shape["eps"],
+            "head_dim": d,
+        }
+    return sum(t.numel() * t.element_size() for layer in kept[min(kept)]["layers"] for t in layer.values())
+
+
+# %% [markdown]
+# The forward pass below is lesson 15's hand-written decoder (KV cache, rotary positions, grouped-query
+# attention) on one rank's slices. The only new lines are the two `all_reduce` calls and the greedy pick over
+# the vocabulary slices. `Comm` times every collective, so each step reports its compute and its
+# communication; `Comm(group, enabled=False)` skips them (a "compute-only" run: its output is wrong, its compute
+# is the same), which the cost model needs.
+
+
+# %% tags=["export"]
+class Comm:
+    """The collectives of tensor parallelism over `group`, timed; `enabled=False` skips them (compute-only runs)."""
+
+    def __init__(self, group, enabled=True):
+        self.group, self.enabled, self.seconds, self.calls = group, enabled, 0.0, 0
+
+    def all_reduce(self, t):
+        if self.enabled:
+            start = time.perf_counter()
+            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)  # in place: the sum of every rank's t
+            self.seconds += time.perf_counter() - start
+            self.calls += 1
+        return t
+
+    def best_token(self, logits, vocab_start):
+        """Greedy pick over the vocabulary slices: each rank's best (score, token id), gathered, then the max."""
+        score, index = logits.max(-1)
+        mine = torch.stack([score, (index + vocab_start).to(score.dtype)])
+        if not self.enabled:
+            return int(mine[1])
+        start = time.perf_counter()
+        every = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
+        dist.all_gather(every, mine, group=self.group)
+        self.seconds += time.perf_counter() - start
+        self.calls += 1
+        best = max(every, key=lambda t: (float(t[0]), -float(t[1])))  # ties: the lowest id, as argmax does
+        return int(best[1])
+
+
+def rotary(inv_freq, positions, dev):
+    """Llama's rotary position embedding (lesson 15): cos and sin of position x frequency, shape (1, T, head_dim)."""
+    freqs = positions.float()[:, :, None] * inv_freq[None, None, :]
+    emb = torch.cat([freqs, freqs], dim=-1)
+    return emb.cos().to(dev), emb.sin().to(dev)
+
+
+def apply_rotary(q, k, cos, sin):
+    def rotate_half(x):
+        return torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], dim=-1)
+
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
+
+
+def rms_norm(x, weight, eps):
+    x32 = x.float()
+    return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
+
+
+def tp_layer(h, w, cache, cos, sin, comm, eps, head_dim):
+    """One decoder layer on this rank's slices: its heads, its MLP features; one all-reduce per block."""
+    b, t, _ = h.shape
+    x = rms_norm(h, w["ln1"], eps)
+    q = F.linear(x, w["q"]).view(b, t, -1, head_dim).transpose(1, 2)  # column-parallel: this rank's heads
+    k = F.linear(x, w["k"]).view(b, t, -1, head_dim).transpose(1, 2)
+    v = F.linear(x, w["v"]).view(b, t, -1, head_dim).transpose(1, 2)
+    q, k = apply_rotary(q, k, cos, sin)
+    if cache is not None:
+        if cache:  # this rank's KV cache holds only its own K/V heads
+            k, v = torch.cat([cache[0], k], dim=2), torch.cat([cache[1], v], dim=2)
+        cache[:] = [k, v]
+    a = F.scaled_dot_product_attention(q, k, v, is_causal=k.shape[2] == t and t > 1, enable_gqa=True)
+    o = F.linear(a.transpose(1, 2).reshape(b, t, -1), w["o"])  # row-parallel: a partial sum of o_proj's output
+    h = h + comm.all_reduce(o)  # block 1: the sum over ranks is the full attention output
+    x = rms_norm(h, w["ln2"], eps)
+    m = F.silu(F.linear(x, w["gate"])) * F.linear(x, w["up"])  # column-parallel: this rank's 1536/p features
+    return h + comm.all_reduce(F.linear(m, w["down"]))  # row-parallel, block 2: one more all-reduce
+
+
+def tp_generate(name, p, prompt, n_new, communicate=True):
+    """Greedy decoding on this rank's slices of the p-way split: tokens, and per step its ms and comm ms."""
+    model = STATE["models"][name][p]
+    dev = STATE["device"]
+    comm = Comm(STATE["groups"][p], communicate)
+    caches = [[] for _ in model["layers"]]
+    ids, start, out, step_ms, comm_ms = torch.tensor([prompt], device=dev), 0, [], [], []
+    with torch.inference_mode():
+        for _ in range(n_new):
+            t0, c0 = time.perf_counter(), comm.seconds
+            h = F.embedding(ids, model["embed"])
+            cos, sin = rotary(model["inv_freq"], torch.arange(start, start + ids.shape[1]).unsqueeze(0), dev)
+            for w, cache in zip(model["layers"], caches, strict=True):
+                h = tp_layer(h, w, cache, cos, sin, comm, model["eps"], model["head_dim"])
+            logits = F.linear(rms_norm(h[0, -1], model["norm"], model["eps"]), model["lm_head"])
+            token = comm.best_token(logits, model["vocab_start"])
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            step_ms.append(1000 * (time.perf_counter() - t0))
+            comm_ms.append(1000 * (comm.seconds - c0))
+            out.append(token)
+            start += ids.shape[1]
+            ids = torch.tensor([[token]], device=dev)
+    return {"tokens": out, "step_ms": step_ms, "comm_ms": comm_ms, "calls_per_step": comm.calls / max(n_new, 1)}
+
+
+def set_threads(n):
+    torch.set_num_threads(n)
+    return torch.get_num_threads()
+
+
+def drop(name):
+    STATE.get("models", {}).pop(name, None)
+
+
+def allreduce_sweep(p, sizes, reps):
+    """Median seconds of one all_reduce of `n` float32 values over the first p ranks, for each n in `sizes`."""
+    group, dev, out = STATE["groups"][p], STATE["device"], []
+    for n in sizes:
+        t = torch.ones(n, device=dev)
+        dist.barrier(group=group)
+        times = []
+        for _ in range(reps if n * 4 < 1_000_000 else max(3, reps // 4)):
+            start = time.perf_counter()
+            dist.all_reduce(t, group=group)
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            times.append(time.perf_counter() - start)
+        out.append(sorted(times)[len(times) // 2])
+    return out
+
+
+def start_replica(name):
+    """Serve greedy decoding with this rank's whole model over HTTP on 127.0.0.1 (a free port), in a thread.
+
+    One request at a time, like a replica at batch 1; the others wait in the socket's queue. Returns the port."""
+    import json
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self):
+            body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            tokens = tp_generate(name, 1, body["prompt"], body["max_new"], communicate=False)["tokens"]
+            data = json.dumps({"tokens": tokens, "replica": STATE["rank"]}).encode()
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def log_message(self, *args):  # no line per request
+            pass
+
+    HTTPServer.request_queue_size = 256  # waiting requests queue here
+    server = HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    STATE["replica"] = server
+    return server.server_address[1]
+
+
+def stop_replica():
+    server = STATE.pop("replica")
+    server.shutdown()
+    server.server_close()
+
+
+def pp_forward(name, p, tokens, m):
+    """Stage `rank` of a p-stage pipeline: its block of whole layers, over `tokens` (B, T) in m micro-batches.
+
+    Stage 0 embeds; each stage receives the activations of a micro-batch from the stage before (`dist.recv`),
+    runs its layers and sends them on (`dist.send`); the last stage returns the last position's logits.
+    Returns the (start, end) times of each micro-batch's compute on this stage, and the logits (last stage)."""
+    rank, model = STATE["rank"], STATE["models"][name][1]  # the 1-way split: whole layers
+    per = len(model["layers"]) // p
+    mine = model["layers"][rank * per : (rank + 1) * per]
+    b, t = tokens.shape
+    mb, hidden = b // m, model["embed"].shape[1]
+    cos, sin = rotary(model["inv_freq"], torch.arange(t).unsqueeze(0), model["embed"].device)
+    no_tp = Comm(None, enabled=False)  # whole layers: no tensor parallelism inside a stage
+    busy, logits = [], []
+    dist.barrier(group=STATE["groups"][p])
+    with torch.inference_mode():
+        for j in range(m):
+            if rank > 0:
+                h = torch.empty(mb, t, hidden)
+                dist.recv(h, src=rank - 1)  # this micro-batch's activations from the stage before
+            start = time.perf_counter()
+            if rank == 0:
+                h = F.embedding(tokens[j * mb : (j + 1) * mb], model["embed"])
+            for w in mine:
+                h = tp_layer(h, w, None, cos, sin, no_tp, model["eps"], model["head_dim"])
+            if rank == p - 1:
+                logits.append(F.linear(rms_norm(h[:, -1], model["norm"], model["eps"]), model["lm_head"]))
+            busy.append((start, time.perf_counter()))
+            if rank < p - 1:
+                dist.send(h.contiguous(), dst=rank + 1)  # on to the next stage
+    return {"busy": busy, "logits": torch.cat(logits) if logits else None}
+
+
+# %%
+import course_utils.from_lessons.l17_beyond_one_device as l17  # noqa: E402 - the ranks run this module's copy
+
+WORLD = 3  # ranks: the sub-groups of 1, 2 and 3 of them run every split
+tp_path = WORK / "split_model.pt"
+torch.save(tp_model.state_dict(), tp_path)
+world = contextlib.ExitStack()  # one set of ranks for the whole lesson, closed in its last cell
+atexit.register(world.close)  # and when this kernel or script exits
+with contextlib.suppress(ImportError):  # in Jupyter: a cell that fails stops the ranks at once
+    from IPython import get_ipython
+
+    if get_ipython() is not None:
+        get_ipython().events.register("post_run_cell", lambda result: result.success or world.close())
+t0 = time.perf_counter()
+W = world.enter_context(l17.World(WORLD))
+print(f"{WORLD} rank processes (pids {W.pids}) joined one gloo group in {time.perf_counter() - t0:.1f} s")
+t0 = time.perf_counter()
+held = W.run(l17.load_shards, path=str(tp_path), shape=l17.shape_of(cfg), sizes=[1, 2, 3], name="split")
+print(
+    f"Each rank holds its slices ({held[0] / 2**20:.0f} MiB of layer weights for the 1-rank split on rank 0); "
+    f"loaded in {time.perf_counter() - t0:.1f} s"
+)
+
+# %% [markdown]
+# ## Tensor parallelism: correct first
+# The reference is the model's own greedy `generate` in this process. Each split must give the same tokens, on
+# every rank (each rank picks the token itself, from the same gathered scores).
+
+# %%
+PROMPT = torch.randint(3, cfg.vocab_size, (cu.pick(full=16, smoke=8),), generator=torch.Generator().manual_seed(1))
+PROMPT = PROMPT.tolist()
+N_CHECK = cu.pick(full=16, smoke=4)
+
+
+def reference(model, prompt, n):
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=n, do_sample=False)
+        logits = model(out).logits[0, len(prompt) - 1 : -1]
+    top2 = logits.topk(2, dim=-1).values
+    return out[0, len(prompt) :].tolist(), float((top2[:, 0] - top2[:, 1]).min())
+
+
+ref, margin = reference(tp_model, PROMPT, N_CHECK)
+parity = {}
+for p in (1, 2, 3):
+    runs = W.run(l17.tp_generate, ranks=range(p), name="split", p=p, prompt=PROMPT, n_new=N_CHECK)
+    tokens = [r["tokens"][: len(ref)] for r in runs]
+    assert all(t == ref for t in tokens), f"{p} ranks: tokens {tokens} differ from generate {ref}"
+    parity[p] = runs[0]
+    print(
+        f"✓ {p} rank(s): {len(ref)} greedy tokens identical to generate on every rank "
+        f"({runs[0]['calls_per_step']:.0f} collectives per step)"
+    )
+print(f"The closest call along the way: the top two logits {margin:.2g} apart (the sums' rounding differs by ~1e-6).")
+
+# %% [markdown]
+# The real SmolLM2-135M-Instruct, split over 3 ranks (its 9 query heads and 3 K/V heads: 3 and 1 per rank),
+# answering a question: the same code, its real weights.
+
+# %%
+if REAL:
+    real_path = WORK / "smollm2.pt"
+    torch.save(real_model.state_dict(), real_path)
+    W.run(l17.load_shards, path=str(real_path), shape=l17.shape_of(real_model.config), sizes=[3], name="smollm2")
+    question = cu.llm.chat_ids(tok, "What is the capital of France?")[0].tolist()
+    real_n = cu.pick(full=12, smoke=4)
+    want, _ = reference(real_model, question, real_n)
+    got = W.run(l17.tp_generate, name="smollm2", p=3, prompt=question, n_new=real_n)
+    assert all(r["tokens"][: len(want)] == want for r in got), "SmolLM2 on 3 ranks differs from generate"
+    print(f"✓ SmolLM2 on 3 ranks == generate: {tok.decode(want)!r}")
+    W.run(l17.drop, name="smollm2")
+    real_path.unlink()
+
+# %% [markdown]
+# ## What it costs: all-reduce time against message size
+# A decode step at batch 1 all-reduces one vector of 576 floats (2.3 KB) twice per layer. How long does one
+# all-reduce take? Measured on 2 and 3 ranks of gloo, from one float to megabytes. A ring all-reduce sends each
+# rank's data around the ring twice (reduce-scatter, then all-gather): each rank sends `2 (p - 1) / p x S`
+# bytes for a message of `S` bytes. So the model is `t(S) = latency + 2 (p - 1) / p x S / bandwidth`: the
+# latency is the median time of the small messages (up to the decode step's 2.3 KB), the bandwidth what the
+# largest message's bytes add to it.
+
+# %%
+SIZES = cu.pick(full=[1, 16, 144, 576, 2304, 9216, 36864, 147456, 589824, 2359296], smoke=[1, 576, 9216, 36864])
+REPS = cu.pick(full=30, smoke=5)
+sweep = {p: [] for p in (2, 3)}
+for _ in range(cu.pick(full=3, smoke=1)):  # rounds, the two world sizes interleaved
+    for p in (2, 3):
+        sweep[p].append(W.run(l17.allreduce_sweep, ranks=range(p), p=p, sizes=SIZES, reps=REPS)[0])
+sweep_ms = {p: 1000 * np.median(np.array(v), axis=0) for p, v in sweep.items()}
+gloo_fit = {}
+small = np.array(SIZES) * 4 <= 4 * cfg.hidden_size  # messages up to the decode step's own: the latency regime
+for p, ms in sweep_ms.items():
+    sent = 2 * (p - 1) / p * 4 * np.array(SIZES)  # bytes each rank sends
+    latency = float(np.median(ms[small]))
+    extra = max(ms[-1] - latency, 1e-6)  # the largest message: what its bytes add beyond the latency
+    gloo_fit[p] = {"latency_ms": latency, "GB_per_s": sent[-1] / extra / 1e6}
+sweep_table = pd.DataFrame({f"{p} ranks, ms": ms for p, ms in sweep_ms.items()}, index=pd.Index(SIZES, name="floats"))
+sweep_table["bytes"] = 4 * np.array(SIZES)
+display(sweep_table.round(4))
+for p, f in gloo_fit.items():
+    print(
+        f"gloo, {p} ranks on this machine: latency {1000 * f['latency_ms']:.0f} µs, bandwidth "
+        f"{f['GB_per_s']:.2f} GB/s per rank"
+    )
+
+
+def allreduce_ms(p, nbytes, fit=None):
+    """The fitted model: milliseconds for one all-reduce of `nbytes` over p ranks."""
+    f = fit or gloo_fit[p]
+    return f["latency_ms"] + 2 * (p - 1) / p * nbytes / (f["GB_per_s"] * 1e6)
+
+
+fig, ax = plt.subplots(figsize=(6.5, 3.6))
+for i, (p, ms) in enumerate(sweep_ms.items()):
+    nbytes = 4 * np.array(SIZES)
+    ax.loglog(nbytes, ms, "o", color=f"C{i}", label=f"{p} ranks measured")
+    ax.loglog(nbytes, [allreduce_ms(p, b) for b in nbytes], "--", color=f"C{i}", label=f"{p} ranks model")
+ax.axvline(4 * cfg.hidden_size, color="gray", lw=0.8, ls=":")
+ax.set(xlabel="message (bytes)", ylabel="ms per all-reduce", title="gloo all-reduce on this machine")
+ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## Step time at 1, 2 and 3 ranks, and where it goes
+# Each variant runs a few decode steps and returns the median step time; the comparison helper runs them in
+# interleaved rounds. Besides the splits: one rank with **two** threads (the same two cores, used by
+# intra-op threads instead of ranks), and the 2- and 3-rank splits with their collectives skipped (compute only:
+# wrong tokens, right work), which the cost model needs. On a 2-core machine, 3 ranks share 2 cores.
+
+# %%
+STEPS = cu.pick(full=8, smoke=2)
+step_runs = {}
+
+
+def steps(p, communicate=True, threads=1):
+    def run():
+        if threads != 1:
+            W.run(l17.set_threads, ranks=[0], n=threads)
+        try:
+            res = W.run(
+                l17.tp_generate,
+                ranks=range(p),
+                name="split",
+                p=p,
+                prompt=PROMPT,
+                n_new=STEPS + 1,
+                communicate=communicate,
+            )[0]
+        finally:
+            if threads != 1:
+                W.run(l17.set_threads, ranks=[0], n=1)
+        step_runs.setdefault((p, communicate, threads), []).append(res)
+        return float(np.median(res["step_ms"][1:]))  # decode steps (the first is the prompt's prefill)
+
+    return run
+
+
+variants = {
+    "1 rank": steps(1),
+    "2 ranks": steps(2),
+    "3 ranks": steps(3),
+    "1 rank, 2 threads": steps(1, threads=2),
+    "2 ranks, compute only": steps(2, communicate=False),
+    "3 ranks, compute only": steps(3, communicate=False),
+}
+tp_cmp = cu.comparing.compare_runs(
+    variants,
+    baseline="1 rank",
+    rounds=cu.pick(full=5, smoke=3),
+    higher_is_better=False,
+    label="decode step",
+    metric="ms per decode step",
+)
+display(tp_cmp.table().round(3))
+for name in ("2 ranks", "3 ranks", "1 rank, 2 threads"):
+    print(tp_cmp.ratio(name).says(name, "1 rank"))
+
+# %% [markdown]
+# **Compute against communication.** Inside each step the ranks timed their collectives. And the model: the
+# measured compute-only step plus, per collective, one fitted all-reduce of the message (`hidden x 4` bytes at
+# batch 1; the token pick's gather of two numbers counted as one small all-reduce). The ratio predicted /
+# measured is taken per round, so it has an interval too; the target is within 25%.
+
+# %%
+H_BYTES = 4 * cfg.hidden_size
+calls = parity[2]["calls_per_step"]
+split_rows, model_ratio = [], {}
+for p in (1, 2, 3):
+    runs = step_runs[(p, True, 1)]
+    step = np.median([np.median(r["step_ms"][1:]) for r in runs])
+    comm = np.median([np.median(r["comm_ms"][1:]) for r in runs])
+    row = {"ranks": p, "step_ms": step, "comm_ms": comm, "compute_ms": step - comm, "comm_%": 100 * comm / step}
+    if p > 1:
+        predicted = np.array(tp_cmp.per_round[f"{p} ranks, compute only"]) + calls * allreduce_ms(p, H_BYTES)
+        measured = np.array(tp_cmp.per_round[f"{p} ranks"])
+        model_ratio[p] = ratio_from_rounds(f"predicted, {p} ranks", f"measured, {p} ranks", predicted / measured)
+        row |= {"model_comm_ms": calls * allreduce_ms(p, H_BYTES), "predicted_ms": float(np.median(predicted))}
+    split_rows.append(row)
+split = pd.DataFrame(split_rows).set_index("ranks")
+display(split.round(2))
+
+
+def within(r, tolerance):
+    """'met' when the whole interval of predicted/measured lies within 1 ± tolerance, 'missed' when none of it."""
+    if r.low >= 1 - tolerance and r.high <= 1 + tolerance:
+        return "met"
+    return "missed" if r.high < 1 - tolerance or r.low > 1 + tolerance else "not shown"
+
+
+for p, r in model_ratio.items():
+    print(f"{p} ranks: predicted / measured step time {r.interval_text} (target within 25%: {within(r, 0.25)})")
+
+fig, ax = plt.subplots(figsize=(5.5, 3.4))
+ax.bar(split.index, split["compute_ms"], label="compute")
+ax.bar(split.index, split["comm_ms"], bottom=split["compute_ms"], label="collectives")
+ax.plot(split.index[1:], split["predicted_ms"].dropna(), "k*", ms=12, label="model")
+ax.set(xlabel="ranks", ylabel="ms per decode step", title="a decode step, split", xticks=[1, 2, 3])
+ax.legend(fontsize=8)
+fig.tight_layout()
+
+# %% [markdown]
+# ## The same model for NVLink and PCIe
+# The model needs three numbers per link. From the datasheets (NVIDIA H100 Tensor Core GPU datasheet, SXM5):
+# **NVLink 900 GB/s** per GPU in total (450 GB/s each way) and **PCIe Gen5 x16 128 GB/s** (64 GB/s each way);
+# HBM3 3.35 TB/s, 989 dense BF16 TFLOP/s. The latency of a small all-reduce is not on a datasheet: we take
+# NCCL's own tuning model (`src/graph/tuning.cc` in NVIDIA/nccl: ring, LL protocol, 3.6 µs base plus 0.47 µs
+# per step over NVLink, 1.0 µs over PCIe; an all-reduce takes `2 (p - 1)` steps). A step's compute is the
+# roofline: weight bytes read / HBM bandwidth, or FLOPs / peak, whichever is larger, divided by `p`.
+
+# %%
+LINKS = {  # GB/s each way; latency per ring step in µs (NCCL tuning.cc); base latency 3.6 µs
+    "NVLink (H100 SXM)": {"GB_per_s": 450.0, "hop_us": 0.47},
+    "PCIe Gen5 x16": {"GB_per_s": 64.0, "hop_us": 1.0},
+}
+HBM_GB_S, PEAK_TFLOPS = 3350.0, 989.0
+
+
+def gpu_step_ms(params, layers, hidden, tokens, p, link):
+    """Roofline compute and modelled communication (ms) of one forward step over `tokens` tokens, p GPUs."""
+    compute = max(2 * params / (HBM_GB_S * 1e6), 2 * params * tokens / (PEAK_TFLOPS * 1e9)) / p  # BF16 weights
+    fit = {"latency_ms": (3.6 + 2 * (p - 1) * LINKS[link]["hop_us"]) / 1000, "GB_per_s": LINKS[link]["GB_per_s"]}
+    comm = (2 * layers + 1) * allreduce_ms(p, 2 * hidden * tokens, fit) if p > 1 else 0.0
+    return compute, comm
+
+
+CASES = {  # name: (parameters, layers, hidden, tokens per step)
+    "SmolLM2-135M decode, batch 1": (134.5e6, 30, 576, 1),
+    "70B (Llama-3 shape) decode, batch 1": (70.6e9, 80, 8192, 1),
+    "70B decode, batch 64": (70.6e9, 80, 8192, 64),
+    "70B prefill, 4096 tokens": (70.6e9, 80, 8192, 4096),
+}
+gpu_rows = []
+for case, (params, layers, hidden, tokens) in CASES.items():
+    for link in LINKS:
+        one = sum(gpu_step_ms(params, layers, hidden, tokens, 1, link))
+        for p in (2, 8):
+            compute, comm = gpu_step_ms(params, layers, hidden, tokens, p, link)
+            gpu_rows.append(
+                {
+                    "case": case,
+                    "link": link,
+                    "GPUs": p,
+                    "compute_ms": compute,
+                    "comm_ms": comm,
+                    "speedup_vs_1_gpu": one / (compute + comm),
+                }
+            )
+gpu_model = pd.DataFrame(gpu_rows)
+display(gpu_model.round(3))
+small = gpu_model[(gpu_model["case"].str.startswith("SmolLM2")) & (gpu_model["GPUs"] == 2)]
+big = gpu_model[(gpu_model["case"] == "70B prefill, 4096 tokens") & (gpu_model["GPUs"] == 8)].set_index("link")
+print(
+    f"SmolLM2 on 2 GPUs: the model gives {small['speedup_vs_1_gpu'].max():.2f}x at best: a 135M model's step "
+    "is shorter than its 61 collectives' latency, even on NVLink."
+)
+print(
+    f"70B prefill on 8 GPUs: communication {big.loc['NVLink (H100 SXM)', 'comm_ms']:.0f} ms of "
+    f"{big.loc['NVLink (H100 SXM)', 'compute_ms']:.0f} ms compute on NVLink, "
+    f"{big.loc['PCIe Gen5 x16', 'comm_ms']:.0f} ms on PCIe: tensor parallelism pays on NVLink, "
+    "and over PCIe only while the messages are small."
+)
+
+# %% [markdown]
+# ## Pipeline parallelism: layers across ranks, micro-batches through them
+# Instead of cutting every layer, give each rank a **block of whole layers** (a *stage*): rank 0 the first
+# half, rank 1 the second. Activations go from stage to stage with point-to-point `dist.send`/`dist.recv`, once
+# per stage boundary: far less communication than tensor parallelism's two all-reduces per layer. But stage 1
+# waits while stage 0 works on the first input: the **bubble**. Cut the batch into `m` **micro-batches** and
+# the stages work on different ones at once; with `p` equal stages the idle share is `(p - 1) / (m + p - 1)`.
+# Two stages here (this machine has 2 cores: a third stage would share them). The work is a batch of prompts
+# (a prefill); the last stage's logits must match the single-process model.
+
+# %%
+PP_BATCH, PP_LEN = cu.pick(full=(8, 32), smoke=(8, 4))
+MICRO = [1, 4, 8]
+P_STAGES = 2
+pp_tokens = torch.randint(3, cfg.vocab_size, (PP_BATCH, PP_LEN), generator=torch.Generator().manual_seed(2))
+with torch.inference_mode():
+    pp_ref = tp_model(pp_tokens).logits[:, -1]
+
+
+def bubble(stages):
+    """The idle share of p stages over the whole run: 1 - busy time / (p x wall time)."""
+    spans = [s for stage in stages for s in stage["busy"]]
+    wall = max(e for _, e in spans) - min(s for s, _ in spans)
+    return 1 - sum(e - s for s, e in spans) / (len(stages) * wall)
+
+
+W.run(l17.load_shards, path=str(tp_path), shape=l17.shape_of(cfg), sizes=[1], name="whole", whole_on_every_rank=True)
+pp_bubbles, pp_runs = {m: [] for m in MICRO}, {}
+for _ in range(cu.pick(full=5, smoke=3)):  # rounds, the micro-batch counts interleaved
+    for m in MICRO:
+        stages = W.run(l17.pp_forward, ranks=range(P_STAGES), name="whole", p=P_STAGES, tokens=pp_tokens, m=m)
+        cu.check_outputs(stages[-1]["logits"], pp_ref, "fp32", label=f"pipeline, m={m}")
+        pp_bubbles[m].append(bubble(stages))
+        pp_runs[m] = stages
+print(f"✓ The pipeline's last-position logits == the single-process model's (fp32 tolerance), m = {MICRO}")
+pp_rows = []
+for m in MICRO:
+    formula = (P_STAGES - 1) / (m + P_STAGES - 1)
+    r = ratio_from_rounds(f"measured bubble, m={m}", "formula", np.array(pp_bubbles[m]) / formula)
+    pp_rows.append(
+        {
+            "micro-batches": m,
+            "formula": formula,
+            "measured": float(np.median(pp_bubbles[m])),
+            "measured / formula": r.interval_text,
+            "within 20%": within(r, 0.20),
+        }
+    )
+pp_table = pd.DataFrame(pp_rows).set_index("micro-batches")
+display(pp_table)
+
+fig, axes = plt.subplots(1, len(MICRO), figsize=(12, 2.4), sharey=True)
+for ax, m in zip(axes, MICRO, strict=True):
+    stages = pp_runs[m]
+    t_start = min(s for st in stages for s, _ in st["busy"])
+    for rank, st in enumerate(stages):
+        for j, (s, e) in enumerate(st["busy"]):
+            ax.barh(rank, 1000 * (e - s), left=1000 * (s - t_start), color=f"C{j % 10}", edgecolor="k", lw=0.3)
+    ax.set(title=f"m = {m}: bubble {pp_table.loc[m, 'measured']:.0%}", xlabel="ms", yticks=range(P_STAGES))
+axes[0].set_ylabel("stage (rank)")
+fig.tight_layout()
+
+# %% [markdown]
+# The micro-batch costs something the formula leaves out: a smaller batch per matmul runs at lower efficiency,
+# and each micro-batch pays the send. For inference this is a **throughput** technique: one sequence alone
+# still passes through every stage in turn, so its latency does not drop.
+
+# %% [markdown]
+# ## Data parallelism: replicas behind one router
+# When the model fits one device, the simplest split is none: run **replicas**, whole copies of the model, and
+# spread the requests. Nothing is communicated per token. What matters is which replica gets each request. A
+# **router** (one HTTP entry point) picks:
+# * **round-robin**: replica 0, 1, 0, 1, ...: blind to how busy each is;
+# * **least outstanding requests**: the replica with the fewest requests in flight (ties: the next in turn).
+#
+# LLM requests differ in length by orders of magnitude (here most ask for one new token, a quarter for many),
+# so round-robin can queue a short request behind a long one while the other replica idles. (Prefix-aware
+# routing, sending a request where its prompt's prefix is already cached, needs a prefix cache in each replica;
+# ours keep none, so it has nothing to win here.) The replicas are ranks 1 and 2 of the world above, each holding
+# the whole model (loaded for the pipeline) and serving our greedy decoder over HTTP on 127.0.0.1, one request at a
+# time, one core each; the router is written below; the load is the course's open-loop generator.
+
+# %%
+import httpx  # noqa: E402
+import uvicorn  # noqa: E402
+from starlette.applications import Starlette  # noqa: E402
+from starlette.responses import Response  # noqa: E402
+from starlette.routing import Route  # noqa: E402
+
+
+class Router:
+    """Picks a replica for each request: round-robin, or the one with the fewest requests in flight."""
+
+    def __init__(self, urls):
+        self.urls, self.outstanding, self.turn, self.sent = urls, [0] * len(urls), 0, [0] * len(urls)
+
+    def pick(self, policy):
+        n = len(self.urls)
+        if policy == "round-robin":
+            i = self.turn % n
+        elif policy == "least-outstanding":
+            i = min(range(n), key=lambda j: (self.outstanding[j], (j - self.turn) % n))
+        else:
+            raise ValueError(f"unknown policy {policy!r}: use round-robin or least-outstanding")
+        self.turn += 1
+        return i
+
+    def app(self):
+        state = {}
+
+        async def forward(request):
+            i = self.pick(request.path_params["policy"])
+            self.outstanding[i] += 1
+            self.sent[i] += 1
+            try:
+                r = await state["client"].post(
+                    self.urls[i], content=await request.body(), headers={"content-type": "application/json"}
+                )
+            finally:
+                self.outstanding[i] -= 1
+            return Response(r.content, status_code=r.status_code, media_type="application/json")
+
+        @contextlib.asynccontextmanager
+        async def lifespan(app):
+            limits = httpx.Limits(max_connections=256, max_keepalive_connections=64)
+            async with httpx.AsyncClient(trust_env=False, timeout=120, limits=limits) as client:
+                state["client"] = client
+                yield
+
+        return Starlette(routes=[Route("/{policy}/predict", forward, methods=["POST"])], lifespan=lifespan)
+
+
+@contextlib.contextmanager
+def serving(app):
+    """Serve `app` on 127.0.0.1 (a free port) in a thread of this process; stop it when the block ends."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=0, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            assert thread.is_alive(), "the router did not start (see its log above)"
+            time.sleep(0.05)
+        yield f"http://127.0.0.1:{server.servers[0].sockets[0].getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+
+
+# %% [markdown]
+# Correct first: every answer through the router equals the model's greedy `generate` with the same
+# settings. Then each replica's service time alone, and the load: Poisson arrivals at 70% of what the two
+# replicas can serve, the same requests for both policies, in interleaved rounds; the metric is the mean
+# latency of a request (lower is better).
+
+# %%
+SHORT, LONG = 1, cu.pick(full=8, smoke=4)
+rng = np.random.default_rng(17)
+bodies = [
+    {
+        "prompt": rng.integers(3, cfg.vocab_size, int(rng.integers(8, 24))).tolist(),
+        "max_new": LONG if rng.random() < 0.25 else SHORT,
+    }
+    for _ in range(64)
+]
+dp = contextlib.ExitStack()  # the replicas and the router; a failing cell stops them too (as the ranks)
+with contextlib.suppress(ImportError):
+    from IPython import get_ipython
+
+    if get_ipython() is not None:
+        get_ipython().events.register("post_run_cell", lambda result: result.success or dp.close())
+REPLICAS = [1, 2]  # ranks
+ports = W.run(l17.start_replica, ranks=REPLICAS, name="whole")
+dp.callback(W.run, l17.stop_replica, ranks=REPLICAS)
+replica_urls = [f"http://127.0.0.1:{port}/" for port in ports]
+router = Router(replica_urls)
+ROUTER = dp.enter_context(serving(router.app()))
+answers = load_generator.post_many(f"{ROUTER}/least-outstanding/predict", bodies[:8], concurrency=4)
+for body, (code, answer) in zip(bodies[:8], answers, strict=True):
+    want, _ = reference(tp_model, body["prompt"], body["max_new"])
+    assert code == 200 and answer["tokens"][: len(want)] == want, f"router answer differs: {code} {answer}"
+print(f"✓ 8 answers through the router == generate; served by replicas {sorted({a['replica'] for _, a in answers})}")
+service = {}
+for kind, n in (("short", SHORT), ("long", LONG)):
+    body = next(b for b in bodies if b["max_new"] == n)
+    t = []
+    for _ in range(3):
+        t0 = time.perf_counter()
+        load_generator.post(replica_urls[0], body)
+        t.append(time.perf_counter() - t0)
+    service[kind] = float(np.median(t))
+mean_service = 0.75 * service["short"] + 0.25 * service["long"]
+RATE = 0.7 * 2 / mean_service
+N_LOAD = cu.pick(full=30, smoke=8)
+print(
+    f"Service time alone: {1000 * service['short']:.0f} ms (1 token), {1000 * service['long']:.0f} ms "
+    f"({LONG} tokens); load: {N_LOAD} requests at {RATE:.1f}/s (70% of 2 replicas)"
+)
+
+# %%
+dp_runs = {}
+
+
+def load(policy):
+    def run():
+        res = load_generator.open_loop(
+            f"{ROUTER}/{policy}/predict",
+            bodies,
+            rate=RATE,
+            n_requests=N_LOAD,
+            max_seconds=cu.pick(full=20.0, smoke=10.0),
+            seed=3,
+        )
+        assert res.n_ok == N_LOAD, f"{policy}: {res.n_ok} of {N_LOAD} answered ({res.statuses})"
+        dp_runs.setdefault(policy, []).append(res)
+        return float(np.mean(res.latencies_ms))
+
+    return run
+
+
+dp_cmp = cu.comparing.compare_runs(
+    {p: load(p) for p in ("round-robin", "least-outstanding")},
+    baseline="round-robin",
+    rounds=cu.pick(full=3, smoke=2),
+    higher_is_better=False,
+    label="router",
+    metric="mean latency, ms",
+)
+dp_table = pd.DataFrame(
+    {
+        p: {
+            "mean_ms": np.mean([np.mean(r.latencies_ms) for r in runs]),
+            "p50_ms": np.median([r.p50_ms for r in runs]),
+            "p99_ms": np.median([r.p99_ms for r in runs]),
+            "requests_per_s": np.median([r.throughput for r in runs]),
+        }
+        for p, runs in dp_runs.items()
+    }
+).T
+display(dp_table.round(1))
+dp_ratio = dp_cmp.ratio("least-outstanding")
+print(dp_ratio.says("least-outstanding", "round-robin", better="lower mean latency than"))
+print(f"Requests per replica over all runs: {router.sent}")
+
+# %%
+dp.close()  # the router and both replicas' HTTP servers stop here (the ranks stay for the rest of the lesson)
+print(
+    f"Router and replicas stopped; ports still listening: {[p for p in ports if server_process.port_open(p)] or 'none'}"
+)
+
+# %% [markdown]
+# ## At scale: vLLM, Ray Serve LLM, Triton's vLLM backend
+# **vLLM** does all three splits with one flag each: `--tensor-parallel-size` (our column/row-parallel layers,
+# on NCCL, inside a node with NVLink), `--pipeline-parallel-size` (stages, across nodes or slow links),
+# `--data-parallel-size` (replicas behind vLLM's own front end). `--distributed-executor-backend mp` starts the
+# ranks as local processes (as we did), `ray` across machines. The command lines below were checked against
+# vLLM 0.33.0's own argument parsers (`tests/gpu_contract/test_l17_engines.py`, with the flag list lesson 16 uses).
+
+
+# %% tags=["contract"]
+def vllm_parallel_command(model_dir, port, *, tp=1, pp=1, dp=1, backend="mp"):
+    """`vllm serve` for one model split tp x pp ways, in dp replicas, on 127.0.0.1."""
+    return [
+        "vllm",
+        "serve",
+        str(model_dir),
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--tensor-parallel-size",
+        str(tp),
+        "--pipeline-parallel-size",
+        str(pp),
+        "--data-parallel-size",
+        str(dp),
+        "--distributed-executor-backend",
+        backend,
+        "--gpu-memory-utilization",
+        "0.9",
+    ]
+
+
+def ray_llm_config(model_dir, *, tp, pp, min_replicas, max_replicas, accelerator="H100"):
+    """A Ray Serve LLM deployment (the `llm_configs` entry of `ray.serve.llm.build_openai_app`)."""
+    return {
+        "model_loading_config": {"model_id": "smollm2-135m", "model_source": str(model_dir)},
+        "engine_kwargs": {"tensor_parallel_size": tp, "pipeline_parallel_size": pp, "max_num_seqs": 64},
+        "deployment_config": {
+            "autoscaling_config": {
+                "min_replicas": min_replicas,
+                "max_replicas": max_replicas,
+                "target_ongoing_requests": 32,
+            }
+        },
+        "accelerator_type": accelerator,
+    }
+
+
+def triton_vllm_model(model_dir, *, tp):
+    """Triton's vLLM backend: a model folder's `config.pbtxt` and `1/model.json` (vLLM's engine arguments)."""
+    config = 'backend: "vllm"\ninstance_group [\n  {\n    count: 1\n    kind: KIND_MODEL\n  }\n]\n'
+    engine = {"model": str(model_dir), "tensor_parallel_size": tp, "gpu_memory_utilization": 0.9, "max_num_seqs": 64}
+    return config, engine
+
+
+# %%
+from google.protobuf import text_format  # noqa: E402
+from tritonclient.grpc import model_config_pb2  # noqa: E402
+
+print(" ".join(vllm_parallel_command("<model folder>", 8017, tp=2)), "   # one replica over 2 NVLink GPUs")
+print(" ".join(vllm_parallel_command("<model folder>", 8017, tp=8, pp=2, backend="ray")), "   # 2 nodes x 8 GPUs")
+print(" ".join(vllm_parallel_command("<model folder>", 8017, dp=4)), "   # 4 replicas, one GPU each")
+ray_app = {
+    "applications": [
+        {
+            "name": "llm",
+            "route_prefix": "/",
+            "import_path": "ray.serve.llm:build_openai_app",
+            "args": {"llm_configs": [ray_llm_config("<model folder>", tp=2, pp=1, min_replicas=1, max_replicas=4)]},
+        }
+    ]
+}
+print("Ray Serve (serve run config.yaml):\n" + json.dumps(ray_app, indent=1)[:600])
+pbtxt, engine_args = triton_vllm_model("<model folder>", tp=2)
+parsed = text_format.Parse(pbtxt, model_config_pb2.ModelConfig())  # Triton's own parser: a typo fails here
+print(
+    f"Triton's parser read backend={parsed.backend!r}, {len(parsed.instance_group)} instance group "
+    f"(KIND_MODEL: vLLM places its own {engine_args['tensor_parallel_size']} GPUs); model.json: {engine_args}"
+)
+
+# %% [markdown]
+# Ray (2.60) does not start in this course's tests: its head contacts cloud metadata addresses on every start.
+# Its `LLMConfig` was validated offline against Ray's own pydantic model (field names in
+# `tests/gpu_contract/ray_2_60_llm_config.json`, checked by the test); the engine arguments inside it and in
+# Triton's `model.json` are vLLM's, checked against vLLM's parser.
+#
+# **Disaggregated prefill** (vLLM `--kv-transfer-config`, NVIDIA Dynamo, llm-d) runs prefill and decode in
+# different instances and ships the KV cache between them. vLLM's own documentation says what it is for:
+# tuning time-to-first-token and inter-token latency *separately* (a prefill no longer stalls the decode steps
+# of other requests, lesson 16's ITL spike), and controlling tail ITL; and, in its words, it "DOES NOT improve
+# throughput". It is a latency tool for long prompts under load, paid for with a KV transfer per request.
+
+# %% [markdown]
+# ## On a GPU: the same code on NCCL
+# With CUDA GPUs the ranks use the **NCCL** backend and one GPU each (`torch.cuda.set_device(rank)`): the very
+# functions above, their tensors on `cuda:rank`. NCCL puts one rank on one GPU (two ranks on one GPU fail with
+# "Duplicate GPU detected"), so the section runs every split up to the number of GPUs present.
+
+# %%
+if cu.gpu_section("17.nccl-tp", why="Tensor parallelism on NCCL needs CUDA GPUs, one rank per GPU."):
+    import copy
+
+    n_gpu = torch.cuda.device_count()
+    g_sizes = [p for p in (1, 2, 3) if p <= n_gpu]
+    g_model = copy.deepcopy(tp_model).to("cuda")  # a copy: tp_model stays on the CPU for the rest
+    ids = torch.tensor([PROMPT], device="cuda")
+    with torch.inference_mode():
+        g_ref = g_model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=N_CHECK, do_sample=False)
+    g_ref = g_ref[0, len(PROMPT) :].tolist()
+    with l17.World(max(g_sizes), backend="nccl") as G:
+        G.run(l17.load_shards, path=str(tp_path), shape=l17.shape_of(cfg), sizes=g_sizes, name="split")
+        for p in g_sizes:
+            g_runs = G.run(l17.tp_generate, ranks=range(p), name="split", p=p, prompt=PROMPT, n_new=N_CHECK)
+            assert all(r["tokens"][: len(g_ref)] == g_ref for r in g_runs), f"NCCL, {p} GPUs: tokens differ"
+            r0 = g_runs[0]
+            print(
+                f"✓ NCCL, {p} GPU(s): tokens == generate on the GPU; decode step "
+                f"{np.median(r0['step_ms'][1:]):.2f} ms, of which collectives {np.median(r0['comm_ms'][1:]):.2f} ms"
+            )
+    if n_gpu < 2:
+        print(f"This machine has {n_gpu} GPU: the 2- and 3-way splits need as many GPUs.")
+else:
+    cu.results.show_reference("17", "NCCL")
+
+# %% [markdown]
+# ## Which split, when: a decision table from this run's numbers
+
+# %%
+tp2 = tp_cmp.ratio("2 ranks")
+nv = gpu_model[(gpu_model["case"] == "70B prefill, 4096 tokens") & (gpu_model["GPUs"] == 8)].set_index("link")
+decision = pd.DataFrame(
+    [
+        {
+            "split": "replicas (data parallel)",
+            "when": "the model fits one device; traffic grows",
+            "communication": "none per token; a router per request",
+            "measured here": f"least-outstanding vs round-robin: {dp_ratio.interval_text} (mean latency)",
+        },
+        {
+            "split": "tensor parallel",
+            "when": "the model does not fit one device, or one request's latency must drop; "
+            "GPUs joined by NVLink (within a node)",
+            "communication": f"{calls:.0f} collectives per step ({2 * cfg.num_hidden_layers} all-reduces + 1 gather)",
+            "measured here": f"2 ranks vs 1: {tp2.interval_text}; collectives {split.loc[2, 'comm_%']:.0f}% of a step; "
+            f"70B prefill on 8 GPUs (model): comm {nv.iloc[0]['comm_ms']:.0f} ms on NVLink, "
+            f"{nv.iloc[1]['comm_ms']:.0f} ms on PCIe",
+        },
+        {
+            "split": "pipeline parallel",
+            "when": "the model spans nodes or slow links; throughput matters more than one request's latency",
+            "communication": "one send per stage boundary per micro-batch",
+            "measured here": ", ".join(
+                f"m={m}: bubble {pp_table.loc[m, 'measured']:.0%} (formula {pp_table.loc[m, 'formula']:.0%})"
+                for m in MICRO
+            ),
+        },
+    ]
+)
+with pd.option_context("display.max_colwidth", 200):
+    display(decision)
+
+# %% [markdown]
+# ## What surprised us
+# Printed from this run:
+
+# %%
+print(f"* torch's TCP rendezvous store, given 127.0.0.1, listened on {store_addrs}: the ranks met through a file.")
+print(
+    f"* 2 ranks vs 1 rank: {tp2.interval_text}; 1 rank with 2 threads vs 1 rank: "
+    f"{tp_cmp.ratio('1 rank, 2 threads').interval_text}. On one CPU, ranks and threads share the same cores."
+)
+print(
+    f"* 3 ranks on {CORES} cores: {tp_cmp.ratio('3 ranks').interval_text} vs 1 rank; the collectives took "
+    f"{split.loc[3, 'comm_%']:.0f}% of the step (2 ranks: {split.loc[2, 'comm_%']:.0f}%)."
+)
+print(
+    f"* A 2.3 KB all-reduce cost {1000 * allreduce_ms(2, H_BYTES):.0f} µs on 2 gloo ranks: latency, not bandwidth, "
+    f"sets the price of a decode step; {calls:.0f} of them per token."
+)
+pp_verdicts = ", ".join(f"m={m} {v}" for m, v in pp_table["within 20%"].items())
+print(
+    f"* The pipeline's bubble: {pp_table.loc[1, 'measured']:.0%} at m=1, {pp_table.loc[8, 'measured']:.0%} at m=8 "
+    f"(the formula: {pp_table.loc[1, 'formula']:.0%} and {pp_table.loc[8, 'formula']:.0%}; within 20%: "
+    f"{pp_verdicts})."
+)
+
+# %% [markdown]
+# ## Exercises
+# 1. **A row-parallel linear layer.** Write `row_parallel_linear(x, linear, group)`: `x` is the full input
+#    `(..., in_features)` on every rank, `linear` an `nn.Linear` (every rank has all of it, with or without a
+#    bias), `group` the process group of the ranks that share the layer. Compute `linear(x)` row-parallel: this
+#    rank (`dist.get_rank(group)` of `dist.get_world_size(group)`) takes its contiguous block of
+#    `in_features // world_size` input features (the same block of `x`'s last dimension and of the weight),
+#    computes its partial output, combines the partial outputs with one collective over `group`, and
+#    adds the bias exactly once. Return the full output on every rank. The check runs your function on 2 and
+#    3 gloo ranks (fresh processes: write it self-contained, using `torch`, `dist` and `F` only) against the full
+#    layer, with random shapes.
+
+
+# %%
+def row_parallel_linear(x, linear, group):
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("17.row-parallel", row_parallel_linear)
+
+# %% [markdown]
+# 2. **Three stages.** Run `pp_forward` with `p=3` (the world has 3 ranks; 30 layers split 10/10/10 in full
+#    mode) at m = 1, 4, 8 and compare the measured bubble with `(p - 1) / (m + p - 1)`. On a 2-core machine the
+#    third stage shares a core: which way does the measurement move, and why?
+#
+# ## Summary
+# Rows for this machine's results.
+
+# %%
+for p in (2, 3):
+    r = tp_cmp.ratio(f"{p} ranks")
+    cu.record(
+        "17",
+        f"tensor parallel, {p} gloo ranks",
+        model="SmolLM2-shaped, 18/6 heads",
+        device="cpu",
+        dtype="fp32",
+        batch_size=1,
+        median_ms=split.loc[p, "step_ms"],
+        speedup_vs_baseline=r.estimate,
+        notes=f"vs 1 rank: {r.interval_text}; collectives {split.loc[p, 'comm_%']:.0f}% of a step; "
+        f"model/measured {model_ratio[p].interval_text}",
+    )
+for m in MICRO:
+    cu.record(
+        "17",
+        f"pipeline, {P_STAGES} stages, m={m}",
+        model="SmolLM2-shaped",
+        device="cpu",
+        dtype="fp32",
+        batch_size=PP_BATCH,
+        notes=f"bubble {pp_table.loc[m, 'measured']:.3f}, formula {pp_table.loc[m, 'formula']:.3f}",
+    )
+cu.record(
+    "17",
+    "replicas: least-outstanding vs round-robin",
+    model="SmolLM2-shaped, 18/6 heads",
+    device="cpu",
+    dtype="fp32",
+    speedup_vs_baseline=dp_ratio.estimate,
+    notes=f"mean latency, {N_LOAD} Poisson requests at {RATE:.1f}/s: {dp_ratio.interval_text}",
+)
+
+# %%
+pids = list(W.pids)
+world.close()  # every rank leaves the group and exits
+shutil.rmtree(WORK, ignore_errors=True)
+alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+print(f"Ranks stopped; processes left: {alive or 'none'}.")
