@@ -110,7 +110,10 @@ def listening_ports(pids):
 def test_a_rank_killed_mid_step_leaves_no_process_and_no_port(model, tmp_path):
     path = tmp_path / "model.pt"
     torch.save(model.state_dict(), path)
-    with pytest.raises(l17.RankError, match="stopped"), l17.World(3, timeout_s=120.0) as w:
+    with (
+        pytest.raises(l17.RankError, match="stopped|failed"),
+        l17.World(3, timeout_s=120.0) as w,
+    ):  # the dead rank, or a peer it cut off
         pids = list(w.pids)
         w.run(l17.load_shards, path=str(path), shape=l17.shape_of(model.config), sizes=[3], name="m")
         ports = listening_ports(pids)

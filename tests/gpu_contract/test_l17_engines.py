@@ -19,10 +19,7 @@ import pytest
 
 from tests.gpu_contract.lesson_code import lesson_namespace
 
-COVERS = {
-    "17.engines": "vllm serve TP/PP/DP flags against vLLM 0.33.0's parsers; Ray Serve LLMConfig fields against Ray "
-    "2.60; Triton vLLM-backend config.pbtxt through Triton's ModelConfig protobuf (API-checked, nothing started)",
-}
+# No GPU section of its own: the engines' commands are printed, not run (see test_l17_nccl.py for 17.nccl-tp).
 HERE = Path(__file__).parent
 CLI = json.loads((HERE / "vllm_0_33_cli.json").read_text())
 RAY = json.loads((HERE / "ray_2_60_llm_config.json").read_text())
