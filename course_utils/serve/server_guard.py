@@ -154,14 +154,14 @@ class RequestGuard:
             except _Reject as exc:
                 await _send_json(send, exc.status, self._msg(exc.message), close=exc.status in (408, 413))
                 return
-            sent = False
+            sent, receive_more = False, receive  # the client's own receive, for what comes after the body
 
             async def replay() -> dict:
                 nonlocal sent
                 if not sent:
                     sent = True
                     return {"type": "http.request", "body": body, "more_body": False}
-                return await receive()
+                return await receive_more()  # (a streaming answer listens here for the client's disconnect)
 
             receive = replay
         try:
