@@ -19,6 +19,32 @@ def test_reference_passes(key):
     assert verdict(key, exercises.get(key).solution) == "accepted"
 
 
+def test_pt2e_alternatives_pass():
+    assert verdict("05.pt2e", concatenated, seed=4) == "accepted"
+    assert verdict("05.pt2e", reversed_order, seed=5) == "accepted"
+
+
+def test_pt2e_calibration_batches_hold_separate_extremes_on_200_seeds():
+    """The drawing core: one batch holds the lowest input values, another the highest, so any single batch (the
+    widest one too) misses 15% or more of the input's range; the third holds the strongest first-layer
+    response. The judge rejects a scale 2% off and accepts an equal one."""
+    from course_utils.check.lesson_exercises import l05
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    for seed in range(200):
+        c = Cases(seed)
+        model = l05._random_cnn(c)
+        calib = l05.draw_calibration(c, model)
+        lo, hi = min(float(x.min()) for x in calib), max(float(x.max()) for x in calib)
+        assert len({x.shape[0] for x in calib}) == 3
+        for x in calib:
+            assert float(x.max()) - float(x.min()) <= 0.85 * (hi - lo), seed
+        expected = {"input": 0.5, "3": 0.1}
+        l05.judge_scales(dict(expected), expected)
+        with pytest.raises(AssertionError, match="observers saw other data"):
+            l05.judge_scales({"input": 0.5, "3": 0.1 * 1.021}, expected)
+
+
 # ------------------------------------------------------------------ 05.torchao-mlp
 
 
@@ -144,6 +170,35 @@ def first_batch_only(model, example, calib, keep):
     return _pt2e(model, example, calib[:1], keep)
 
 
+def linspace_calibration(model, example, calib, keep):
+    """Each batch replaced by an evenly spaced ramp over its own range (same shape, same min and max)."""
+    ramps = [torch.linspace(float(x.min()), float(x.max()), x.numel()).reshape(x.shape) for x in calib]
+    for x in calib:  # the real batches run too, outside the prepared model (so each shape is seen)
+        model(x)
+    return _pt2e(model, example, ramps, keep)
+
+
+def widest_only(model, example, calib, keep):
+    widest = max(calib, key=lambda x: float(x.max() - x.min()))
+    for x in calib:
+        model(x)
+    return _pt2e(model, example, [widest], keep)
+
+
+def one_batch(model, example, calib, keep):
+    for x in calib:
+        model(x)
+    return _pt2e(model, example, calib[1:2], keep)
+
+
+def concatenated(model, example, calib, keep):  # right too: one batch of every calibration image
+    return _pt2e(model, example, [torch.cat(calib)], keep)
+
+
+def reversed_order(model, example, calib, keep):  # right too
+    return _pt2e(model, example, calib[::-1], keep)
+
+
 def no_calibration(model, example, calib, keep):
     return _pt2e(model, example, [], keep)
 
@@ -163,11 +218,14 @@ PT2E_WRONG = [
     (throwaway_calibration, "observers saw other data"),
     (first_batch_only, "never ran through the prepared model"),
     (no_calibration, "never ran through the prepared model"),
+    (linspace_calibration, "observers saw other data"),
+    (widest_only, "observers saw other data"),
+    (one_batch, "observers saw other data"),
     (dynamic_quant_instead, "not the converted graph"),
 ]
 
 
 @pytest.mark.parametrize("fn, reason", PT2E_WRONG, ids=[f.__name__ for f, _ in PT2E_WRONG])
 def test_pt2e_rejects(fn, reason):
-    msg = verdict("05.pt2e", fn)
+    msg = verdict("05.pt2e", fn, seed=11)
     assert reason in msg, msg

@@ -10,12 +10,13 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Callable
+from typing import Any
 
 import torch
 from torch import nn
 
 from course_utils.check.compare import compare_outputs
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import OpLog, cases
 
 COSINE_MIN = 0.99  # output cosine an INT8 variant must keep against FP32 on these random models
@@ -106,8 +107,8 @@ def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
                 )
             cmp = compare_outputs(out, ref, "int8")
             assert cmp.cosine >= COSINE_MIN, f"output cosine to FP32 {cmp.cosine:.4f} < {COSINE_MIN}: {cmp}"
-            print(f"   {len(linears) - len(keep)} Linear layers INT8 (read as int8 while running), "
-                  f"{sorted(keep)} FP32; cosine to FP32 {cmp.cosine:.4f}")  # fmt: skip
+            observed(f"keep {sorted(keep)}: {len(linears) - len(keep)} Linear layers hold torchao INT8 weights, "
+                     f"read as int8 while running; {sorted(keep)} FP32; cosine {cmp.cosine:.4f}")  # fmt: skip
 
 
 @exercise(
@@ -161,18 +162,89 @@ def _conv_state(gm) -> dict[str, dict[str, bool]]:
     return state
 
 
+SCALE_TOL = 0.02  # an activation scale within 2% of what the given batches give (order or concatenation: 0%)
+
+
+def draw_calibration(c: Any, model: nn.Module) -> list[torch.Tensor]:
+    """Three calibration batches of distinct sizes, each holding an extreme no other holds: the lowest input values
+    (a batch shifted down), the highest (shifted up) and the highest first-layer activations (a narrower batch that
+    matches the first conv's strongest filter, per channel) so calibrating on any one or two of them, on the widest
+    only, or on synthetic data over the same range, changes an activation scale."""
+    conv = model[0]
+    w = conv.weight.detach()
+    k = int((w.sum(dim=(2, 3)).abs().sum(1) + conv.bias.detach()).argmax())  # the filter a constant image drives
+    sign = w[k].sum(dim=(1, 2)).sign().view(1, 3, 1, 1)
+    s, m = c.rng.uniform(1.0, 3.0), c.rng.uniform(1.5, 2.5)
+    sizes = c.rng.sample(range(3, 12), 3)
+    low = c.randn(sizes[0], 3, 8, 8) * s - m * s
+    high = c.randn(sizes[1], 3, 8, 8) * s + m * s
+    matched = sign * 3.0 * s + c.randn(sizes[2], 3, 8, 8) * (0.1 * s)
+    calib = [low, high, matched]
+    c.rng.shuffle(calib)
+    return calib
+
+
+def activation_scales(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, float]:
+    """The INT8 scale an X86InductorQuantizer activation observer gives the model's input and each ReLU's output
+    when the batches run through the model in order (forward hooks on the eager model: no export needed)."""
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
+
+    spec = get_default_x86_inductor_quantization_config().input_activation
+    names = ["input", *(n for n, m in model.named_children() if isinstance(m, nn.ReLU))]
+    observers = {n: spec.observer_or_fake_quant_ctr() for n in names}
+    seen: dict[str, torch.Tensor] = {}
+    hooks = [m.register_forward_hook(lambda _m, _a, out, n=n: seen.__setitem__(n, out))
+             for n, m in model.named_children() if n in observers]  # fmt: skip
+    try:
+        with torch.no_grad():
+            for x in batches:
+                seen["input"] = x
+                model(x)
+                for n, obs in observers.items():
+                    obs(seen[n])
+    finally:
+        for h in hooks:
+            h.remove()
+    return {n: float(obs.calculate_qparams()[0]) for n, obs in observers.items()}
+
+
+def graph_scales(gm: torch.fx.GraphModule) -> dict[str, float]:
+    """The INT8 scale of each activation quantized in the converted graph: the input's and each ReLU's output."""
+    out = {}
+    for n in gm.graph.nodes:
+        if n.op == "call_function" and QUANT in str(n.target):
+            src = n.args[0]
+            if getattr(src, "op", "") == "placeholder":
+                out["input"] = float(n.args[1])
+            elif "relu" in str(getattr(src, "target", "")):
+                out[_module_of(src)] = float(n.args[1])
+    return out
+
+
+def judge_scales(got: dict[str, float], expected: dict[str, float]) -> None:
+    """Every activation scale in the graph within :data:`SCALE_TOL` of what the given batches give."""
+    assert "input" in got, "the model's input is not quantized in the graph: calibrate and convert the whole model"
+    for name, scale in got.items():
+        ratio = scale / expected[name]
+        where = "the input" if name == "input" else f"the output of ReLU '{name}'"
+        assert abs(ratio - 1) <= SCALE_TOL, (
+            f"the INT8 scale of {where} is {ratio:.2f}x what observers fed the calibration batches give: the "
+            "observers saw other data (a subset of the batches, the widest one only, synthetic values over their "
+            "range, or batches of your own). Run every given batch, and nothing else, through the prepared model "
+            "before convert_pt2e"
+        )
+
+
 def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Module]) -> None:
     with cases("05.pt2e") as c:
         model = _random_cnn(c)
         convs = [n for n, m in model.named_children() if isinstance(m, nn.Conv2d)]
-        big = c.randint(1, 3)  # the batch with the widest range is never the first
-        base, shift = c.rng.uniform(2, 6), c.rng.uniform(-1, 1)
-        sizes = c.rng.sample(range(3, 12), 4)  # distinct batch sizes: each calibration batch is recognisable
-        calib = [c.randn(s, 3, 8, 8) * base * (8 if i == big else 1) + shift for i, s in enumerate(sizes)]
+        calib = draw_calibration(c, model)
         example = (calib[0][:2].clone(),)
-        allx = torch.cat([x.flatten() for x in calib])  # the calibration data's range, for the input-scale check
+        expected = activation_scales(model, calib)  # what observers fed exactly these batches give
         # Each later conv kept once, in random order (the first conv's input quantizer is the calibration probe):
         # a submission that ignores keep_fp32 and keeps a layer of its own choosing fails one of the two calls.
+        seen = []
         for keep in c.rng.sample(convs[1:], 2):
             with OpLog() as log:
                 gm = fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep)
@@ -204,22 +276,21 @@ def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Mod
             ran = {op.in_shapes[0] for op in log.named("conv")
                    if op.in_shapes and all(type(d) is int for d in op.in_shapes[0])}  # fmt: skip
             missed = [tuple(x.shape) for x in calib if tuple(x.shape) not in ran]
+            if any(shape[0] >= sum(x.shape[0] for x in calib) for shape in ran):
+                missed = []  # the batches concatenated into one: the same images, one pass
             assert not missed, (
                 f"calibration batches of shape {missed} never ran through the prepared model: calibrate on every "
                 "batch you were given (run prepared(x) for each)"
             )
-            first_q = next(n for n in gm.graph.nodes if n.op == "call_function" and QUANT in str(n.target))
-            ratio = float(first_q.args[1]) * 255 / float(allx.max() - allx.min())
-            assert 0.9 <= ratio <= 1.1, (
-                f"the input's INT8 scale covers {ratio:.2f}x the range of the calibration batches: the observers saw "
-                "other data (calibrate with the given batches, all of them, and nothing else, before convert_pt2e)"
-            )
-            x = c.randn(c.randint(2, 9), 3, 8, 8) * base + shift
+            judge_scales(graph_scales(gm), expected)
+            x = calib[c.randint(0, len(calib) - 1)][:4].clone()
             with torch.no_grad():
                 cmp = compare_outputs(gm(x), model(x), "int8")
             assert cmp.cosine >= 0.95, f"the INT8 graph's output cosine to FP32 is {cmp.cosine:.4f} (< 0.95): {cmp}"
-            print(f"   {len(convs) - 1} convs INT8, '{keep}' FP32; calibration seen on {len(calib)} batches; "
-                  f"output cosine {cmp.cosine:.4f}")  # fmt: skip
+            seen.append(f"keep '{keep}': {len(convs) - 1} convs with INT8 weights and inputs, '{keep}' without; the "
+                        f"activation scales of {sorted(graph_scales(gm))} within {SCALE_TOL:.0%} of what observers "
+                        f"fed the {len(calib)} given batches give; output cosine {cmp.cosine:.4f}")  # fmt: skip
+    observed("; ".join(seen))
 
 
 @exercise(
