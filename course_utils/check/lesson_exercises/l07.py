@@ -66,7 +66,7 @@ def random_cnn_onnx(path: Path, c, blocks: int | None = None) -> tuple[Path, lis
     return path, convs
 
 
-def _fp32(path, x: np.ndarray) -> np.ndarray:
+def fp32_output(path, x: np.ndarray) -> np.ndarray:
     import onnxruntime as ort
 
     so = ort.SessionOptions()
@@ -112,7 +112,7 @@ def _check_session(fn: Callable[[str, str, int], object]) -> None:
     with cases("07.session") as c, tempfile.TemporaryDirectory() as tmp:
         path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
         x = c.randn(c.randint(2, 6), 3, 8, 8).numpy()
-        ref = _fp32(path, x)
+        ref = fp32_output(path, x)
         levels = c.rng.sample(list(_LEVEL_NAMES), 4)
         for level in levels:
             threads = c.randint(1, 3)
