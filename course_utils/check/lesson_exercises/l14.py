@@ -18,7 +18,7 @@ import copy
 from collections.abc import Callable
 from typing import Any
 
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog, cases
 
 
@@ -26,10 +26,10 @@ def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
     names = ["compile", "int8", "onnxruntime", "precision bf16", "channels_last", "tensorrt", "pruned", "distilled"]
     with cases("14.pick") as c:
         for _ in range(6):
-            rows = [
-                {"technique": t, "speedup": c.randint(40, 400) / 100, "accuracy_drop": c.randint(0, 60) / 1000}
-                for t in c.rng.sample(names, c.randint(1, 6))
-            ]
+            picked = c.rng.sample(names, c.randint(1, 6))
+            speedups = c.rng.sample(range(40, 400), len(picked))  # distinct: "the fastest" is one row
+            rows = [{"technique": t, "speedup": v / 100, "accuracy_drop": c.randint(0, 60) / 1000}
+                    for t, v in zip(picked, speedups, strict=True)]  # fmt: skip
             budget = c.choice([0.0, 0.005, 0.01, 0.02, 0.05])
             ok = [r for r in rows if r["speedup"] > 1.0 and r["accuracy_drop"] <= budget]
             want = max(ok, key=lambda r: r["speedup"])["technique"] if ok else "baseline"
@@ -38,6 +38,7 @@ def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
                 f"rows {rows}, budget {budget}: the fastest technique (speed-up > 1) whose accuracy_drop is within "
                 f"the budget is {want!r}, got {got!r}"
                 + (" ('baseline' when none qualifies)" if want == "baseline" else "")
+                + _boundary(rows, budget, got, want)
             )
         # a case with a choice to make: the fastest within budget is less accurate than a slower one, and a
         # faster technique is over the budget
@@ -54,11 +55,38 @@ def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
             f"rows {rows}, budget {budget}: {t_over!r} is over the budget and {t_safe!r} is slower; the fastest "
             f"within the budget is {t_fast!r}, got {got!r}"
         )
+        # on the boundaries: the fastest row's drop is exactly the budget (within it: <=), another row has a
+        # speed-up of exactly 1.0 (no faster than the baseline: > 1), the budget 0 allows a drop of exactly 0
+        budget = c.choice([0.01, 0.02, 0.05])
+        t_edge, t_one, t_slower = c.rng.sample(names, 3)
+        edge = c.randint(150, 300) / 100
+        rows = [{"technique": t_edge, "speedup": edge, "accuracy_drop": budget},
+                {"technique": t_one, "speedup": 1.0, "accuracy_drop": 0.0},
+                {"technique": t_slower, "speedup": round(edge - 0.3, 2), "accuracy_drop": 0.0}]  # fmt: skip
+        c.rng.shuffle(rows)
+        got = fn([dict(r) for r in rows], budget)
+        assert got == t_edge, (
+            f"rows {rows}, budget {budget}: {t_edge!r} drops accuracy by exactly the budget, which is within it "
+            f"(accuracy_drop <= budget), and it is the fastest; got {got!r}"
+        )
+        rows = [
+            {"technique": t_one, "speedup": 1.0, "accuracy_drop": 0.0},
+            {"technique": t_edge, "speedup": edge, "accuracy_drop": 0.0},
+        ]
+        got = fn([dict(r) for r in rows[:1]], 0.0)
+        assert got == "baseline", (
+            f"rows {rows[:1]}: a speed-up of exactly 1.0 is no faster than the baseline (speed-up > 1): answer "
+            f"'baseline', got {got!r}"
+        )
+        got = fn([dict(r) for r in rows], 0.0)
+        assert got == t_edge, f"rows {rows}, budget 0.0: a drop of exactly 0 is within a budget of 0; got {got!r}"
         slow = [{"technique": "precision bf16", "speedup": 0.6, "accuracy_drop": 0.0}]
         got = fn(slow, 0.01)
         assert got == "baseline", f"nothing faster than the baseline (speed-up > 1): answer 'baseline', got {got!r}"
         got = fn([], 0.01)
         assert got == "baseline", f"no rows at all: answer 'baseline', got {got!r}"
+    observed("7 random row sets, a fastest row whose drop is exactly the budget, a speed-up of exactly 1.0, a "
+             "budget of 0, only slower rows and no rows: your pick matched on every one")  # fmt: skip
 
 
 @exercise(
@@ -71,6 +99,16 @@ def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
 def pick_technique(rows: list[dict], budget: float) -> str:
     ok = [r for r in rows if r["speedup"] > 1.0 and r["accuracy_drop"] <= budget]
     return max(ok, key=lambda r: r["speedup"])["technique"] if ok else "baseline"
+
+
+def _boundary(rows: list[dict], budget: float, got: Any, want: str) -> str:
+    """What a wrong pick got wrong when a row sits on a boundary of the rule."""
+    by = {r["technique"]: r for r in rows}
+    if want in by and by[want]["accuracy_drop"] == budget:
+        return f": {want!r} drops accuracy by exactly the budget, which is within it (accuracy_drop <= budget)"
+    if got in by and by[got]["speedup"] == 1.0:
+        return f": {got!r} has a speed-up of exactly 1.0, no faster than the baseline (speed-up > 1)"
+    return ""
 
 
 def _snapshot(model: Any) -> tuple[list, list]:
@@ -129,12 +167,15 @@ def _check_stack(fn: Callable[[Any, Any], Any]) -> None:
             "you compare against stays the baseline"
         )
         layouts: list[bool] = []
+        weights: list[Any] = []
+        folded = _folded_weights(model)
 
         def watch(mod: Any, inputs: Any, output: Any) -> None:  # every Conv2d module's forward, copies included
             if isinstance(mod, torch.nn.Conv2d):  # (with 1 channel both layouts are the same: nothing to see)
                 cl = torch.channels_last
                 layouts.append((mod.in_channels == 1 or mod.weight.is_contiguous(memory_format=cl))
                                and (inputs[0].shape[1] == 1 or inputs[0].is_contiguous(memory_format=cl)))  # fmt: skip
+                weights.append(mod.weight.detach().float().clone())
 
         handle = torch.nn.modules.module.register_module_forward_hook(watch)
         try:
@@ -171,10 +212,43 @@ def _check_stack(fn: Callable[[Any, Any], Any]) -> None:
             f"BatchNorm still ran ({len(bn)} operators): fold each BatchNorm into the convolution before it "
             "(torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn), then replace the BatchNorm with nn.Identity())"
         )
-        cmp = compare_outputs(out, ref, "bf16")
+        for i, (w, (want, original)) in enumerate(zip(weights, folded, strict=False)):
+            if w.shape != want.shape:
+                continue
+            if torch.allclose(w, original, rtol=1e-4, atol=1e-6) and not torch.allclose(want, original):
+                raise AssertionError(
+                    f"convolution {i} ran with the model's original weights, not folded ones: its BatchNorm was "
+                    "applied some other way (by hand, in elementwise operations), not folded. Fold it: "
+                    "fuse_conv_bn_eval(conv, bn) gives a conv whose weights are scaled by gamma / sqrt(var + eps)"
+                )
+            assert torch.allclose(w, want, rtol=1e-3, atol=1e-5), (
+                f"convolution {i}'s weights are neither the original ones nor the folded ones (conv weight x gamma / "
+                "sqrt(running_var + eps)): fold each BatchNorm into the conv just before it"
+            )
+        cmp = compare_outputs(out.flatten(), ref.flatten(), "bf16")  # flattened: no top-1 over a few ambiguous digits
         assert cmp.within, f"outputs differ from the FP32 model beyond the bf16 tolerance: {cmp.reason}"
-        print(f"   profiled {len(seen)} operator kinds first; then {n_convs} folded convolutions in bfloat16 on "
-              f"channels_last inputs, no BatchNorm; {cmp}")  # fmt: skip
+        n_folded = sum(not torch.allclose(want, original) for want, original in folded)
+        kinds = sorted({d for op in top for d in op.out_dtypes}, key=str)
+    observed(f"a profile of the given model ({len(seen)} operator kinds, convolution and batch_norm among them); "
+             f"then run(x): {len(top)} convolutions, each inside a Conv2d module, computing in {kinds}, on "
+             f"channels_last weights and inputs, {n_folded} of them with weights equal to conv x BatchNorm folded; "
+             f"0 BatchNorm operators; output float32 ({cmp})")  # fmt: skip
+
+
+def _folded_weights(model: Any) -> list[tuple[Any, Any]]:
+    """For each conv of ``model``, in order: the weight it has after folding the BatchNorm right after it (the same
+    weight where none follows), and its original weight."""
+    import torch
+    from torch.nn.utils.fusion import fuse_conv_bn_eval
+
+    layers = [m for m in model.modules() if not list(m.children())]
+    out = []
+    for i, m in enumerate(layers):
+        if isinstance(m, torch.nn.Conv2d):
+            bn = layers[i + 1] if i + 1 < len(layers) and isinstance(layers[i + 1], torch.nn.BatchNorm2d) else None
+            folded = fuse_conv_bn_eval(copy.deepcopy(m).eval(), copy.deepcopy(bn).eval()) if bn is not None else m
+            out.append((folded.weight.detach().float().clone(), m.weight.detach().float().clone()))
+    return out
 
 
 @exercise(
