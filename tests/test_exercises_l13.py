@@ -120,15 +120,38 @@ def test_litapi_checker_names_a_bad_answer():
 
 
 def _cfg(**change):
-    """The reference config with one thing changed: a replacement in its text (old=new pairs as tuples)."""
+    """The reference config with one thing changed: a replacement in its text (old=new pairs as tuples), or a
+    block added at its end."""
 
     def fn(*args):
         text = l13_triton.triton_config(*args)
         for old, new in change.get("replace", []):
             text = text.replace(old, new)
+        if "add" in change:
+            add = change["add"]
+            if add.startswith("dynamic_batching"):  # merged into the one dynamic_batching block
+                text = text.replace("dynamic_batching {", "dynamic_batching {" + add.split("{", 1)[1].rsplit("}", 1)[0])
+            else:
+                text += add + "\n"
         return text
 
     return fn
+
+
+def _whole_budget(n, m, t, b, h, i):  # the queue delay set to the whole p99 budget (2.58 s in one run)
+    text = l13_triton.triton_config(n, m, t, b, h, i)
+    return text.replace(
+        f"max_queue_delay_microseconds: {l13_triton.queue_delay_us(t, b, h)}",
+        f"max_queue_delay_microseconds: {max(0, round((t - 2 * b - h) * 1000))}",
+    )
+
+
+def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at 0: a negative delay
+    text = l13_triton.triton_config(n, m, t, b, h, i)
+    return text.replace(
+        f"max_queue_delay_microseconds: {l13_triton.queue_delay_us(t, b, h)}",
+        f"max_queue_delay_microseconds: {round(min(t - 2 * b - h, 2 * h) * 1000)}",
+    )
 
 
 @pytest.mark.parametrize(
@@ -149,11 +172,22 @@ def _cfg(**change):
         (_cfg(replace=[("data_type: TYPE_FP32, dims: [ 10 ]", "data_type: TYPE_INT64, dims: [ 10 ]")]), "TYPE_FP32"),
         (_cfg(replace=[("dims: [ 1, 8, 8 ]", "dims: [ -1, 1, 8, 8 ]")]), "no batch dimension"),
         (lambda n, m, t, b, h, i: l13_triton.triton_config(n, m, t, b, h, 0), "count of 0 serves nothing"),
+        (_whole_budget, "the whole budget"),
+        (
+            _cfg(
+                add="dynamic_batching { default_queue_policy { timeout_action: REJECT "
+                "default_timeout_microseconds: 1 } }"
+            ),
+            "turns requests away",
+        ),
+        (_cfg(add="version_policy { specific { versions: [ 7 ] } }"), "holds version 1 only"),
+        (_cfg(add='model_warmup [ { name: "w", batch_size: 1 } ]'), "model_warmup"),
+        (_not_capped, "does not parse|queue delay"),
         (_cfg(replace=[("kind: KIND_CPU", "kind: KIND_GPU")]), "KIND_CPU"),
         (
             lambda n, m, t, b, h, i: (
                 l13_triton.triton_config(n, m, t, b, h, i).split("instance_group")[0]
-                + f"dynamic_batching {{ max_queue_delay_microseconds: {max(0, round((t - 2 * b - h) * 1000))} }}"
+                + f"dynamic_batching {{ max_queue_delay_microseconds: {l13_triton.queue_delay_us(t, b, h)} }}"
             ),
             "instance_group",
         ),
@@ -173,11 +207,50 @@ def _cfg(**change):
         "zero-instances",
         "gpu-kind",
         "no-instances",
+        "whole-budget",
+        "reject-policy",
+        "missing-version",
+        "warmup",
+        "not-capped",
     ],
 )
-def test_triton_config_checker_rejects(fn, words):
-    with pytest.raises(AssertionError, match=words):
-        exercises.get("13.triton-config").checker(fn)
+def test_triton_config_checker_rejects(fn, words, request):
+    """200 seeds for the answers whose failure depends on the drawn numbers or names; 20 for the ones that get a
+    fixed part of the config wrong (the same text every seed)."""
+    import re
+
+    fixed = {"unparsable", "input-name", "output-name", "input-fp16", "output-int64", "batch-dim", "gpu-kind",
+             "no-instances", "warmup", "preferred"}  # fmt: skip
+    for seed in range(20 if request.node.callspec.id in fixed else 200):
+        got = exercises.verdict("13.triton-config", fn, seed=seed)
+        assert re.search(words, got) and f"seed {seed}" in got, (seed, got)
+
+
+def test_triton_right_configs_pass_on_every_seed():
+    def truncated(n, m, t, b, h, i):  # int() instead of round(): at most 1 us apart
+        budget = t - 2 * b - h
+        return l13_triton.triton_config(n, m, t, b, h, i).replace(
+            f"max_queue_delay_microseconds: {l13_triton.queue_delay_us(t, b, h)}",
+            f"max_queue_delay_microseconds: {int(1000 * max(0.0, min(budget, 2 * h)))}",
+        )
+
+    harmless = _cfg(add='backend: "onnxruntime"\nversion_policy { latest { num_versions: 1 } }')
+    for fn in (l13_triton.triton_config, truncated, harmless):
+        bad = {s: v for s in range(200) if (v := exercises.verdict("13.triton-config", fn, seed=s)) != "accepted"}
+        assert not bad, bad
+
+
+def test_triton_cases_draw_every_boundary_on_every_seed():
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    for seed in range(200):
+        cases = l13_triton.draw_configs(Cases(seed))
+        assert sorted(k for *_, k in cases) == ["budget", "equal", "http", "over", "spent"]
+        assert len({n for n, *_ in cases}) == 5
+        for _, _, p99, b, h, _, kind in cases:
+            budget = p99 - 2 * b - h
+            assert {"budget": budget < 2 * h, "http": budget > 2 * h, "equal": abs(budget - 2 * h) < 1e-9,
+                    "spent": abs(budget) < 1e-9, "over": budget < 0}[kind], (seed, kind)  # fmt: skip
 
 
 def test_triton_reference_is_accepted_and_cases_are_random():
