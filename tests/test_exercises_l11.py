@@ -1,4 +1,6 @@
-"""Lesson 11's graph-runner exercise: the checker accepts the reference and rejects wrong runners (CPU path)."""
+"""Lesson 11's graph-runner exercise: the checker accepts the reference and rejects wrong runners, on the CPU path
+and on the CUDA path (the rehearsal's stand-in GPU here): a runner with only the CPU fallback, tracing reached
+through torch.jit._trace, and torch._dynamo's cudagraphs backend are rejected by name."""
 
 from __future__ import annotations
 
@@ -76,9 +78,41 @@ def compiled(model, example):
     return run
 
 
-def test_reference_and_equivalent_runner_are_accepted():
-    assert verdict(exercises.get(KEY).solution) == "accepted"
-    assert verdict(runner()) == "accepted"
+def private_trace(model, example):
+    """torch.jit.trace reached through its module (it got past the forbidden torch.jit.trace)."""
+    static_in = example.clone()
+    with torch.inference_mode():
+        tm = torch.jit._trace.trace(model, static_in)
+
+    def run(x):
+        if x.shape != static_in.shape:
+            raise ValueError("shape")
+        static_in.copy_(x)
+        return tm(static_in)
+
+    return run
+
+
+def dynamo_cudagraphs(model, example):
+    """torch._dynamo.optimize('cudagraphs'): compiled graphs, not a capture written by hand."""
+    opt = torch._dynamo.optimize("cudagraphs")(model)
+
+    def run(x):
+        if x.shape != example.shape:
+            raise ValueError("shape")
+        return opt(x)
+
+    return run
+
+
+def test_reference_is_accepted_on_the_cpu_and_the_gpu():
+    for seed in range(6):
+        assert exercises.verdict(KEY, exercises.get(KEY).solution, seed=seed) == "accepted", seed
+
+
+def test_a_cpu_fallback_alone_is_rejected_on_the_gpu():
+    got = verdict(runner())  # right on the CPU, eager on CUDA: the CUDA path now runs on the stand-in GPU
+    assert "dispatched" in got and "graph.replay()" in got, got
 
 
 @pytest.mark.parametrize(
@@ -92,6 +126,8 @@ def test_reference_and_equivalent_runner_are_accepted():
         (traced, "torch.jit.trace/script is no CUDA graph"),
         (bypass, "call the model you were given"),
         (compiled, "write the capture yourself"),
+        (private_trace, "torch.jit.trace/script is no CUDA graph"),
+        (dynamo_cudagraphs, "write the capture yourself"),
         (lambda model, example: None, "return a function"),
     ],
     ids=[
@@ -103,12 +139,15 @@ def test_reference_and_equivalent_runner_are_accepted():
         "jit-trace",
         "bypass-wrapper",
         "torch-compile",
+        "jit-private-trace",
+        "dynamo-cudagraphs",
         "no-runner",
     ],
 )
 def test_wrong_runners_are_rejected(make, message):
-    got = verdict(make)
-    assert message in got, got
+    for seed in range(5):
+        got = exercises.verdict(KEY, make, seed=seed)
+        assert message in got, got
 
 
 def test_the_seed_is_printed_on_failure():

@@ -13,12 +13,14 @@ dispatches every operator again on each call), and the exercise is to write the 
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
+from typing import Any
 
 import torch
 
-from course_utils.check.exercises import exercise
-from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog, cases, forbid
+from course_utils.check.exercises import exercise, observed
+from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog, cases, forbid, gpu
 
 Runner = Callable[[torch.Tensor], torch.Tensor]
 
@@ -44,71 +46,135 @@ class _Watched(torch.nn.Module):
         return self.inner(x)
 
 
-def _check_on(make: Callable[[torch.nn.Module, torch.Tensor], Runner], device: str) -> None:
-    with cases("11.graph-runner") as c:
-        cin, cout, side, batch = c.randint(2, 4), c.randint(3, 6), c.randint(6, 10), c.randint(1, 4)
-        inner = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
-        with torch.no_grad():
-            inner[0].weight.copy_(c.randn(*inner[0].weight.shape))
-        inner = inner.to(device)
-        model = _Watched(inner)
-        xs = [c.randn(batch, cin, side, side).to(device) for _ in range(3)]
-        with forbid(trace=(torch.jit, _TRACE), script=(torch.jit, _TRACE), compile=(torch, _COMPILE)):
-            run = make(model, xs[0])
-            assert callable(run), "return a function run(x)"
-            calls_after_setup = model.calls
-            outs, logs = [], []
-            for x in xs:
-                with OpLog(watch={"conv weight": inner[0].weight, "the caller's x": x}) as log:
-                    outs.append(run(x))
-                logs.append(log)
-        with torch.inference_mode():
-            refs = [inner(x) for x in xs]
-        for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
-            assert isinstance(out, torch.Tensor) and out.shape == ref.shape, f"run(batch {i}) should return {ref.shape}"
-            assert torch.allclose(out, ref, atol=1e-4), f"batch {i}: the result differs from model(x)" + (
-                " (kept from an earlier call, it was overwritten: return a clone of the static output)" if i < 2 else ""
-            )
-        try:
-            with forbid(trace=(torch.jit, _TRACE), script=(torch.jit, _TRACE)):
-                run(c.randn(batch + 1, cin, side, side).to(device))
-        except ValueError:
-            pass
-        except AssertionError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - any other error is the wrong answer
-            raise AssertionError(
-                f"a batch of another shape raised {type(exc).__name__}: check x.shape first and raise ValueError"
-            ) from None
-        else:
-            raise AssertionError("a batch of another shape must raise ValueError: the buffers (and a graph) are fixed")
-        convs = [[op for op in log.named(*CONV_OPS) if "conv weight" in op.watched] for log in logs]
-        if device == "cuda":
-            ran = sum(len(cv) for cv in convs)
-            assert ran == 0 and model.calls == calls_after_setup, (
-                f"the model's convolution was dispatched {ran} times during run(): eager (or traced) code, not a "
-                "replay. Capture a torch.cuda.CUDAGraph once and call graph.replay() in run()"
-            )
-            return
-        for i, cv in enumerate(convs):
-            assert len(cv) == 1, (
-                f"run(batch {i}) ran the model's convolution {len(cv)} times: run the model once per call, on the "
-                "buffer (not on a throwaway input beside it, not zero times with an answer computed earlier)"
-            )
-            assert "the caller's x" not in cv[0].watched, (
-                "run the model on your buffer, not on the caller's tensor: static_in.copy_(x), then model(static_in)"
-            )
-        used = model.ptrs[calls_after_setup:]
-        assert len(used) == len(xs) and len(set(used)) == 1, (
-            "on the CPU fallback, copy each batch into one preallocated input buffer (static_in.copy_(x)) and call "
-            "the model you were given on that buffer, once per run(x)"
+def _check_on(make: Callable[[torch.nn.Module, torch.Tensor], Runner], device: str, c: Any) -> str:
+    cin, cout, side, batch = c.randint(2, 4), c.randint(3, 6), c.randint(6, 10), c.randint(1, 4)
+    inner = torch.nn.Sequential(torch.nn.Conv2d(cin, cout, 3), torch.nn.ReLU(), torch.nn.Flatten()).eval()
+    with torch.no_grad():
+        inner[0].weight.copy_(c.randn(*inner[0].weight.shape))
+    inner = inner.to(device)
+    model = _Watched(inner)
+    xs = [c.randn(batch, cin, side, side).to(device) for _ in range(3)]
+    with _no_shortcuts():
+        run = make(model, xs[0])
+        assert callable(run), "return a function run(x)"
+        shortcut = _compiled_inside(run)
+        assert shortcut is None, shortcut
+        replays_before = _replays()
+        calls_after_setup = model.calls
+        outs, logs = [], []
+        for x in xs:
+            with OpLog(watch={"conv weight": inner[0].weight, "the caller's x": x}) as log:
+                outs.append(run(x))
+            logs.append(log)
+    with torch.inference_mode():
+        refs = [inner(x) for x in xs]
+    for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
+        assert isinstance(out, torch.Tensor) and out.shape == ref.shape, f"run(batch {i}) should return {ref.shape}"
+        assert torch.allclose(out, ref, atol=1e-4), f"batch {i}: the result differs from model(x)" + (
+            " (kept from an earlier call, it was overwritten: return a clone of the static output)" if i < 2 else ""
         )
+    try:
+        with _no_shortcuts():
+            run(c.randn(batch + 1, cin, side, side).to(device))
+    except ValueError:
+        pass
+    except AssertionError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - any other error is the wrong answer
+        raise AssertionError(
+            f"a batch of another shape raised {type(exc).__name__}: check x.shape first and raise ValueError"
+        ) from None
+    else:
+        raise AssertionError("a batch of another shape must raise ValueError: the buffers (and a graph) are fixed")
+    convs = [[op for op in log.named(*CONV_OPS) if "conv weight" in op.watched] for log in logs]
+    if device == "cuda":
+        ran = sum(len(cv) for cv in convs)
+        assert ran == 0 and model.calls == calls_after_setup, (
+            f"the model's convolution was dispatched {ran} times during run(): eager (or traced) code, not a "
+            "replay. Capture a torch.cuda.CUDAGraph once and call graph.replay() in run()"
+        )
+        replays = _replays() - replays_before
+        assert replays in (-1, len(xs)), (
+            f"{len(xs)} calls of run() replayed a CUDA graph {replays} times: replay the captured graph once per "
+            "call (graph.replay())"
+        )
+        return (
+            f"on cuda: {len(xs)} calls of run(), {len(xs)} graph replays, 0 convolutions dispatched, "
+            "results equal to model(x) and kept across calls, another shape refused with ValueError"
+        )
+    for i, cv in enumerate(convs):
+        assert len(cv) == 1, (
+            f"run(batch {i}) ran the model's convolution {len(cv)} times: run the model once per call, on the "
+            "buffer (not on a throwaway input beside it, not zero times with an answer computed earlier)"
+        )
+        assert "the caller's x" not in cv[0].watched, (
+            "run the model on your buffer, not on the caller's tensor: static_in.copy_(x), then model(static_in)"
+        )
+    used = model.ptrs[calls_after_setup:]
+    assert len(used) == len(xs) and len(set(used)) == 1, (
+        "on the CPU fallback, copy each batch into one preallocated input buffer (static_in.copy_(x)) and call "
+        "the model you were given on that buffer, once per run(x)"
+    )
+    return f"on cpu: {len(xs)} calls of run(), each one convolution on one fixed buffer, results kept"
+
+
+def _replays() -> int:
+    """Graph replays counted by the rehearsal's stand-in GPU so far (-1 on a real GPU, which counts none here)."""
+    from course_utils.check.standins import rehearsal
+
+    return rehearsal.checks().get("graph replays", 0) if rehearsal.active() else -1
+
+
+@contextlib.contextmanager
+def _no_shortcuts() -> Iterator[None]:
+    """Tracing, scripting and compiling refused wherever they are reached from (torch.jit.trace is also
+    torch.jit._trace.trace; torch._dynamo.optimize is torch.compile's engine)."""
+    import torch._dynamo
+    import torch.jit._script
+    import torch.jit._trace
+
+    with forbid(trace=(torch.jit, _TRACE), script=(torch.jit, _TRACE), compile=(torch, _COMPILE)), forbid(
+        trace=(torch.jit._trace, _TRACE), trace_module=(torch.jit._trace, _TRACE), script=(torch.jit._script, _TRACE)
+    ), forbid(optimize=(torch._dynamo, _COMPILE)):  # fmt: skip
+        yield
+
+
+def _compiled_inside(run: Callable[..., Any], depth: int = 3) -> str | None:
+    """Why ``run`` calls a traced, scripted or compiled module (found in its closure), or None."""
+    seen: set[int] = set()
+    todo: list[tuple[Any, int]] = [(run, 0)]
+    while todo:
+        obj, level = todo.pop()
+        if id(obj) in seen or level > depth:
+            continue
+        seen.add(id(obj))
+        kind = type(obj).__module__ + "." + type(obj).__name__
+        if isinstance(obj, (torch.jit.ScriptModule, torch.jit.ScriptFunction)) or "torch.jit" in kind:
+            return _TRACE
+        if "_dynamo" in kind or hasattr(obj, "_torchdynamo_orig_callable"):
+            return _COMPILE
+        inner = [c.cell_contents for c in (getattr(obj, "__closure__", None) or ()) if _has(c)]
+        inner += [getattr(obj, a) for a in ("__self__", "__wrapped__", "func") if hasattr(obj, a)]
+        if isinstance(obj, torch.nn.Module):
+            inner += list(obj.children())
+        todo += [(o, level + 1) for o in inner]
+    return None
+
+
+def _has(cell: Any) -> bool:
+    try:
+        cell.cell_contents  # noqa: B018 - an empty cell raises
+    except ValueError:
+        return False
+    return True
 
 
 def _check_runner(make: Callable[[torch.nn.Module, torch.Tensor], Runner]) -> None:
-    _check_on(make, "cpu")
-    if torch.cuda.is_available():
-        _check_on(make, "cuda")
+    with cases("11.graph-runner") as c:
+        seen = [_check_on(make, "cpu", c)]
+        with gpu() as device:  # the CUDA path, on the rehearsal's stand-in where there is no GPU
+            seen.append(_check_on(make, device, c))
+    observed("; ".join(seen))
 
 
 @exercise(
