@@ -702,12 +702,13 @@ SDPA_OP = "aten::scaled_dot_product_attention"  # the dispatcher's entry: the ke
 
 
 def gqa_variants(q, k, v):
-    """Attention of q (b, heads, t, d) over grouped k, v (b, kv heads, t, d): with enable_gqa, and expanded."""
+    """Attention of q (b, heads, t, d) over grouped k, v (b, kv heads, n, d), every query seeing every key (as over
+    a cache): with enable_gqa, and with K/V expanded to every query head."""
     group = q.shape[1] // k.shape[1]
     return {
-        "enable_gqa=True": lambda: F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True),
+        "enable_gqa=True": lambda: F.scaled_dot_product_attention(q, k, v, enable_gqa=True),
         "expanded K/V": lambda: F.scaled_dot_product_attention(
-            q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1), is_causal=True
+            q, k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
         ),
     }
 
