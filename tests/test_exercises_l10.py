@@ -23,6 +23,9 @@ def loop(
     sync=False,
     events=True,
     aside=False,
+    item=False,
+    query=False,
+    tolist=False,
 ):
     """The double-buffer loop with one step left out or changed."""
 
@@ -57,6 +60,13 @@ def loop(
                 out = model(buf)
                 freed[k].record(comp_s)
                 last = freed[k]
+                if item:
+                    float(out.sum().item())  # "check progress": a host read of a GPU result
+                if tolist:
+                    out[0, 0, 0].tolist()
+            if query:
+                while not freed[k].query():  # poll until compute i is done
+                    pass
             if aside:
                 out = model(chunk)  # the baseline, computed on the caller's stream
             if record and not isinstance(caller, torch.cpu.Stream):
@@ -105,8 +115,9 @@ def verdict(fn) -> str:
 
 
 def test_reference_and_equivalent_loop_are_accepted():
-    assert verdict(exercises.get(KEY).solution) == "accepted"
-    assert verdict(loop()) == "accepted"
+    for seed in range(10):
+        assert exercises.verdict(KEY, exercises.get(KEY).solution, seed=seed) == "accepted"
+        assert exercises.verdict(KEY, loop(), seed=seed) == "accepted"
 
 
 @pytest.mark.parametrize(
@@ -123,6 +134,9 @@ def test_reference_and_equivalent_loop_are_accepted():
         (dict(sync=True), "synchronize() makes the host wait"),
         (dict(events=False), "with events"),
         (dict(aside=True), "throwaway input"),
+        (dict(item=True), "the host waited for the GPU (.item()"),
+        (dict(query=True), "the host waited for the GPU (event.query()"),
+        (dict(tolist=True), "the host waited for the GPU (.tolist()"),
     ],
     ids=[
         "no-wait-copy",
@@ -136,11 +150,15 @@ def test_reference_and_equivalent_loop_are_accepted():
         "synchronize",
         "no-events",
         "baseline-aside",
+        "item",
+        "event-query",
+        "tolist",
     ],
 )
 def test_wrong_loops_are_rejected(wrong, message):
-    got = verdict(loop(**wrong))
-    assert message in got, got
+    for seed in range(10):
+        got = exercises.verdict(KEY, loop(**wrong), seed=seed)
+        assert message in got, got
 
 
 def test_compute_waiting_for_the_next_copy_is_rejected():

@@ -20,9 +20,11 @@ program. It rejects:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import torch
+from torch.overrides import TorchFunctionMode
 
 from course_utils.check.exercises import exercise
 from course_utils.check.lesson_exercises.observe import cases, forbid
@@ -60,11 +62,13 @@ def _check_double_buffer(fn: Loop) -> None:
             ref = [model(ch) for ch in chunks]
             _check_parity(fn(model, chunks, "cpu"), ref, "on torch.cpu's streams")
         dev = RecordingDevice()
+        host = _HostWaits(dev)
         with contextlib.ExitStack() as stack:
             stack.enter_context(torch.inference_mode())
             stack.enter_context(dev.run("cpu"))
             for owner in (dev, FakeStream, FakeEvent):
                 stack.enter_context(forbid(synchronize=(owner, _SYNC)))
+            stack.enter_context(host.watching())
             torch.zeros(4).add_(1)  # the caller's stream has work queued before the call
             entry = dev.default.clock.get(dev.default.sid, 0)
             outs = fn(model, chunks, "cpu")
@@ -101,8 +105,10 @@ def _check_double_buffer(fn: Loop) -> None:
         )
         for i in range(min(len(copies) - 1, len(reads))):
             assert not dev.before(reads[i], copies[i + 1]), (
-                f"copy {i + 1} waits until compute {i} is done, so they never overlap: copy i+1 goes into the OTHER "
-                "buffer and needs to wait only for compute i-1 (the last user of that buffer)"
+                f"the host waited for the GPU ({host.waits[0]}): {_HOST_SYNC}"
+                if host.waits
+                else f"copy {i + 1} waits until compute {i} is done, so they never overlap: copy i+1 goes into the "
+                "OTHER buffer and needs to wait only for compute i-1 (the last user of that buffer)"
             )
             assert not dev.before(copies[i + 1], reads[i]), (
                 f"compute {i} waits for copy {i + 1}, so they never overlap: wait for copy i's own event "
@@ -134,6 +140,62 @@ def _check_double_buffer(fn: Loop) -> None:
             "allocator could hand them out again while the caller still reads. Call out.record_stream(caller) "
             "(guarded by `not isinstance(caller, torch.cpu.Stream)`: torch.cpu's stand-in streams have no allocator)"
         )
+
+
+_HOST_SYNC = (
+    "a host read of a GPU result (.item(), .tolist(), .cpu(), bool()/float() of a tensor, printing) or polling an "
+    "event or stream (.query()) waits until that work is done, so copy i+1 is issued only after compute i: the "
+    "streams take turns. Read nothing on the host inside the loop; order the streams with events"
+)
+
+
+class _HostWaits(TorchFunctionMode):
+    """Host synchronizations the recording device does not model, modelled: a host read of a tensor (``.item()``,
+    ``.tolist()``, ``.cpu()``, ``bool()``...) waits for the last write to its memory, ``query()`` of an event or stream
+    for what it recorded; the host's clock joins theirs, so later work is ordered after them, as on a GPU."""
+
+    READS = {
+        "item",
+        "tolist",
+        "cpu",
+        "numpy",
+        "__bool__",
+        "__float__",
+        "__int__",
+        "__index__",
+        "__repr__",
+        "__format__",
+    }
+
+    def __init__(self, dev: RecordingDevice) -> None:
+        super().__init__()
+        self.dev, self.waits = dev, []
+
+    def _wait(self, clock: dict[int, int], what: str) -> None:
+        self.dev.host = {k: max(self.dev.host.get(k, 0), clock.get(k, 0)) for k in self.dev.host.keys() | clock.keys()}
+        self.waits.append(what)
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
+        name = getattr(func, "__name__", "")
+        if name in self.READS and args and isinstance(args[0], torch.Tensor):
+            writes = [a for a in self.dev.access.get(args[0].untyped_storage().data_ptr(), []) if a.write]
+            if writes:
+                self._wait(writes[-1].clock, f".{name}() of a result of '{writes[-1].op}' on {writes[-1].stream.name}")
+        return func(*args, **(kwargs or {}))
+
+    @contextlib.contextmanager
+    def watching(self) -> Iterator[None]:
+        def query(obj: Any) -> bool:
+            self._wait(dict(obj.clock), f"{type(obj).__name__.removeprefix('Fake').lower()}.query()")
+            return True
+
+        saved = (FakeEvent.query, FakeStream.query)
+        FakeEvent.query = FakeStream.query = query  # type: ignore[method-assign]
+        try:
+            with self:
+                yield
+        finally:
+            FakeEvent.query, FakeStream.query = saved  # type: ignore[method-assign]
 
 
 @exercise(
