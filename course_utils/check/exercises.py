@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import dataclasses
 import importlib
 import inspect
 import os
@@ -31,6 +32,8 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from course_utils.show.results import inside_check
 
 #: Seconds a checker may run before it is stopped (a learner's infinite loop or deadlocked DataLoader).
 DEFAULT_TIME_LIMIT = 180.0
@@ -56,6 +59,9 @@ class Exercise:
 
 
 _REGISTRY: dict[str, Exercise] = {}
+# Each exercise as registered, with its checker's code: what check() runs, whatever an answer (code a check runs)
+# does to _REGISTRY, to an Exercise in it or to a checker's __code__.
+_SEALED: dict[str, tuple[Exercise, Any]] = {}
 
 
 def exercise(
@@ -67,7 +73,15 @@ def exercise(
     """
 
     def wrap(solution: Callable[..., Any]) -> Callable[..., Any]:
-        _REGISTRY[key] = Exercise(key, prompt, checker, solution, time_limit)
+        old = _SEALED.get(key)
+
+        def where(f: Any) -> tuple[Any, Any]:
+            return getattr(f, "__module__", None), getattr(f, "__qualname__", None)
+
+        if old is not None and where(old[0].checker) != where(checker):  # a reloaded module registers again
+            raise ValueError(f"exercise {key} is registered already: its checker cannot be replaced")
+        ex = Exercise(key, prompt, checker, solution, time_limit)
+        _REGISTRY[key], _SEALED[key] = ex, (dataclasses.replace(ex), getattr(checker, "__code__", None))
         return solution
 
     return wrap
@@ -91,7 +105,13 @@ def get(key: str) -> Exercise:
     reg = registry()
     if key not in reg:
         raise KeyError(f"no exercise '{key}'; known: {sorted(reg)}")
-    return reg[key]
+    if key not in _SEALED:
+        return reg[key]
+    sealed, code = _SEALED[key]  # as registered: an answer that replaced the checker changes nothing here
+    if code is not None and sealed.checker.__code__ is not code:
+        sealed.checker.__code__ = code
+    _REGISTRY[key] = dataclasses.replace(sealed)
+    return _REGISTRY[key]
 
 
 # ---- the random cases' seed, and what a check observed ----------------------------------------------------------
@@ -155,7 +175,7 @@ class ExerciseTimeout(BaseException):
     """
 
 
-def _learner_frame(frame: Any) -> bool:
+def learner_frame(frame: Any) -> bool:
     """A frame of the learner's code: not the course's, not the standard library's, not an installed package's."""
     name = frame.f_code.co_filename
     if name.startswith("<"):
@@ -193,7 +213,7 @@ def time_limit(seconds: float, key: str) -> Iterator[None]:
         return text
 
     def again(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and isinstance(sys.exc_info()[1], ExerciseTimeout) and _learner_frame(frame):
+        if event == "line" and isinstance(sys.exc_info()[1], ExerciseTimeout) and learner_frame(frame):
             raise ExerciseTimeout(message())  # inside the handler that swallowed it: it leaves that try
         return again
 
@@ -204,7 +224,7 @@ def time_limit(seconds: float, key: str) -> Iterator[None]:
             sys.settrace(again)
             f = frame
             while f is not None and Path(f.f_code.co_filename).resolve() != Path(__file__).resolve():
-                if _learner_frame(f):
+                if learner_frame(f):
                     f.f_trace = again
                     traced.append(f)
                 f = f.f_back
@@ -268,7 +288,7 @@ def verdict(key: str, answer: Callable[..., Any], *, seed: int | None = None, **
     ex = get(key)
     token = _RUN.set(_Run(seed))
     try:
-        with time_limit(ex.time_limit, key):
+        with time_limit(ex.time_limit, key), inside_check(key):
             ex.checker(answer, **kwargs)
     except (AssertionError, ExerciseTimeout) as exc:
         return _short(str(exc))
@@ -301,7 +321,7 @@ def check(key: str, answer: Callable[..., Any]) -> None:
 def _run_and_print(ex: Exercise, answer: Callable[..., Any], run: _Run) -> None:
     key = ex.key
     try:
-        with time_limit(ex.time_limit, key):
+        with time_limit(ex.time_limit, key), inside_check(key):  # rows the answer records are marked
             ex.checker(answer)
     except NotImplementedError as exc:
         if _is_placeholder(exc):

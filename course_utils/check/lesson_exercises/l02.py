@@ -9,6 +9,7 @@ under ``torch.profiler``. Inputs and workloads are drawn at random per call.
 from __future__ import annotations
 
 import contextlib
+import sys
 import threading
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -17,7 +18,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, learner_frame, observed
 from course_utils.check.lesson_exercises.observe import Cases, OpLog, cases
 
 
@@ -37,6 +38,26 @@ def _no_threads(what: str) -> Iterator[None]:
         yield
     finally:
         threading.Thread.start = real  # type: ignore[method-assign]
+
+
+def python_calls(fn: Callable[[], object]) -> int:
+    """Calls made from the learner's own code (functions and C functions it calls, its comprehensions' too) during
+    one call of ``fn``: a loop over images or pixels makes more of them for more images, whatever it calls."""
+    count = 0
+
+    def profiler(frame: Any, event: str, arg: Any) -> None:
+        nonlocal count
+        caller = frame if event == "c_call" else frame.f_back if event == "call" else None
+        if caller is not None and learner_frame(caller):
+            count += 1
+
+    previous = sys.getprofile()
+    sys.setprofile(profiler)
+    try:
+        fn()
+    finally:
+        sys.setprofile(previous)
+    return count
 
 
 def _op_calls(fn: Callable[[], object]) -> int:
@@ -86,6 +107,13 @@ def _check_vectorize(fn: Callable[[list[np.ndarray]], torch.Tensor]) -> None:
             f"{small} operator calls for {small_n} images but {large} for {large_n}: something still runs once per "
             "image (stack the images with numpy first, then convert once)"
         )
+        with _no_threads("preprocess_vectorized"):
+            calls = [python_calls(lambda imgs=imgs: fn(imgs)) for imgs in (small_imgs, large_imgs)]
+        assert calls[1] - calls[0] <= 2, (
+            f"your code made {calls[0]} Python calls for {small_n} images and {calls[1]} for {large_n}: a Python loop "
+            "over the images (or their pixels: .tolist(), np.asarray per image, a comprehension) is still a loop. "
+            "np.stack the list once, then convert and scale the whole batch"
+        )
         for k in (small_n, large_n):
             _Img.touched = 0
             fn(_images(c, k, counting=True))
@@ -94,6 +122,9 @@ def _check_vectorize(fn: Callable[[list[np.ndarray]], torch.Tensor]) -> None:
                 "in numpy instead of torch, is still a loop. np.stack the list, then convert and scale the whole "
                 "batch at once"
             )
+    observed(f"{n} images to a ({n}, 1, 8, 8) float32 tensor equal to pixels / 16; {small} operators for {small_n} "
+             f"images and {large} for {large_n}; {calls[0]} and {calls[1]} Python calls; no thread, no numpy "
+             "operation on a single image")  # fmt: skip
 
 
 @exercise(
