@@ -43,6 +43,11 @@ device = cu.lesson.start("00", "Environment check")
 #
 # The self-check runs your function on three made-up machines (no GPU, a few GPUs of kinds no table holds),
 # then on this one: only code that really asks PyTorch and ONNX Runtime gets every machine right.
+#
+# What every exercise's check is: a **self-check for honest work**. It runs your function on cases drawn at
+# random (their edges included), looks where the technique runs (the operators and dtypes, the graph, the
+# engine's settings) and names the mistake it sees; its ✓ line lists only what it observed. It is not an exam:
+# code that reads or patches the checker can fool it, and fools only you.
 
 
 # %%
