@@ -941,9 +941,9 @@ fig.tight_layout()
 # recomputed later from its prompt and the tokens it had made (vLLM's default, *recompute*; the other way,
 # *swap*, copies the blocks to host memory and back).
 #
-# The load that shows it: `N_PRE` requests that all arrive at once and all want `LONG` tokens. It runs twice:
-# on an ample pool, to measure its peak demand (the most blocks it holds at once), then on a pool of **half**
-# that. Every answer must still equal `generate`.
+# The load that shows it: `N_PRE` requests on the longest prompts, all arriving at once and all wanting `LONG`
+# tokens. It runs twice: on an ample pool, to measure its peak demand (the most blocks it holds at once), then
+# on a pool of **half** that. Every answer must still equal `generate`.
 
 # %%
 N_PRE = cu.pick(full=12, smoke=5)
@@ -1677,7 +1677,8 @@ cu.exercises.check("16.admit", admit_step)
 #    tokens so far, `draft` a list of proposed next tokens. With **one** call to `target`, return the tokens to
 #    append: the longest prefix of `draft` that equals the model's greedy choices, plus the model's own next
 #    token after it. The check decodes with your function and random drafts (always right, always wrong,
-#    partly right), demands output identical to greedy decoding and counts the calls of `target`.
+#    partly right; a wrong token is often the model's second choice, which a "top 2" rule would accept), demands
+#    output identical to greedy decoding and counts the calls of `target`.
 
 
 # %%

@@ -133,22 +133,6 @@ def test_hand_forward_logits_match_the_model(ns, model):
         torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
 
 
-def test_paired_decode_runs_both_loops_and_matches_generate(ns, model):
-    ids = _prompt(8)
-    new, t_none, t_kv, cache = ns["paired_decode"](model, ids, 6)
-    assert torch.equal(new, _generate(model, ids, 6))
-    assert len(t_none) == len(t_kv) == 6 and cache.get_seq_length() == 8 + 5
-
-
-def test_decode_step_fn_decodes_at_the_same_position(ns, model):
-    ids = _prompt(7)
-    for cache in (DynamicCache(config=model.config), StaticCache(config=model.config, max_cache_len=9)):
-        step = ns["decode_step_fn"](model, ids, cache=cache)
-        for _ in range(3):
-            step()
-        assert cache.get_seq_length() == 7  # each call appended one token and cropped it again
-
-
 def test_gqa_ways_agree_and_the_profiler_names_their_kernels(ns, model):
     for dtype in (torch.float32, torch.bfloat16):
         q = torch.randn(1, 9, 16, 64).to(dtype)
@@ -161,35 +145,18 @@ def test_gqa_ways_agree_and_the_profiler_names_their_kernels(ns, model):
     assert all(k for k in table["kernel (profiler)"]) and (table["ms"] > 0).all()
 
 
-def test_int8_kv_forward_stays_close_to_fp32_and_holds_fewer_bytes(ns, model):
-    ids = _prompt(12)
-    kv32, kv8 = [None] * 2, [None] * 2
-    with torch.inference_mode():
-        a = ns["forward_with_cache"](model, ids, kv32, 0)
-        b = ns["forward_int8_kv"](model, ids, kv8, 0)
-        nxt = a.argmax(-1)
-        a2, b2 = ns["forward_with_cache"](model, nxt, kv32, 12), ns["forward_int8_kv"](model, nxt, kv8, 12)
-    for x, y in ((a, b), (a2, b2)):
-        assert (x - y).abs().max() < 0.05 * x.abs().max()  # INT8 error, far below the logits' scale
-    assert kv8[0][0][0].dtype == torch.int8 and kv8[0][0][0].shape == (1, 3, 13, 64)
-    assert ns["kv_cache_bytes"](kv32) == 2 * 2 * 13 * 3 * 64 * 4  # layers x K,V x tokens x heads x dim x fp32
-    assert ns["kv_cache_bytes"](kv8) == 2 * 2 * 13 * 3 * (64 + 4)  # INT8 values + one FP32 scale per vector
-
-
-def test_int8_kv_chunks_are_causal(ns, model):
-    """A prompt in two chunks gives the logits of one pass: the mask lets a chunk see the cache, not its future."""
-    ids = _prompt(10)
-    with torch.inference_mode():
-        whole = ns["forward_int8_kv"](model, ids, [None] * 2, 0, all_logits=True)
-        kv = [None] * 2
-        ns["forward_int8_kv"](model, ids[:, :6], kv, 0)
-        rest = ns["forward_int8_kv"](model, ids[:, 6:], kv, 6, all_logits=True)
-    torch.testing.assert_close(rest, whole[:, 6:], atol=1e-4, rtol=1e-4)
-
-
 def test_weights_bytes_counts_a_tied_head_once(ns, model):
     once = sum(p.numel() * p.element_size() for p in model.parameters())  # parameters() deduplicates tied weights
     assert ns["weights_bytes"](model) == once
     untied = copy.deepcopy(model)
     untied.lm_head.weight = torch.nn.Parameter(untied.lm_head.weight.detach().clone())  # what an untying copy does
     assert ns["weights_bytes"](untied) == once
+
+
+def test_decode_step_fn_decodes_at_the_same_position(ns, model):
+    ids = _prompt(7)
+    for cache in (DynamicCache(config=model.config), StaticCache(config=model.config, max_cache_len=9)):
+        step = ns["decode_step_fn"](model, ids, cache=cache)
+        for _ in range(3):
+            step()
+        assert cache.get_seq_length() == 7  # each call appended one token and cropped it again
