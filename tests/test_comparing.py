@@ -246,3 +246,42 @@ def test_time_slices_bias_the_median_not_the_mean(clock):
     median = cu.compare({"two": work(2.0), "one": work(1.0)}, statistic="median", **kw).ratio("one")
     assert 1.9 <= mean.low <= mean.estimate <= mean.high <= 2.1
     assert median.estimate > 5
+
+
+@pytest.mark.parametrize(
+    ("low", "high", "expected"), [(0.95, 1.05, "met"), (0.85, 1.05, "not shown"), (1.12, 1.3, "missed"),
+                                  (0.5, 0.89, "missed"), (0.9, 1.1, "met")],
+)  # fmt: skip
+def test_judge_within_a_band(low, high, expected):
+    assert Ratio("v", "b", estimate=(low + high) / 2, low=low, high=high, rounds=[]).judge_within(0.9, 1.1) == expected
+
+
+def test_speedup_bars_draw_the_interval():
+    from course_utils.show import plots
+
+    bars = {"faster": Ratio("faster", "b", 1.5, 1.3, 1.7, []), "noise": Ratio("noise", "b", 1.1, 0.9, 1.3, []),
+            "plain": 0.8}  # fmt: skip
+    ax = plots.speedup_bars(bars).axes[0]
+    assert [p.get_width() for p in ax.patches] == [1.5, 1.1, 0.8]
+    grey = ax.patches[1].get_facecolor()
+    assert grey[0] == grey[1] == grey[2], "an interval containing 1 is grey: no difference beyond the noise"
+    assert [t.get_text() for t in ax.texts] == [" 1.50x (1.30-1.70)", " 1.10x (0.90-1.30)", " 0.80x"]
+    assert "95% interval" in ax.get_xlabel()
+
+
+def test_items_make_the_ratio_per_item(clock):
+    """Batch 1 in 1 ms, batch 8 in 2 ms: the batch of 8 has 4x the throughput, though each call is 2x slower."""
+    cmp = cu.compare({"batch 1": clock.work("b1", 1.0), "batch 8": clock.work("b8", 2.0)}, baseline="batch 1",
+                     device="cpu", rounds=6, warmup=0, min_round_s=0.0, items={"batch 1": 1, "batch 8": 8})  # fmt: skip
+    assert cmp.ratio("batch 8").estimate == pytest.approx(4.0)
+    assert cmp.measurements["batch 8"].throughput == pytest.approx(4000.0)  # 8 items per 2 ms
+
+
+def test_ratio_between_two_variants(clock):
+    cmp = cu.compare({"eager": clock.work("e", 4.0), "compiled": clock.work("c", 2.0), "int8": clock.work("q", 1.0)},
+                     baseline="eager", device="cpu", rounds=6, warmup=0, min_round_s=0.0)  # fmt: skip
+    r = cmp.ratio("int8", vs="compiled")
+    assert r.estimate == pytest.approx(2.0) and r.baseline == "compiled"
+    assert cmp.ratio("int8", vs="eager") is cmp.ratio("int8")
+    with pytest.raises(KeyError, match="name another variant"):
+        cmp.ratio("int8", vs="int8")

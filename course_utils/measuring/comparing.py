@@ -45,20 +45,30 @@ class Comparison:
     baseline: str
     label: str
     kind: str  # "time" (per-call milliseconds, lower is better) or "metric" (whole-run values)
-    per_round: dict[str, list[float]]  # per variant: the round's mean ms per call, or the run's metric
+    per_round: dict[str, list[float]]  # per variant: the round's mean ms per call (per item), or the run's metric
     measurements: dict[str, Measurement]  # pooled per-call times (for "metric": the per-round values)
     ratios: dict[str, Ratio]
     metric: str = "ms per call"
     higher_is_better: bool = False
     shared_s: dict[str, list[float]] = field(default_factory=dict)
 
-    def ratio(self, name: str) -> Ratio:
-        """The ``name`` variant against the baseline (above 1: better)."""
-        if name == self.baseline:
-            raise KeyError(f"{name!r} is the baseline of this comparison; ask for one of {sorted(self.ratios)}")
-        if name not in self.ratios:
-            raise KeyError(f"no variant {name!r} in this comparison; it has {sorted(self.ratios)}")
-        return self.ratios[name]
+    def ratio(self, name: str, vs: str | None = None) -> Ratio:
+        """The ``name`` variant against the baseline, or against variant ``vs`` (above 1: ``name`` is better),
+        from the same rounds: INT8 compiled against FP32 compiled, both timed beside eager FP32."""
+        if name not in self.per_round:
+            raise KeyError(f"no variant {name!r} in this comparison; it has {self.names}")
+        if vs is None or vs == self.baseline:
+            if name == self.baseline:
+                raise KeyError(f"{name!r} is the baseline of this comparison; ask for one of {sorted(self.ratios)}")
+            return self.ratios[name]
+        if vs not in self.per_round or vs == name:
+            raise KeyError(f"vs={vs!r}: name another variant of this comparison, one of {self.names}")
+        mine, theirs = np.asarray(self.per_round[name]), np.asarray(self.per_round[vs])
+        lower_better = self.kind == "time" or not self.higher_is_better
+        per = theirs / np.maximum(mine, 1e-12) if lower_better else mine / np.maximum(theirs, 1e-12)
+        drift = _baseline_drift(self.per_round[vs])
+        standin = any(r.standin for r in self.ratios.values())
+        return ratio_from_rounds(name, vs, per, drifted=bool(drift), drift_reason=drift, standin=standin)
 
     @property
     def names(self) -> list[str]:
@@ -135,22 +145,26 @@ def compare(
     min_round_s: float | None = None,
     label: str = "",
     batch_size: int | None = None,
-    min_calls: int = 2,
+    min_calls: int | None = None,
     seed: int | None = None,
     statistic: str = "mean",
+    items: Mapping[str, int] | None = None,
 ) -> Comparison:
     """Time every variant in interleaved rounds and return their ratios to ``baseline`` with 95% intervals.
 
     Each variant first runs ``warmup`` calls (in random order); then each of ``rounds`` rounds times every
     variant, in a fresh random order, for at least ``min_calls`` calls and ``min_round_s`` seconds, and keeps the
     block's mean per-call time (``statistic="median"`` keeps its median: see the module's note on why not).
-    Defaults: 15 rounds of 0.05 s (smoke: 7 rounds of 0.005 s).
+    Defaults: 15 rounds of at least 2 calls and 0.05 s (smoke: 7 rounds of 1 call and 0.005 s). ``items``
+    (items per call of each variant, such as batch sizes) makes the ratios per item: the throughput ratio of a
+    batch of 32 against batch 1.
     ``Comparison.measurements[name]`` pools a variant's per-call times over all rounds.
     """
     _check_variants(variants, baseline)
     rounds = pick(full=15, smoke=7) if rounds is None else rounds
     warmup = pick(full=5, smoke=2) if warmup is None else warmup
     min_round_s = pick(full=0.05, smoke=0.005) if min_round_s is None else min_round_s
+    min_calls = pick(full=2, smoke=1) if min_calls is None else min_calls
     if rounds < 1:
         raise ValueError(f"rounds={rounds}: compare needs at least 1 round (3 or more for a useful interval)")
     rng = random.Random(seed)
@@ -167,10 +181,18 @@ def compare(
             )  # fmt: skip
     if statistic not in ("mean", "median"):
         raise ValueError(f"statistic={statistic!r}: use 'mean' (the default) or 'median'")
-    per_round = {n: [b.mean_ms if statistic == "mean" else b.median_ms for b in blocks[n]] for n in names}
+    per_item = {n: (items or {}).get(n, 1) for n in names}
+    per_round = {
+        n: [(b.mean_ms if statistic == "mean" else b.median_ms) / per_item[n] for b in blocks[n]] for n in names
+    }
     dev = blocks[baseline][0].device
     measurements = {
-        n: Measurement(times_ms=[t for b in blocks[n] for t in b.times_ms], device=dev, batch_size=batch_size, label=n)
+        n: Measurement(
+            times_ms=[t for b in blocks[n] for t in b.times_ms],
+            device=dev,
+            label=n,
+            batch_size=(items or {}).get(n, batch_size),
+        )
         for n in names
     }
     standin = _standin(device)

@@ -124,6 +124,19 @@ class Ratio:
             return "missed"
         return "not shown"
 
+    def judge_within(self, low: float, high: float) -> str:
+        """Against a band ("within 10%": 0.9 to 1.1): "met" when the whole interval lies inside it, "missed" when
+        none of it does, "not shown" otherwise; stand-in or drifted numbers are not judged."""
+        if self.standin:
+            return "not judged (stand-in timing)"
+        if self.drifted:
+            return "not judged (drifted)"
+        if low <= self.low and self.high <= high:
+            return "met"
+        if self.high < low or self.low > high:
+            return "missed"
+        return "not shown"
+
     def against(self, target: float) -> str:
         """A target line: "1.45x (95% CI 1.31-1.62) vs target >= 1.5x: not shown"."""
         return f"{self} vs target >= {fmt(target)}x: {self.judge(target)}"

@@ -27,6 +27,7 @@ import numpy as np
 from course_utils.supply.errors import CourseError
 
 HEADERS = {"content-type": "application/json"}
+KEEPALIVE_S = 1.0  # idle pooled connections dropped well before the server's 5 s keep-alive closes them (busy host)
 
 
 class LoopbackOnlyError(CourseError, ValueError):
@@ -103,7 +104,9 @@ def post_many(url: str, bodies: Sequence[bytes | dict | str], *, concurrency: in
     check_loopback(url)
 
     async def go() -> list[tuple[int, Any]]:
-        limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+        limits = httpx.Limits(
+            max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=KEEPALIVE_S
+        )
         gate = asyncio.Semaphore(concurrency)
         async with httpx.AsyncClient(trust_env=False, timeout=timeout, limits=limits) as client:
 
@@ -212,7 +215,9 @@ async def _closed(url: str, bodies: Sequence[Any], n_requests: int, concurrency:
                   warmup: int, timeout: float) -> LoadResult:  # fmt: skip
     import httpx
 
-    limits = httpx.Limits(max_connections=concurrency, max_keepalive_connections=concurrency)
+    limits = httpx.Limits(
+        max_connections=concurrency, max_keepalive_connections=concurrency, keepalive_expiry=KEEPALIVE_S
+    )
     deadline = _Deadline(max_seconds + DRAIN_S, timeout)  # the whole call, warm-up included, ends by then
     async with httpx.AsyncClient(trust_env=False, timeout=timeout, limits=limits) as client:
         for i in range(warmup):
@@ -261,7 +266,9 @@ async def _open(url: str, bodies: Sequence[Any], rate: float, n_requests: int, m
 
     gaps = np.random.default_rng(seed).exponential(1.0 / rate, n_requests)
     due = np.cumsum(gaps) - gaps[0]  # the first request goes at once
-    limits = httpx.Limits(max_connections=max_in_flight, max_keepalive_connections=max_in_flight)
+    limits = httpx.Limits(
+        max_connections=max_in_flight, max_keepalive_connections=max_in_flight, keepalive_expiry=KEEPALIVE_S
+    )
     lat: list[float] = []
     statuses: dict[int, int] = {}
     in_flight, not_sent = 0, 0

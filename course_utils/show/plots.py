@@ -6,6 +6,7 @@ Each function draws on a new (or given) matplotlib Axes, labels units, and retur
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import matplotlib
 import matplotlib.pyplot as plt
@@ -40,20 +41,37 @@ def batch_curve(df: pd.DataFrame, *, label: str = "", title: str = "Latency and 
 
 
 def speedup_bars(
-    speedups: Mapping[str, float] | pd.Series, *, title: str = "Speed-up vs baseline", ax=None, baseline: float = 1.0
+    speedups: Mapping[str, Any] | pd.Series, *, title: str = "Speed-up vs baseline", ax=None, baseline: float = 1.0
 ):
-    """Horizontal bars of speed-up factors, with the baseline (1.0x) drawn as a line."""
-    s = pd.Series(speedups, dtype=float)
+    """Horizontal bars of speed-up factors, with the baseline (1.0x) drawn as a line.
+
+    A value may be a :class:`course_utils.measuring.intervals.Ratio` (``cu.compare(...).ratio(name)``): its bar
+    gets the 95% interval as a whisker and is grey when the interval contains 1 (no difference beyond the
+    machine's noise); plain numbers are green above the baseline and red below.
+    """
+    names = list(speedups.index) if isinstance(speedups, pd.Series) else list(speedups)
+    items = [speedups[k] for k in names]
+    ratios = [v if hasattr(v, "low") and hasattr(v, "estimate") else None for v in items]
+    values = np.array([r.estimate if r is not None else float(v) for r, v in zip(ratios, items, strict=True)])
     if ax is None:
-        fig, ax = plt.subplots(figsize=(7, 0.5 * len(s) + 1.5))
+        fig, ax = plt.subplots(figsize=(7, 0.5 * len(values) + 1.5))
     else:
         fig = ax.figure
-    colors = ["tab:green" if v >= baseline else "tab:red" for v in s.values]
-    ax.barh(list(s.index), s.values, color=colors)
+
+    def colour(v: float, r: Any) -> str:
+        if r is not None and r.low <= baseline <= r.high:
+            return "tab:gray"
+        return "tab:green" if v >= baseline else "tab:red"
+
+    ax.barh(names, values, color=[colour(v, r) for v, r in zip(values, ratios, strict=True)])
     ax.axvline(baseline, color="black", lw=1)
-    for i, v in enumerate(s.values):
-        ax.text(v, i, f" {v:.2f}x", va="center")
-    ax.set_xlabel("speed-up (x, higher is faster)")
+    for i, (v, r) in enumerate(zip(values, ratios, strict=True)):
+        if r is None:
+            ax.text(v, i, f" {v:.2f}x", va="center")
+            continue
+        ax.errorbar(v, i, xerr=[[v - r.low], [r.high - v]], color="black", capsize=3)
+        ax.text(r.high, i, f" {v:.2f}x ({r.low:.2f}-{r.high:.2f})", va="center")
+    ax.set_xlabel("speed-up (x, higher is faster)" + ("; whiskers: 95% interval" if any(ratios) else ""))
     ax.set_title(title)
     ax.invert_yaxis()
     fig.tight_layout()

@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from course_utils.check.compare import compare_outputs
+from course_utils.measuring.comparing import compare
 from course_utils.measuring.device import synchronize
 from course_utils.measuring.timing import measure
 from course_utils.supply.errors import CourseError
@@ -150,7 +151,9 @@ def optimize(
 
     base_acc = float(accuracy_fn(_Runner(eager, dev, "baseline")))
     base_m = measure(lambda: eager(example), device=dev, batch_size=b, label="baseline", **mkw)
-    base_tp = b / base_m.median_ms
+    # measure()'s settings for cu.compare's rounds: each round times at least min_repeats calls for min_time_s
+    ckw = {k2: mkw[k] for k, k2 in (("min_time_s", "min_round_s"), ("min_repeats", "min_calls"), ("warmup", "warmup"))
+           if k in mkw}  # fmt: skip
     steps = [Step("baseline", True, f"eager fp32, {torch.get_num_threads()} threads", b, base_m.median_ms,
                   base_m.throughput, 1.0, base_acc, True, "reference", 0.0, base_m, None, "fp32")]  # fmt: skip
     log(f"baseline: {base_m.median_ms:.3f} ms per batch of {b}, accuracy {base_acc:.4f}")
@@ -174,12 +177,16 @@ def optimize(
         if not cmp.within:
             step.reason = (v.note + "; " if v.note else "") + f"outputs outside the {tol} tolerance, not timed"
             return step
-        m = measure(lambda: _Runner(v.run, dev, v.name)(x), device=dev, batch_size=n, label=v.name, **mkw)
+        # the variant and the baseline take turns in rounds; per item, so a bigger batch is judged by throughput
+        pair = compare({"baseline": lambda: eager(example), v.name: lambda: _Runner(v.run, dev, v.name)(x)},
+                       baseline="baseline", device=dev, items={"baseline": b, v.name: n}, **ckw)  # fmt: skip
+        m = pair.measurements[v.name]
         step.measurement, step.median_ms, step.throughput = m, m.median_ms, m.throughput
-        step.speedup = (n / m.median_ms) / base_tp
+        step.ratio = pair.ratio(v.name)
+        step.speedup = step.ratio.estimate
         if base_acc - acc > accuracy_budget + 1e-12:
             step.reason = (v.note + "; " if v.note else "") + f"accuracy drop {base_acc - acc:.4f} > budget"
-        log(f"{v.name}: {m.median_ms:.3f} ms per batch of {n}, {step.speedup:.2f}x the baseline, accuracy {acc:.4f}")
+        log(f"{v.name}: {m.median_ms:.3f} ms per batch of {n}, {step.ratio} the baseline, accuracy {acc:.4f}")
         return step
 
     def failed(name: str, when: str, exc: Exception) -> Step:

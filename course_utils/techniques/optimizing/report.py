@@ -37,6 +37,7 @@ class Step:
     measurement: Measurement | None = field(default=None, repr=False)
     comparison: Comparison | None = field(default=None, repr=False)
     precision: str = "fp32"
+    ratio: Any = field(default=None, repr=False)  # the cu.compare Ratio behind ``speedup`` (its interval)
 
     def row(self) -> dict[str, Any]:
         return {c: getattr(self, c) for c in COLUMNS}
@@ -78,10 +79,12 @@ class OptimizeReport:
         raise KeyError(f"no step '{technique}'; steps: {[s.technique for s in self.steps]}")
 
     def paying(self, min_gain: float = 1.05) -> pd.DataFrame:
-        """Rows that ran, stayed within budget and are at least ``min_gain`` times the baseline speed, best first."""
+        """Rows that ran, stayed within budget and are at least ``min_gain`` times the baseline speed, best first;
+        a speed-up with an interval counts only when the interval's low end reaches ``min_gain``."""
         df = self.df
         ok = df["applied"] & df["within_budget"].fillna(False).astype(bool) & (df["technique"] != "baseline")
-        df = df[ok & (df["speedup"].astype(float) >= min_gain)]
+        low = [s.ratio.low if s.ratio is not None else s.speedup for s in self.steps]
+        df = df[ok & (pd.Series(low, index=df.index, dtype=float) >= min_gain)]
         return df.sort_values("speedup", ascending=False).reset_index(drop=True)
 
     def plot(self, *, title: str | None = None):
@@ -187,20 +190,26 @@ def decision_guide(report: OptimizeReport, *, min_gain: float = 1.05) -> str:
     else:
         top = paying.iloc[0]
         lines.append(
-            f"On this machine, try {top['technique']} first: {top['speedup']:.2f}x the baseline's throughput, "
+            f"On this machine, try {top['technique']} first: {_speed(report, top)} the baseline's throughput, "
             f"accuracy {top['accuracy']:.4f}."
         )
         for _, r in paying.iloc[1:].iterrows():
-            lines.append(f"  then {r['technique']}: {r['speedup']:.2f}x, accuracy {r['accuracy']:.4f}")
+            lines.append(f"  then {r['technique']}: {_speed(report, r)}, accuracy {r['accuracy']:.4f}")
         if pd.notna(top["setup_s"]) and top["setup_s"] >= 1.0:
             lines.append(f"  ({top['technique']} costs {top['setup_s']:.1f} s of set-up before the first answer.)")
     ran = df[df["applied"] & (df["technique"] != "baseline")]
     slow = ran[ran["speedup"].astype(float) < min_gain]
     for _, r in slow.iterrows():
         verdict = "slower than" if r["speedup"] < 1.0 else "about the same as"
-        lines.append(f"Does not pay here: {r['technique']} is {verdict} the baseline ({r['speedup']:.2f}x).")
+        lines.append(f"Does not pay here: {r['technique']} is {verdict} the baseline ({_speed(report, r)}).")
     for _, r in ran[~ran["within_budget"].fillna(False).astype(bool)].iterrows():
         lines.append(f"Outside the budget: {r['technique']} ({r['reason'] or r['check']}).")
     for _, r in df[~df["applied"]].iterrows():
         lines.append(f"Skipped: {r['technique']}: {r['reason']}")
     return "\n".join(lines)
+
+
+def _speed(report: OptimizeReport, row: Any) -> str:
+    """A row's speed-up as printed: its cu.compare interval when it has one, else the number."""
+    step = next((s for s in report.steps if s.technique == row["technique"] and s.ratio is not None), None)
+    return str(step.ratio) if step is not None else f"{row['speedup']:.2f}x"
