@@ -333,7 +333,7 @@ def test_every_check_plants_each_kind_of_failure_over_200_seeds():
         (keeps_exception, "still referenced"),
         (no_grad_instead, "outside torch.inference_mode()"),
         (crashes, "escaped your sweep"),
-        (drops_rows, "your rows are for batches []"),
+        (drops_rows, "your rows are for batches []|ran inside the except block"),
         (goes_on, "went on to"),
         (never_frees, "nothing called torch.cuda.empty_cache()"),
         (own_clock, "but measure() reported|perf_counter"),
@@ -342,9 +342,8 @@ def test_every_check_plants_each_kind_of_failure_over_200_seeds():
     ],
 )
 def test_oom_sweep_rejects(wrong, message):
-    import re
 
     reason = exercises.verdict("03.oom-sweep", wrong)
-    assert re.search(message.replace("(", r"\(").replace(")", r"\)").replace("[", r"\["), reason), reason
+    assert any(m in reason for m in message.split("|")), reason
     assert "random case seed" in reason, reason
     assert torch.cuda.empty_cache.__module__.startswith("torch"), "the checker restores torch.cuda.empty_cache"

@@ -112,8 +112,8 @@ def _check_admit(fn: Callable[..., Any]) -> None:
 )
 def admit_step(running: list, waiting: deque, max_slots: int) -> list:
     kept = [s for s in running if not s.done]  # retire finished sequences this step
-    while waiting and len(kept) < max_slots:
-        kept.append(waiting.popleft())  # first come, first served, into every free slot
+    free = max_slots - len(kept)
+    kept.extend(waiting.popleft() for _ in range(min(free, len(waiting))))  # first come, first served, every slot
     return kept
 
 
