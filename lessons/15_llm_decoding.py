@@ -55,8 +55,8 @@ n_new = cu.pick(full=128, smoke=8)  # new tokens for the cache vs no-cache compa
 n_short = cu.pick(full=32, smoke=6)  # new tokens for the other comparisons
 n_time = cu.pick(full=16, smoke=4)  # new tokens where only the median step time is read
 n_agree = cu.pick(full=64, smoke=8)  # new tokens over which INT8 KV is compared with FP32
-requests = cu.pick(full=4, smoke=2)  # repeated requests for the latency percentiles
-rounds = cu.pick(full=8, smoke=3)  # rounds of every cu.compare in this lesson
+requests = cu.pick(full=3, smoke=2)  # repeated requests for the latency percentiles
+rounds = cu.pick(full=6, smoke=3)  # rounds of every cu.compare in this lesson
 
 # %% [markdown]
 # ## The model, offline
