@@ -285,3 +285,9 @@ def test_ratio_between_two_variants(clock):
     assert cmp.ratio("int8", vs="eager") is cmp.ratio("int8")
     with pytest.raises(KeyError, match="name another variant"):
         cmp.ratio("int8", vs="int8")
+
+
+def test_a_difference_below_the_printed_precision_is_not_claimed():
+    r = Ratio("v", "b", estimate=0.9999, low=0.9998, high=0.9999, rounds=[])
+    assert r.verdict == NO_DIFFERENCE and str(r) == f"{NO_DIFFERENCE} (1.00-1.00x)"
+    assert Ratio("v", "b", estimate=1.01, low=1.006, high=1.02, rounds=[]).verdict == "faster"

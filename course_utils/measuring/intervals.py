@@ -18,6 +18,7 @@ CONFIDENCE = 0.95
 NO_DIFFERENCE = "no difference beyond this machine's noise"
 VERDICTS = ("faster", "slower", NO_DIFFERENCE)
 JUDGEMENTS = ("met", "not shown", "missed", "not judged (stand-in timing)", "not judged (drifted)")
+RESOLUTION = 0.005  # half the last printed digit of a ratio: smaller differences are not claimed
 STANDIN_FLAG = "stand-in timing (the rehearsal's CPU stand-in, not a GPU): judges nothing"
 
 
@@ -80,9 +81,11 @@ class Ratio:
 
     @property
     def verdict(self) -> str:
-        if self.low > 1.0:
+        """From the interval: "faster" when its low end is above 1, "slower" when its high end is below 1, by more
+        than the printed precision (:data:`RESOLUTION`: 1.00-1.00x is never a difference)."""
+        if self.low > 1.0 + RESOLUTION:
             return "faster"
-        if self.high < 1.0:
+        if self.high < 1.0 - RESOLUTION:
             return "slower"
         return NO_DIFFERENCE
 
