@@ -198,9 +198,11 @@ def decision_guide(report: OptimizeReport, *, min_gain: float = 1.05) -> str:
         if pd.notna(top["setup_s"]) and top["setup_s"] >= 1.0:
             lines.append(f"  ({top['technique']} costs {top['setup_s']:.1f} s of set-up before the first answer.)")
     ran = df[df["applied"] & (df["technique"] != "baseline")]
-    slow = ran[ran["speedup"].astype(float) < min_gain]
+    slow = ran[ran["speedup"].notna() & ~ran["technique"].isin(set(paying["technique"]))]  # not shown to pay
     for _, r in slow.iterrows():
-        verdict = "slower than" if r["speedup"] < 1.0 else "about the same as"
+        step = next((s for s in report.steps if s.technique == r["technique"] and s.ratio is not None), None)
+        slower = step.ratio.verdict == "slower" if step is not None else r["speedup"] < 1.0
+        verdict = "slower than" if slower else "not shown faster than"
         lines.append(f"Does not pay here: {r['technique']} is {verdict} the baseline ({_speed(report, r)}).")
     for _, r in ran[~ran["within_budget"].fillna(False).astype(bool)].iterrows():
         lines.append(f"Outside the budget: {r['technique']} ({r['reason'] or r['check']}).")
