@@ -10,6 +10,7 @@ drawn at random, most of which no real GPU has, so a lookup table of real GPUs d
 from __future__ import annotations
 
 import contextlib
+import numbers
 import sys
 import types
 from collections.abc import Callable, Iterator
@@ -226,7 +227,10 @@ def _compare_inventory(got: Any, machine: dict[str, Any], asked: list[str]) -> N
             "torch.cuda.get_device_capability(i), as a tuple"
         )
         mem = mine.get("memory_gib")
-        assert isinstance(mem, int | float), f"GPU {i}: memory_gib should be a number (got {mem!r})"
+        assert isinstance(mem, numbers.Real) and not isinstance(mem, bool), (
+            f"GPU {i}: memory_gib should be a number (got {mem!r})"
+        )
+        mem = float(mem)  # numpy and Python numbers alike
         if mem > 1e6:
             raise AssertionError(f"GPU {i}: memory_gib={mem:.4g} looks like bytes: divide total_memory by 2**30")
         assert abs(mem - real["memory_gib"]) <= 0.06, (

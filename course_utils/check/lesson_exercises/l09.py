@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 from torch.utils.data import DataLoader, Dataset
 
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import cases
 
 SPEED_UP = 2.5
@@ -141,8 +141,8 @@ def _check_loader(fn: Callable[[Dataset], DataLoader], target_ips: float | None 
             f"{base_txt}. Each sample waits on storage, which needs no core: more workers than cores can wait at "
             "once; and workers that survive between passes (persistent_workers=True) do not start again"
         )
-        print(f"   your loader: {ips:.0f} img/s over {EPOCHS} passes, {len(workers)} worker processes read the "
-              f"samples (target {target_ips:.0f} img/s{base_txt})")  # fmt: skip
+        observed(f"your loader: {ips:.0f} img/s over {EPOCHS} passes, {len(workers)} worker processes read the "
+                 f"samples (target {target_ips:.0f} img/s{base_txt})")  # fmt: skip
         del loader  # persistent workers end with their loader
 
 

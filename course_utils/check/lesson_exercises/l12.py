@@ -16,7 +16,7 @@ from collections.abc import Callable
 import torch
 from torch import nn
 
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import CONV_OPS, MATMUL_OPS, OpLog, cases
 
 KEEP = 96  # of 128 channels: the lesson's example; the check draws its own
@@ -96,9 +96,9 @@ def _check_rebuild(fn: Callable[[nn.Module, int], nn.Module]) -> None:
             "BatchNorm statistics and which columns of classifier[1] you kept (channel c owns columns 4c..4c+3)"
         )
         acc0, acc = accuracy(model, x, y), accuracy(new, x, y)
-        print(f"   keep={keep}: conv3 {tuple(model.features[7].weight.shape)} -> {tuple(conv3.weight.shape)}, fc1 "
-              f"inputs {model.classifier[1].in_features} -> {fc1.in_features}; accuracy on {len(rows)} test digits "
-              f"{acc:.2%} (was {acc0:.2%}), without fine-tuning")  # fmt: skip
+        observed(f"keep={keep}: conv3 {tuple(model.features[7].weight.shape)} -> {tuple(conv3.weight.shape)}, fc1 "
+                 f"inputs {model.classifier[1].in_features} -> {fc1.in_features}; accuracy on {len(rows)} test "
+                 f"digits {acc:.2%} (was {acc0:.2%}), without fine-tuning")  # fmt: skip
 
 
 @exercise(
