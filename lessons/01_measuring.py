@@ -105,8 +105,8 @@ else:
     print("Smoke mode: the torch.compile example is skipped (its first call takes seconds).")
 cold_table = pd.DataFrame({k: pd.Series(v) for k, v in cold.items()}).rename_axis("call").round(3)
 display(cold_table)
-for name, times in cold.items():
-    print(f"{name}: first call {times[0]:.2f} ms, last {times[-1]:.2f} ms ({times[0] / times[-1]:.1f}x)")
+for name, times in cold.items():  # a one-off cost happens once: two numbers, not a ratio with an interval
+    print(f"{name}: first call {times[0]:.2f} ms, last {times[-1]:.2f} ms ({times[0] - times[-1]:+.2f} ms one-off)")
 
 # %% [markdown]
 # A compiled function's first call includes tracing and code generation. Inductor keeps an on-disk cache,
@@ -164,7 +164,12 @@ mine = summarize(time_calls(work, device, repeats=cu.pick(full=50, smoke=10)))
 print(
     f"time_calls: median {mine['median_ms']:.3f} ms (p10 {mine['p10_ms']:.3f}, p90 {mine['p90_ms']:.3f}, n={mine['n']})"
 )
-print(f"The naive single call said {naive_ms:.3f} ms: {naive_ms / mine['median_ms']:.2f}x the median.")
+inside = mine["p10_ms"] <= naive_ms <= mine["p90_ms"]
+print(
+    f"The naive single call said {naive_ms:.3f} ms; the median of {mine['n']} warm calls is "
+    f"{mine['median_ms']:.3f} ms: "
+    f"the cold call {'happens to lie inside' if inside else 'lies outside'} the p10-p90 range of the warm ones."
+)
 
 # %% [markdown]
 # **`cu.measure` is this timer.** It adds two conveniences: it repeats until a minimum time has passed (so
@@ -174,25 +179,47 @@ print(f"The naive single call said {naive_ms:.3f} ms: {naive_ms / mine['median_m
 # %%
 good = cu.measure(work, device=device, label="cu.measure")
 print(good)
-print(f"time_calls median / cu.measure median = {mine['median_ms'] / good.median_ms:.3f}")
+# the two timers take turns (6 rounds, random order each round): the ratio of their medians with its interval
+timers = cu.comparing.compare_runs(
+    {
+        "cu.measure": lambda: (
+            cu.measure(work, device=device, min_time_s=cu.pick(full=0.3, smoke=0.05), warn_spread=False).median_ms
+        ),
+        "time_calls": lambda: summarize(time_calls(work, device, repeats=cu.pick(full=50, smoke=10)))["median_ms"],
+    },
+    baseline="cu.measure",
+    rounds=6,
+    higher_is_better=False,
+    metric="median ms",
+    device=device,
+)
+print(f"time_calls vs cu.measure, 6 interleaved rounds: {timers.ratio('time_calls')}")
 
 # %% [markdown]
 # ### The thread count matters on a CPU
 # PyTorch uses all cores by default. The same workload with one thread is a different measurement: always
 # report the thread count with a CPU number.
 
+
 # %%
-rows = []
-for t in sorted({1, threads}):
-    torch.set_num_threads(t)
-    m = cu.measure(work, device=device, label=f"{t} thread(s)")
-    rows.append({"threads": t, "median_ms": m.median_ms, "p90_ms": m.p90_ms})
-torch.set_num_threads(threads)
-thread_table = pd.DataFrame(rows)
-display(thread_table)
-if len(thread_table) > 1:
-    ratio = thread_table.median_ms.iloc[0] / thread_table.median_ms.iloc[-1]
-    print(f"One thread took {ratio:.2f}x the time of {threads} threads for this workload.")
+def at_threads(t):
+    """work() on t threads: torch.set_num_threads before the call when the count differs."""
+
+    def fn():
+        if torch.get_num_threads() != t:
+            torch.set_num_threads(t)
+        return work()
+
+    return fn
+
+
+if threads > 1:  # both counts take turns in rounds, so a change of load hits both alike
+    by_threads = cu.compare(
+        {"1 thread": at_threads(1), f"{threads} threads": at_threads(threads)}, baseline="1 thread", device=device
+    )
+    torch.set_num_threads(threads)
+    display(by_threads.table().round(3))
+    print(f"{threads} threads vs 1 thread on this workload: {by_threads.ratio(f'{threads} threads')}")
 else:
     print("This machine has a single thread: no difference to show.")
 
@@ -211,8 +238,40 @@ bench_threads = benchmark.Timer(stmt="work()", globals={"work": work}, num_threa
 print(f"torch.utils.benchmark, default num_threads=1 : {bench_default.median * 1000:.3f} ms")
 print(f"torch.utils.benchmark, num_threads={threads}          : {bench_threads.median * 1000:.3f} ms")
 print(f"cu.measure ({threads} threads)                       : {good.median_ms:.3f} ms")
-agreement = good.median_ms / (bench_threads.median * 1000)
-print(f"cu.measure / torch.utils.benchmark at the same threads = {agreement:.3f} (course target: within 10%)")
+
+
+def timer_rounds(t):
+    """The three timers on work() at t threads, taking turns for 6 rounds (ratios: the benchmark's time over theirs)."""
+    rt = cu.pick(full=0.3, smoke=0.05)
+    bench = lambda n: benchmark.Timer(stmt="work()", globals={"work": work}, num_threads=n)  # noqa: E731
+    variants = {
+        "torch.utils.benchmark": lambda: bench(t).blocked_autorange(min_run_time=rt).median * 1000,
+        "cu.measure": lambda: cu.measure(work, device=device, min_time_s=rt, warn_spread=False).median_ms,
+    }
+    if t != 1:
+        variants["torch.utils.benchmark, default num_threads"] = lambda: (
+            bench(1).blocked_autorange(min_run_time=rt).median * 1000
+        )
+    torch.set_num_threads(t)
+    try:
+        return cu.comparing.compare_runs(
+            variants, baseline="torch.utils.benchmark", rounds=6, higher_is_better=False, metric="median ms"
+        )
+    finally:
+        torch.set_num_threads(threads)
+
+
+timer_cmp = timer_rounds(threads)
+agreement = timer_cmp.ratio("cu.measure")  # > 1: cu.measure reads less time than the benchmark
+print(
+    f"cu.measure vs torch.utils.benchmark at {threads} threads, 6 interleaved rounds: {agreement}; course target "
+    f"within 10%: {agreement.judge_within(0.9, 1.1)}"
+)
+if threads != 1:
+    print(
+        f"benchmark's default num_threads=1 vs num_threads={threads}: "
+        f"{timer_cmp.ratio('torch.utils.benchmark, default num_threads')}"
+    )
 
 # %% [markdown]
 # The two tools summarize differently. `cu.measure` times **every call** and reports the median call;
@@ -222,21 +281,17 @@ print(f"cu.measure / torch.utils.benchmark at the same threads = {agreement:.3f}
 # repeats the comparison on one thread, where a 2-core machine keeps a core for everything else.
 
 # %%
-torch.set_num_threads(1)
-one_measure = cu.measure(work, device=device, label="1 thread")
-one_bench = benchmark.Timer(stmt="work()", globals={"work": work}, num_threads=1).blocked_autorange(
-    min_run_time=run_time
-)
-torch.set_num_threads(threads)
-agreement_1t = one_measure.median_ms / (one_bench.median * 1000)
+one_cmp = timer_rounds(1)
+agreement_1t = one_cmp.ratio("cu.measure")
+one_measure = one_cmp.measurements["cu.measure"]  # for compare_runs: the 6 rounds' medians (ms)
 print(
-    f"1 thread: cu.measure median {one_measure.median_ms:.3f} ms (mean {one_measure.mean_ms:.3f}, spread "
-    f"{one_measure.spread:.1%}), torch.utils.benchmark {one_bench.median * 1000:.3f} ms: "
-    f"ratio {agreement_1t:.3f}"
+    f"1 thread: cu.measure median {one_measure.median_ms:.3f} ms over 6 rounds (round-to-round spread "
+    f"{one_measure.spread:.1%}), torch.utils.benchmark {one_cmp.measurements['torch.utils.benchmark'].median_ms:.3f} "
+    f"ms: {agreement_1t}"
 )
-for label, r in [(f"{threads} threads", agreement), ("1 thread", agreement_1t)]:
-    verdict = "within" if abs(r - 1) <= 0.10 else "outside"
-    print(f"{label}: the timers are {verdict} 10% of each other here.")
+pairs = [(f"{threads} threads", agreement), ("1 thread", agreement_1t)] if threads > 1 else [("1 thread", agreement)]
+for label, r in pairs:
+    print(f"{label}: are the two timers within 10% of each other here? {r.judge_within(0.9, 1.1)}")
 
 # %% [markdown]
 # ## 4. Latency per call vs throughput of a stream of calls
@@ -264,16 +319,37 @@ for _ in range(calls):  # many launches ...
     small_op()
 sync()  # ... one synchronization
 pipelined = (time.perf_counter() - t0) * 1000 / calls
-print(
-    f"{device}: per call, synchronized each time: {per_call:.4f} ms; pipelined ({calls} calls, one sync): "
-    f"{pipelined:.4f} ms per call ({per_call / pipelined:.2f}x)."
+print(f"{device}: per call, synchronized each time: {per_call:.4f} ms; pipelined ({calls} calls, one sync): "
+      f"{pipelined:.4f} ms per call.")  # fmt: skip
+
+# The same two ways, taking turns in rounds: 10 launches with a synchronize after each, or one after all ten.
+k = 10
+
+
+def synced_each():
+    for _ in range(k):
+        small_op()
+        sync()
+
+
+def one_sync_at_end():
+    for _ in range(k):
+        small_op()  # cu.compare synchronizes once after the call
+
+
+lat_cmp = cu.compare(
+    {"synchronized each call": synced_each, "pipelined (one sync)": one_sync_at_end},
+    baseline="synchronized each call",
+    device=device,
 )
-if abs(per_call / pipelined - 1) <= 0.2:
-    print("Within 20% of each other: nothing was queued ahead, so latency and throughput per call agree here.")
-elif per_call > pipelined:
-    print("Pipelined calls were cheaper: work was queued while earlier work ran (or the machine was quieter then).")
+pipe = lat_cmp.ratio("pipelined (one sync)")
+print(f"pipelined vs synchronized per call, in rounds: {pipe}")
+if pipe.verdict == "faster":
+    print("Pipelined calls were cheaper: work was queued while earlier work ran.")
+elif pipe.verdict == "slower":
+    print("Pipelined calls were dearer: on a CPU, where synchronize does nothing, that is the machine's noise.")
 else:
-    print("Pipelined calls were dearer: on a CPU that is noise from other programs, not a property of the timer.")
+    print("No difference beyond this machine's noise: nothing was queued ahead, so latency and throughput agree.")
 
 # %% [markdown]
 # ### On a GPU: the missing synchronization
@@ -296,7 +372,7 @@ if cu.gpu_section("01.gpu-sync"):
     torch.cuda.synchronize()
     gpu_good = summarize(time_calls(lambda: ag @ ag, "cuda"))
     print(f"without synchronize: {launch_ms:.3f} ms; with CUDA events: {gpu_good['median_ms']:.3f} ms")
-    print(f"The unsynchronized timer reported {gpu_good['median_ms'] / launch_ms:.1f}x less than the real time.")
+    print(f"The unsynchronized timer saw {launch_ms:.3f} ms of the {gpu_good['median_ms']:.3f} ms the work took.")
     cu.record(
         "01",
         "unsynchronized timer (wrong)",
@@ -330,12 +406,59 @@ print(
 _ = cu.plots.latency_distribution({"steady state": good.times_ms}, title=f"{n}² matmul chain, {threads} threads")
 
 # %% [markdown]
-# ## 6. Micro-benchmarks on a roofline
+# ## 6. Comparing two variants: a ratio and its interval
+# "B is 1.4x faster than A" from one timing of A, then one of B, measures the machine as much as the code: a
+# browser tab or a test run that starts halfway makes B look slower. Every ratio in this course comes from
+# `cu.compare`: the variants take turns in **rounds** (a fresh random order each round), each round gives one
+# ratio (A's time / B's time: above 1 means B is faster), and the result is the median of the rounds with its
+# **95% confidence interval**. Read it like this:
+#
+# * `1.45x (95% CI 1.31-1.62)`: B is faster, and on this machine, at this load, the true ratio is very likely
+#   between 1.31 and 1.62. A target of 1.5x is **met** only when the low end clears it; here it is **not
+#   shown** (the interval straddles it).
+# * `no difference beyond this machine's noise (0.90-1.30x)`: the interval contains 1. That is a result, not a
+#   failure: on this machine, at this load, the two cannot be told apart. A busy machine gives wide intervals.
+#
+# Below, two workloads whose ratio is known: one matmul against two of the same matmul (exactly 2x the work),
+# and one matmul against itself.
+
+# %%
+mm_in = torch.randn(cu.pick(full=384, smoke=192), cu.pick(full=384, smoke=192), device=device)
+mm_out = torch.empty_like(mm_in)
+
+
+def one_matmul():
+    torch.matmul(mm_in, mm_in, out=mm_out)
+
+
+def two_matmuls():
+    one_matmul()
+    one_matmul()
+
+
+known = cu.compare(
+    {"two matmuls": two_matmuls, "one matmul": one_matmul, "one matmul again": one_matmul},
+    baseline="two matmuls",
+    device=device,
+)
+display(known.table().round(3))
+half = known.ratio("one matmul")
+same = known.ratio("one matmul again", vs="one matmul")  # the same work on both sides
+print(
+    f"one vs two matmuls (true ratio 2): {half}: the interval "
+    f"{'contains' if half.low <= 2 <= half.high else 'misses'} 2"
+)
+print(f"one matmul vs two of them, judged against a 1.5x target: {half.judge(1.5)}; against 2.5x: {half.judge(2.5)}")
+print(f"two identical variants: {same}")
+
+# %% [markdown]
+# ## 7. Micro-benchmarks on a roofline
 # A roofline says how fast a workload *could* run: at arithmetic intensity *I* (FLOP per byte moved) it is
 # capped by `min(peak FLOP/s, I × peak bytes/s)`. The roofs should come from the **hardware**, not from our own
 # best run (a roof measured by the fastest workload is reached by that workload by construction).
 #
-# * **CPU compute roof (spec)**: physical cores × clock × FLOP per cycle. FLOP per cycle for FP32 is
+# * **CPU compute roof (spec)**: cores **this run uses** (its torch threads, at most the physical cores) ×
+#   clock × FLOP per cycle: a run on one thread cannot reach the roof of every core. FLOP per cycle for FP32 is
 #   (vector lanes: 16 with AVX-512, 8 with AVX2, 4 otherwise) × 2 (a fused multiply-add is 2 FLOP) × 2 FMA
 #   units per core (typical for server cores; some have one: then the real roof is half).
 # * **GPU roofs (spec)**: FP32 TFLOP/s and memory bandwidth from the vendor's datasheet, for the models below.
@@ -349,10 +472,12 @@ physical = psutil.cpu_count(logical=False) or os.cpu_count()
 ghz = psutil.cpu_freq().max / 1000 if psutil.cpu_freq() and psutil.cpu_freq().max else None
 if not ghz:  # virtual machines often hide the maximum: use the current clock from /proc/cpuinfo
     ghz = float(next(line.split(":")[1] for line in open("/proc/cpuinfo") if line.startswith("cpu MHz"))) / 1000
-cpu_spec_flops = physical * ghz * 1e9 * lanes * 2 * 2
+cores_used = min(physical, torch.get_num_threads())  # the roof of the threads this run uses
+cpu_spec_flops = cores_used * ghz * 1e9 * lanes * 2 * 2
 print(
-    f"CPU: {physical} physical cores x {ghz:.2f} GHz x {lanes} lanes ({cpu_capability}) x 2 (FMA) x 2 units "
-    f"= {cpu_spec_flops / 1e9:.0f} GFLOP/s FP32 (spec)"
+    f"CPU: {cores_used} core(s) used ({torch.get_num_threads()} torch threads, {physical} physical cores) x "
+    f"{ghz:.2f} GHz x {lanes} lanes ({cpu_capability}) x 2 (FMA) x 2 units = {cpu_spec_flops / 1e9:.0f} GFLOP/s "
+    "FP32 (spec)"
 )
 
 # %% [markdown]
@@ -422,7 +547,14 @@ for s in sizes:
 peaks = pd.DataFrame(peak_rows)
 measured_flops = peaks["GFLOP/s"].max() * 1e9
 
-numel = cu.pick(full=32 * 2**20, smoke=2**20)  # float32 elements
+# Buffers 4x the last-level cache (at least 64 MiB), in smoke mode too: a copy that fits in the cache measures
+# the cache (88.7 GB/s against 33.3 GB/s with 256 MiB buffers on one 2-core VM), not the memory.
+cache = cu.device.last_level_cache_bytes(device)
+numel = cu.device.bandwidth_buffer_bytes(device) // 4  # float32 elements per buffer
+print(
+    f"last-level cache {cache / 2**20 if cache else float('nan'):.0f} MiB; "
+    f"bandwidth buffers {numel * 4 / 2**20:.0f} MiB"
+)
 src, dst = torch.randn(numel, device=device), torch.empty(numel, device=device)
 copy = cu.measure(lambda: dst.copy_(src), device=device, label="copy")
 measured_bw = 2 * numel * 4 / (copy.median_ms / 1e3)  # read + write
@@ -436,11 +568,8 @@ if spec_flops:
 # %%
 big = sizes[-1]
 xb = torch.randn(big, big, device=device)
-m_mm = cu.measure(lambda: xb @ xb, device=device, label="compute: matmul")
-
 ea, eb = torch.randn(numel, device=device), torch.randn(numel, device=device)
 out = torch.empty_like(ea)
-m_add = cu.measure(lambda: torch.add(ea, eb, out=out), device=device, label="memory: add")
 
 tiny = torch.randn(8, device=device)
 ops = 100
@@ -452,8 +581,6 @@ def many_tiny_ops():
         y = y + 1.0
     return y
 
-
-m_tiny = cu.measure(many_tiny_ops, device=device, label="overhead: tiny adds")
 
 # the transfer-bound point: its inputs come from the host each call (pinned memory on a GPU, lesson 09)
 host_a, host_b = torch.randn(numel), torch.randn(numel)
@@ -467,7 +594,18 @@ def add_from_host():
     return torch.add(ea, eb, out=out)
 
 
-m_h2d = cu.measure(add_from_host, device=device, label="transfer: add, inputs from host")
+# the four workloads take turns in rounds: their times come from one comparison
+roof_cmp = cu.compare(
+    {
+        "memory: add": lambda: torch.add(ea, eb, out=out),
+        "compute: matmul": lambda: xb @ xb,
+        "overhead: tiny adds": many_tiny_ops,
+        "transfer: add, inputs from host": add_from_host,
+    },
+    baseline="memory: add",
+    device=device,
+)
+m_add, m_mm, m_tiny, m_h2d = (roof_cmp.measurements[k] for k in roof_cmp.names)
 points = [  # name, FLOP per call, bytes per call (for the intensity), measurement
     ("compute: matmul", 2 * big**3, 3 * big * big * 4, m_mm),
     ("memory: add", numel, 12 * numel, m_add),
@@ -508,6 +646,7 @@ def copy_bandwidth(dst, src, device, non_blocking=False):
 if cu.gpu_section("01.transfer"):
     host = torch.randn(numel)
     pinned = host.pin_memory()
+    assert pinned.is_pinned() and not host.is_pinned(), "the 'pinned' row needs page-locked memory: host.pin_memory()"
     dev_buf = torch.empty(numel, device="cuda")
     bw = {
         "H2D pageable": copy_bandwidth(dev_buf, host, "cuda"),
@@ -571,32 +710,36 @@ print(
     f"overhead-bound tiny adds reach {f['overhead: tiny adds']:.3%} of their roof: each add costs "
     f"{per_op_us:.2f} µs whatever its size. Batching (03) and compilation (06) attack this."
 )
-print(
-    f"the add with host inputs takes {m_h2d.median_ms / m_add.median_ms:.2f}x the add alone: "
-    f"the copies, not the arithmetic, set its time."
-)
+h2d = roof_cmp.ratio("transfer: add, inputs from host")
+print(f"{h2d.says('the add with host inputs', 'the add alone')}: the copies, not the arithmetic, set its time.")
 
 # %% [markdown]
 # ## What surprised us
 # Printed from this run: how far the quick numbers were from the careful ones.
 
 # %%
-surprises = pd.DataFrame(
-    [
-        ("naive single call vs time_calls median", naive_ms / mine["median_ms"]),
-        (
-            "first vs last call of a fresh module on a new shape",
-            cold["fresh conv module, new shape"][0] / cold["fresh conv module, new shape"][-1],
-        ),
-        ("torch.utils.benchmark default (1 thread) vs same-thread median", bench_default.median / bench_threads.median),
-        ("cu.measure vs torch.utils.benchmark, same threads", agreement),
-        ("cu.measure vs torch.utils.benchmark, 1 thread", agreement_1t),
-        ("per-call synchronized vs pipelined, small matmul", per_call / pipelined),
-        ("p90 vs median (tail)", good.p90_ms / good.median_ms),
-    ],
-    columns=["comparison", "ratio"],
-)
-surprises.round(3)
+fresh = cold["fresh conv module, new shape"]
+rows = [
+    ("naive single call vs the median of warm calls", f"{naive_ms:.3f} ms vs {mine['median_ms']:.3f} ms (one call)"),
+    ("first vs last call of a fresh module on a new shape", f"{fresh[0]:.2f} ms vs {fresh[-1]:.2f} ms (one-off)"),
+    (
+        "cu.measure vs torch.utils.benchmark, same threads",
+        f"{agreement} (within 10%: {agreement.judge_within(0.9, 1.1)})",
+    ),
+    (
+        "cu.measure vs torch.utils.benchmark, 1 thread",
+        f"{agreement_1t} (within 10%: {agreement_1t.judge_within(0.9, 1.1)})",
+    ),
+    ("pipelined vs synchronized per call, small matmul", str(pipe)),
+    ("one vs two matmuls (true ratio 2)", str(half)),
+    ("p90 vs median (tail)", f"p90 {good.p90_ms:.3f} ms vs median {good.median_ms:.3f} ms (one measurement)"),
+]
+if threads != 1:
+    rows.insert(2, ("torch.utils.benchmark default (1 thread) vs num_threads set",
+                    str(timer_cmp.ratio("torch.utils.benchmark, default num_threads"))))  # fmt: skip
+surprises = pd.DataFrame(rows, columns=["comparison", "measured"])
+with pd.option_context("display.max_colwidth", None):
+    display(surprises)
 
 # %% [markdown]
 # ## Exercises
@@ -654,7 +797,7 @@ cu.record(
     device=str(device),
     dtype="fp32",
     measurement=good,
-    notes=f"{threads} threads; benchmark agreement {agreement:.3f} ({agreement_1t:.3f} at 1 thread)",
+    notes=f"{threads} threads; benchmark agreement {agreement} ({agreement_1t} at 1 thread)",
 )
 for name, _, _, m in points:
     cu.record("01", name, model="micro", device=str(device), dtype="fp32", measurement=m)

@@ -323,7 +323,7 @@ print({stage: f"{fn.__module__}.{fn.__name__}" for stage, fn in fixes.items()})
 
 # %%
 current, table = dict(slow), times_slow
-steps = [("slow pipeline", m_slow, table)]
+steps = [("slow pipeline", dict(slow), table)]  # (name, the pipeline's stages, its profile)
 while any(current[s] is slow[s] for s in stages):
     hot = next(s for s in table.index if current[s] is slow[s])  # the largest stage not fixed yet
     if table.loc[hot, "share"] < 0.05:
@@ -338,37 +338,33 @@ while any(current[s] is slow[s] for s in stages):
         "fp32",
         label=f"confidences after fixing {hot}",
     )
-    m = cu.measure(
-        lambda: run_pipeline(images, **current), device=device, batch_size=n_images, label=f"fixed {hot}", **reps
-    )
     prof_now = profile_pipeline(lambda: run_pipeline(images, **current), device, traces / "02_fixed.json")
     table = stage_table(prof_now, stages)
-    steps.append((f"+ fixed {hot}", m, table))
-    print(
-        f"fixed {hot}: {m.median_ms:.2f} ms ({m_slow.median_ms / m.median_ms:.2f}x the slow pipeline's speed); "
-        f"largest stage now '{table.index[0]}' ({table['share'].iloc[0]:.0%})"
-    )
+    steps.append((f"+ fixed {hot}", dict(current), table))
+    print(f"fixed {hot}: largest stage now '{table.index[0]}' ({table['share'].iloc[0]:.0%} of the profiled time)")
 
 # %% [markdown]
 # ## Results: table and plot
+# The profile decided what to fix; the speed of each step comes from one comparison, the pipelines taking turns
+# in rounds (lesson 01), so a change of load on the machine hits every step alike.
 
 # %%
-summary = pd.DataFrame(
-    [
-        {
-            "pipeline": name,
-            "median_ms": m.median_ms,
-            "p90_ms": m.p90_ms,
-            "images_per_s": m.throughput,
-            "speedup": m_slow.median_ms / m.median_ms,
-            "largest stage": t.index[0],
-            "its share": t["share"].iloc[0],
-        }
-        for name, m, t in steps
-    ]
+pipes = cu.compare(
+    {name: (lambda cfg=cfg: run_pipeline(images, **cfg)) for name, cfg, _ in steps},
+    baseline="slow pipeline",
+    device=device,
+    batch_size=n_images,
+    rounds=cu.pick(full=10, smoke=6),
+    min_calls=1,
 )
-display(summary.round(3))
-_ = cu.plots.speedup_bars(summary.set_index("pipeline")["speedup"], title=f"Pipeline speed-up on {device}")
+summary = pipes.table().rename(columns={"variant": "pipeline", "median": "median_ms"})
+summary["images_per_s"] = [pipes.measurements[name].throughput for name, _, _ in steps]
+summary["largest stage"] = [t.index[0] for _, _, t in steps]
+summary["its share"] = [t["share"].iloc[0] for _, _, t in steps]
+display(summary.drop(columns="unit").round(3))
+for name, _, _ in steps[1:]:
+    print(f"{name}: {pipes.ratio(name)} vs the slow pipeline")
+_ = cu.plots.speedup_bars({name: pipes.ratio(name) for name, _, _ in steps[1:]}, title=f"Pipeline speed-up on {device}")
 
 # %%
 times_fixed = steps[-1][2]
@@ -409,10 +405,15 @@ if cu.gpu_section("02.cuda-profile"):
             f"{cu.profiling.op_calls(prof_gpu_fixed, api) / 2:,.0f} (fixed)"
         )
     display(stage_table(prof_gpu_fixed, stages).round(4))
-    m_gpu_slow = cu.measure(lambda: run_pipeline(images, **slow), device="cuda", batch_size=n_images)
-    m_gpu_fixed = cu.measure(lambda: run_pipeline(images, **current), device="cuda", batch_size=n_images)
-    gpu_speedup = m_gpu_slow.median_ms / m_gpu_fixed.median_ms
-    print(f"On {torch.cuda.get_device_name(0)} the fixed pipeline runs at {gpu_speedup:.2f}x the slow one's speed.")
+    gpu_cmp = cu.compare(
+        {"slow": lambda: run_pipeline(images, **slow), "fixed": lambda: run_pipeline(images, **current)},
+        baseline="slow",
+        device="cuda",
+        batch_size=n_images,
+    )
+    m_gpu_slow, m_gpu_fixed = gpu_cmp.measurements["slow"], gpu_cmp.measurements["fixed"]
+    gpu_speedup = gpu_cmp.ratio("fixed")
+    print(f"On {torch.cuda.get_device_name(0)}: {gpu_speedup.says('the fixed pipeline', 'the slow one')}")
     cu.record("02", "slow pipeline (CUDA)", model="digits_cnn", device="cuda", dtype="fp32", measurement=m_gpu_slow)
     cu.record(
         "02",
@@ -448,14 +449,15 @@ print(cu.profiling.nsys_command("my_pipeline.py"))
 
 # %%
 prof_ms = float(times_slow["ms"].sum())
-overhead = prof_ms / m_slow.median_ms
+m_slow = pipes.measurements["slow pipeline"]
+above = prof_ms > m_slow.p90_ms  # beyond the unprofiled calls' own p10-p90 range
 print(
-    f"1. Under the profiler the slow pipeline's stages took {prof_ms:.2f} ms per call, {overhead:.2f}x the "
-    f"{m_slow.median_ms:.2f} ms measured without it. "
+    f"1. Under the profiler the slow pipeline's stages took {prof_ms:.2f} ms per call; without it the calls took "
+    f"{m_slow.median_ms:.2f} ms (median, p10-p90 {m_slow.p10_ms:.2f}-{m_slow.p90_ms:.2f}). "
     + (
         "The profiler adds a cost to every operator call, so code with many tiny ops looks worse under it."
-        if overhead > 1
-        else "Here the profiler's own cost was lost in the run-to-run noise of this machine."
+        if above
+        else "Here the profiler's own cost was within the run-to-run noise of this machine."
     )
     + " Use the profiler to find where the time goes, and a timer (cu.measure) for how much."
 )
@@ -507,15 +509,15 @@ cu.record(
     measurement=m_slow,
     notes="python-loop preprocessing, per-row .item()/.cpu()",
 )
-for name, m, t in steps[1:]:
+for name, _, t in steps[1:]:
     cu.record(
         "02",
         name.replace("+ ", ""),
         model="digits_cnn",
         device=str(device),
         dtype="fp32",
-        measurement=m,
-        speedup_vs_baseline=m_slow.median_ms / m.median_ms,
+        measurement=pipes.measurements[name],
+        speedup_vs_baseline=pipes.ratio(name),
         notes=f"largest stage after: {t.index[0]} ({t['share'].iloc[0]:.0%})",
     )
 summary.round(3)

@@ -78,6 +78,19 @@ def time_model(fn, x, label: str, **kw):
         return cu.measure(lambda: fn(x), device=input_device(x), batch_size=n, label=label, **kw)
 
 
+def compare_models(fns: dict, x, baseline: str, **kw):
+    """``cu.compare`` of ``fn(x)`` for each named fn (taking turns in rounds) on the device ``x`` lives on."""
+    n = len(next(iter(x.values())) if isinstance(x, dict) else x)
+    with torch.inference_mode():
+        return cu.compare(
+            {name: (lambda fn=fn: fn(x)) for name, fn in fns.items()},
+            baseline=baseline,
+            device=input_device(x),
+            batch_size=n,
+            **kw,
+        )
+
+
 # %% [markdown]
 # ## 1. The arithmetic: scale and zero point
 # An INT8 tensor stores integers `q` in [-128, 127] and one FP32 `scale` and integer `zero_point`:
@@ -157,25 +170,24 @@ print(
 # Correct first (above), then fast: latency at a few batch sizes, both on the CPU.
 
 # %%
-mlp_rows = []
+mlp_rows, s_mlp = [], {}
 for b in cu.pick(full=[1, 32, 256], smoke=[1, 32]):
-    xb = digits.x_test[:b]
-    for name, model in [("fp32", mlp), ("dynamic int8", mlp_q)]:
-        m = time_model(model, xb, f"MLP {name} b{b}")
-        mlp_rows.append({"variant": name, "batch": b, "median_ms": m.median_ms, "spread": m.spread, "m": m})
+    mlp_cmp = compare_models({"fp32": mlp, "dynamic int8": mlp_q}, digits.x_test[:b], "fp32")  # in turns
+    s_mlp[b] = mlp_cmp.ratio("dynamic int8")
+    for row in mlp_cmp.table().itertuples():
+        mlp_rows.append({"variant": row.variant, "batch": b, "median_ms": row.median, "spread": row.spread,
+                         "speedup": row.ratio, "low": row.low, "high": row.high, "flags": row.flags,
+                         "m": mlp_cmp.measurements[row.variant], "r": mlp_cmp.ratios.get(row.variant)})  # fmt: skip
 mlp_lat = pd.DataFrame(mlp_rows)
-base = mlp_lat[mlp_lat.variant == "fp32"].set_index("batch")["median_ms"]
-mlp_lat["speedup"] = [base[r.batch] / r.median_ms for r in mlp_lat.itertuples()]
-display(mlp_lat.drop(columns="m").round(3))
-s_mlp = mlp_lat[mlp_lat.variant == "dynamic int8"].set_index("batch")["speedup"]
-for b, s in s_mlp.items():
-    print(f"MLP batch {b}: dynamic INT8 is {s:.2f}x the FP32 speed ({'faster' if s > 1 else 'slower'})")
+display(mlp_lat.drop(columns=["m", "r"]).round(3))
+for b, r in s_mlp.items():
+    print(f"MLP batch {b}: {r.says('dynamic INT8', 'FP32')}")
 summary.append(
     {
         "method": "dynamic INT8 (quantize_dynamic)",
         "model": "digits MLP",
         "size ratio": lin_ratio_mlp,
-        "speed-up": s_mlp.iloc[-1],
+        "speed-up": str(list(s_mlp.values())[-1]),
         "accuracy change (points)": (acc_q - acc_fp32) * 100,
     }
 )
@@ -264,25 +276,30 @@ else:
 # %%
 TB = cu.pick(full=B, smoke=8)
 xb_lm = {k: v[:TB] for k, v in batch32.items()}
-variants = [("fp32 eager", st), ("quantize_dynamic eager", st_dyn)]
-variants += [("fp32 compiled", st_fp32c), ("torchao int8 compiled", st_ao)] if COMPILE else []
-lm_rows = []
-for name, model in variants:
-    m = time_model(lambda f, model=model: quantization.embed(model, f), xb_lm, f"MiniLM {name}")
-    lm_rows.append({"variant": name, "median_ms": m.median_ms, "spread": m.spread, "m": m})
-lm = pd.DataFrame(lm_rows).set_index("variant")
+variants = {"fp32 eager": st, "quantize_dynamic eager": st_dyn}
+variants |= {"fp32 compiled": st_fp32c, "torchao int8 compiled": st_ao} if COMPILE else {}
+lm_cmp = compare_models(  # all variants take turns in rounds; compiled INT8 is read against compiled FP32
+    {name: (lambda f, model=model: quantization.embed(model, f)) for name, model in variants.items()},
+    xb_lm,
+    "fp32 eager",
+)
+lm = lm_cmp.table().set_index("variant")
 lm["baseline"] = ["fp32 compiled" if "compiled" in v else "fp32 eager" for v in lm.index]
-lm["speedup"] = [lm.median_ms[r.baseline] / r.median_ms for r in lm.itertuples()]
-display(lm.drop(columns="m").round(3))
-s_dyn = lm.speedup["quantize_dynamic eager"]
-s_ao = lm.speedup["torchao int8 compiled"] if COMPILE else None
-print(f"quantize_dynamic (eager) vs FP32 eager, batch {TB}: {s_dyn:.2f}x at cosine {acc_dyn['cosine']:.4f}")
+lm["m"] = [lm_cmp.measurements[v] for v in lm.index]
+lm["r"] = [None if v == b else lm_cmp.ratio(v, vs=b) for v, b in zip(lm.index, lm["baseline"], strict=True)]
+for col in ("ratio", "low", "high", "verdict", "flags"):  # each row against its own baseline
+    lm[col] = [getattr(r, "estimate" if col == "ratio" else col, None) if r else None for r in lm["r"]]
+lm["flags"] = [", ".join(r.flags) if r else "" for r in lm["r"]]
+display(lm.drop(columns=["m", "r", "unit"]).round(3))
+s_dyn = lm.r["quantize_dynamic eager"]
+s_ao = lm.r["torchao int8 compiled"] if COMPILE else None
+print(f"quantize_dynamic (eager) vs FP32 eager, batch {TB}: {s_dyn} at cosine {acc_dyn['cosine']:.4f}")
 bars = {"quantize_dynamic (eager vs eager)": s_dyn}
 if COMPILE:
-    met = s_ao >= 1.5 and acc_ao["cosine"] >= COSINE_TARGET
+    verdict = s_ao.judge(1.5) if acc_ao["cosine"] >= COSINE_TARGET else "missed (cosine below the target)"
     print(
-        f"torchao INT8 compiled vs FP32 compiled, batch {TB}: {s_ao:.2f}x at cosine {acc_ao['cosine']:.4f} "
-        f"(course target 1.5x at cosine {COSINE_TARGET}: {'met' if met else 'missed'}"
+        f"torchao INT8 compiled vs FP32 compiled, batch {TB}: {s_ao} at cosine {acc_ao['cosine']:.4f} "
+        f"(course target 1.5x at cosine {COSINE_TARGET}: {verdict}"
         + ("" if HAS_INT8_DOT else "; this CPU has no VNNI/AMX INT8 dot-product instructions")
         + ")"
     )
@@ -303,7 +320,7 @@ summary.append(
         "method": "dynamic INT8 (quantize_dynamic)",
         "model": "MiniLM",
         "size ratio": lw["fp32"] / lw["quantize_dynamic"],
-        "speed-up": s_dyn,
+        "speed-up": str(s_dyn),
         "cosine": acc_dyn["cosine"],
     }
 )
@@ -312,7 +329,7 @@ summary.append(
         "method": "torchao INT8 + compile",
         "model": "MiniLM",
         "size ratio": lw["fp32"] / lw["torchao int8"],
-        "speed-up": s_ao,
+        "speed-up": None if s_ao is None else str(s_ao),
         "cosine": acc_ao["cosine"],
     }
 )
@@ -490,24 +507,22 @@ if not cu.is_smoke():
         )
         if res_cos < 0.99:
             raise cu.errors.ToleranceError(f"static INT8 ResNet-18 output cosine {res_cos:.4f} < 0.99: not timed")
-        reps = {"min_repeats": 8, "min_time_s": 1.0, "warmup": 2}
-        m_f = time_model(res_fp32_c, x_res, "ResNet-18 fp32 compiled+frozen", **reps)
-        m_q = time_model(res_int8_c, x_res, "ResNet-18 int8 compiled+frozen", **reps)
-        res_speed = m_f.median_ms / m_q.median_ms
+        res_cmp = compare_models({"fp32": res_fp32_c, "int8": res_int8_c}, x_res, "fp32", warmup=2, min_calls=1)
+        m_f, m_q = res_cmp.measurements["fp32"], res_cmp.measurements["int8"]
+        res_speed = res_cmp.ratio("int8")
         print(
             f"ResNet-18, batch {RB}, {H}px: FP32 {m_f.median_ms:.1f} ms, static INT8 {m_q.median_ms:.1f} ms "
-            f"-> {res_speed:.2f}x at output cosine {res_cos:.4f} (spread {m_f.spread:.0%} / "
-            f"{m_q.spread:.0%})"
+            f"(medians, taking turns in rounds): {res_speed.says('static INT8', 'FP32')} at output cosine "
+            f"{res_cos:.4f}"
         )
         if HAS_INT8_DOT:
-            met = res_speed >= 1.5 and res_cos >= 0.99
-            print(f"Course target (CPU with VNNI/AMX): 1.5x at cosine 0.99: {'met' if met else 'missed'}.")
+            print(f"Course target (CPU with VNNI/AMX): 1.5x at cosine 0.99: {res_speed.judge(1.5)}.")
         else:
             isa = torch.backends.cpu.get_cpu_capability()
             print(
                 f"This CPU ({caps['cpu']}, {isa}) has no VNNI or AMX: oneDNN's INT8 convolutions fall back to "
                 "AVX2 multiply-add sequences, so the 1.5x target (set for VNNI/AMX CPUs) does not apply; what "
-                f"INT8 gives here is the {res_speed:.2f}x above."
+                f"INT8 gives here is the {res_speed.interval_text} above."
             )
         cu.record(
             "05",
@@ -522,7 +537,12 @@ if not cu.is_smoke():
 else:
     print("Smoke mode: the compiled comparison runs in full mode only.")
 summary.append(
-    {"method": "static INT8 (PT2E) + compile, freezing", "model": "ResNet-18", "speed-up": res_speed, "cosine": res_cos}
+    {
+        "method": "static INT8 (PT2E) + compile, freezing",
+        "model": "ResNet-18",
+        "speed-up": None if res_speed is None else str(res_speed),
+        "cosine": res_cos,
+    }
 )
 
 # %% [markdown]
@@ -580,11 +600,13 @@ if not cu.is_smoke():
             for k, f in compiled.items():
                 prec = "fp32" if k == "fp32" else "int8"  # each compiled model against its own eager run
                 cu.check_outputs(f(xb), cnn_models[k](xb), prec, label=f"compiled {k} vs eager {k}")
-        ms = {k: time_model(f, xb, f"digits CNN {k} compiled+frozen") for k, f in compiled.items()}
-        cnn_speed = {k: ms["fp32"].median_ms / m.median_ms for k, m in ms.items()}
-        for k, m in ms.items():
-            print(f"{k}: {m.median_ms:.3f} ms (spread {m.spread:.0%}), {cnn_speed[k]:.2f}x the compiled FP32 speed")
-            if k != "fp32":
+        cnn_cmp = compare_models(compiled, xb, "fp32")  # the three take turns in rounds
+        cnn_speed = dict(cnn_cmp.ratios)
+        for k, m in cnn_cmp.measurements.items():
+            if k == "fp32":
+                print(f"fp32 compiled: {m.median_ms:.3f} ms (spread {m.spread:.0%})")
+            else:
+                print(f"{k}: {m.median_ms:.3f} ms (spread {m.spread:.0%}): {cnn_speed[k].says(k, 'compiled FP32')}")
                 acc_k = acc_ptq if k.startswith("PTQ") else acc_qat
                 cu.record(
                     "05",
@@ -599,7 +621,7 @@ summary.append(
     {
         "method": "static INT8 (PT2E PTQ)",
         "model": "digits CNN",
-        "speed-up": cnn_speed.get("PTQ int8"),
+        "speed-up": str(cnn_speed["PTQ int8"]) if cnn_speed else None,
         "accuracy change (points)": (acc_ptq - acc_cnn) * 100,
     }
 )
@@ -607,7 +629,7 @@ summary.append(
     {
         "method": "QAT (PT2E)",
         "model": "digits CNN",
-        "speed-up": cnn_speed.get("QAT int8"),
+        "speed-up": str(cnn_speed["QAT int8"]) if cnn_speed else None,
         "accuracy change (points)": (acc_qat - acc_cnn) * 100,
     }
 )
@@ -657,22 +679,27 @@ if cu.gpu_section("05.gpu-fp8-int4", needs=("torchao",)):
     ref_gpu = quantization.embed(st_bf16, feats_gpu)
     inner = st_bf16[0].auto_model
     inner.forward = torch.compile(inner.forward)
-    m_ref = time_model(lambda f: quantization.embed(st_bf16, f), feats_gpu, "MiniLM bf16 cuda compiled")
+    gpu_models, gpu_cos = {"bf16 compiled": st_bf16}, {}
     for name, cfg in gpu_quant_configs(torch.cuda.get_device_capability()).items():
         mg = copy.deepcopy(st).to("cuda", torch.bfloat16)
         quantize_(mg, cfg)
         mg[0].auto_model.forward = torch.compile(mg[0].auto_model.forward)
         print(bytes_phrase(name, quantization.linear_weight_bytes(mg), lw["torchao int8"]))
-        cos = quantization.mean_cosine(quantization.embed(mg, feats_gpu), ref_gpu)
-        m = time_model(lambda f, mg=mg: quantization.embed(mg, f), feats_gpu, f"MiniLM {name}")
-        print(f"{name}: cosine to BF16 {cos:.4f}, {m_ref.median_ms / m.median_ms:.2f}x the compiled BF16 speed")
+        gpu_cos[name] = quantization.mean_cosine(quantization.embed(mg, feats_gpu), ref_gpu)
+        gpu_models[name] = mg
+    gpu_cmp = compare_models(  # every config and the BF16 baseline take turns in rounds
+        {k: (lambda f, mg=mg: quantization.embed(mg, f)) for k, mg in gpu_models.items()}, feats_gpu, "bf16 compiled"
+    )
+    for name, cos in gpu_cos.items():
+        r = gpu_cmp.ratio(name)
+        print(f"{name}: cosine to BF16 {cos:.4f}; {r.says(name, 'compiled BF16')}{cu.modes.standin_label()}")
         cu.record(
             "05",
             f"gpu {name}",
             model="MiniLM",
             dtype=name.split()[0],
-            measurement=m,
-            speedup_vs_baseline=m_ref.median_ms / m.median_ms,
+            measurement=gpu_cmp.measurements[name],
+            speedup_vs_baseline=r,
             error_vs_baseline=1 - cos,
         )
 else:
@@ -700,7 +727,8 @@ print(f"quantize_dynamic's Linear weights are {lin_ratio_mlp:.2f}x smaller on th
 print(f"quantize_dynamic changed {len(changed)} of ResNet-18's modules: nothing to speed up in a CNN.")
 if res_speed is not None:
     print(
-        f"Static INT8 ResNet-18 with freezing: {res_speed:.2f}x; INT8 kernels used: {', '.join(int8_ops) or 'none'}; "
+        f"Static INT8 ResNet-18 with freezing vs FP32 with freezing: {res_speed}; INT8 kernels used: "
+        f"{', '.join(int8_ops) or 'none'}; "
         f"VNNI/AMX on this CPU: {HAS_INT8_DOT}."
     )
 
@@ -730,8 +758,9 @@ cu.exercises.check("05.torchao-mlp", quantize_mlp)
 #    `X86InductorQuantizer` (default config globally, and `set_module_name_qconfig(keep_fp32, None)` for the
 #    layer to keep), run **every** calibration batch through the prepared model, convert, and return the
 #    converted graph module. The check reads the graph (INT8 quantize/dequantize ops around every conv but the
-#    kept one), watches your calibration batches run, and compares the input's INT8 scale with the range of
-#    the data you were given: calibrating on other data, or on part of it, shows.
+#    kept one), watches your calibration batches run, and compares the scale of the input and of every ReLU
+#    output with what the quantizer's own observer gives for the batches you were given (each batch holds an
+#    extreme the others do not): calibrating on other data, on one batch or on a synthetic ramp shows.
 
 
 # %%
@@ -754,7 +783,7 @@ for r in mlp_lat.itertuples():
         model="digits MLP",
         dtype="int8" if is_q else "fp32",
         measurement=r.m,
-        speedup_vs_baseline=r.speedup,
+        speedup_vs_baseline=r.r if r.r is not None else 1.0,
         error_vs_baseline=(acc_fp32 - acc_q) if is_q else 0.0,
     )
 cos_by = {"quantize_dynamic eager": acc_dyn["cosine"], "torchao int8 compiled": acc_ao["cosine"]}
@@ -765,7 +794,7 @@ for v, r in lm.iterrows():
         model="MiniLM",
         dtype="int8" if v in cos_by else "fp32",
         measurement=r.m,
-        speedup_vs_baseline=r.speedup,
+        speedup_vs_baseline=r.r if r.r is not None else 1.0,
         error_vs_baseline=1 - cos_by.get(v, 1.0),
     )
 print("rows recorded")
