@@ -547,13 +547,25 @@ def test_lesson_13_writefile_cells_work_with_a_space_in_tmpdir(tmp_path):
 # ---- run folders left by a server and then its kernel dying ---------------------------------------------------
 
 
-def test_a_run_folder_left_by_dead_server_and_kernel_is_removed_at_the_next_start(api_file, tmp_path, monkeypatch):
+@pytest.fixture
+def short_tmpdir():
+    """A TMPDIR with a short path: the server's multiprocessing puts AF_UNIX sockets there (at most 107 bytes; a
+    pytest tmp_path under xdist with a long test name is longer)."""
+    import shutil
+    import tempfile
+
+    folder = Path(tempfile.mkdtemp(prefix="cs"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_run_folder_left_by_dead_server_and_kernel_is_removed_at_the_next_start(api_file, tmp_path, monkeypatch,
+                                                                                  short_tmpdir):  # fmt: skip
     """The server's main process is killed, then the kernel dies: no process is left to remove the run folder;
     the next serve() removes it (its owner is gone), and keeps the folders of live owners."""
     import tempfile
 
-    tmp = tmp_path / "tmp"
-    tmp.mkdir()
+    tmp = short_tmpdir
     script = tmp_path / "kernel.py"
     script.write_text(
         textwrap.dedent(f"""
