@@ -111,10 +111,11 @@ wheelhouse:
 	  $(if $(SETUP_ONLY),--only "$(SETUP_ONLY)") $(WHEELHOUSE_FOR)
 
 # One board for the room: FROM holds one copy of results/ per attendee (a sub-folder each; an attendee.txt in
-# it names the attendee). Writes build/collect/leaderboard.csv and build/collect/index.html for the projector.
+# it names the attendee). Writes leaderboard.csv and index.html (for the projector) into COLLECT_OUT.
+COLLECT_OUT ?= build/collect
 collect: setup
 	@test -n "$(FROM)" || { echo "usage: make collect FROM=folder (one copy of results/ per attendee inside)"; exit 2; }
-	$(PY) -m scripts.collect "$(FROM)" --out build/collect
+	$(PY) -m scripts.collect "$(FROM)" --out "$(COLLECT_OUT)"
 
 # Your own copy of the notebooks (git ignores workspace/): created on first run, never overwritten.
 workspace:
@@ -132,15 +133,24 @@ lab: setup workspace
 reset-lesson:
 	@test -n "$(LESSON)" || { echo "usage: make reset-lesson LESSON=03"; exit 2; }
 	@mkdir -p "$(WORKSPACE)/.old"
+	@# A backup is named to the second plus a unique suffix (mktemp creates it), so two resets in one second keep
+	@# both; if the backup fails, nothing is restored over your copy.
 	@for nb in notebooks/$(LESSON)_*.ipynb; do \
 	  [ -e "$$nb" ] || { echo "no lesson $(LESSON) in notebooks/"; exit 2; }; \
-	  [ ! -e "$(WORKSPACE)/$${nb##*/}" ] || mv "$(WORKSPACE)/$${nb##*/}" "$(WORKSPACE)/.old/$${nb##*/}.$$(date +%Y%m%d-%H%M%S)"; \
-	  cp "$$nb" "$(WORKSPACE)/" && echo "restored $${nb##*/} (your old copy is in $(WORKSPACE)/.old/)"; \
+	  name="$${nb##*/}"; old=""; \
+	  if [ -e "$(WORKSPACE)/$$name" ]; then \
+	    old=$$(mktemp "$(WORKSPACE)/.old/$$name.$$(date +%Y%m%d-%H%M%S).XXXXXX") && mv -f "$(WORKSPACE)/$$name" "$$old" \
+	      || { echo "could not back up $(WORKSPACE)/$$name: nothing restored"; exit 1; }; \
+	  fi; \
+	  cp "$$nb" "$(WORKSPACE)/" && echo "restored $$name$${old:+ (your old copy is $$old)}"; \
 	done
 
 reset-workspace:
 	@mkdir -p "$(WORKSPACE)/.old"
-	@for nb in "$(WORKSPACE)"/*.ipynb; do [ -e "$$nb" ] && mv "$$nb" "$(WORKSPACE)/.old/$${nb##*/}.$$(date +%Y%m%d-%H%M%S)"; done; true
+	@stamp=$$(date +%Y%m%d-%H%M%S); for nb in "$(WORKSPACE)"/*.ipynb; do [ -e "$$nb" ] || continue; \
+	  old=$$(mktemp "$(WORKSPACE)/.old/$${nb##*/}.$$stamp.XXXXXX") && mv -f "$$nb" "$$old" \
+	    || { echo "could not back up $$nb: stopped before restoring anything"; exit 1; }; \
+	done
 	@$(MAKE) --no-print-directory workspace
 
 # ruff; then unit tests, every notebook through nbmake and every lesson as a plain script, all at smoke sizes
@@ -150,8 +160,11 @@ test: setup
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	@rm -rf "$(TEST_RESULTS)"; mkdir -p "$(TEST_RESULTS)"
+	@# Tests pass in any order: a random one each run, its seed printed (make test TEST_SEED=N repeats it).
+	seed=$(or $(TEST_SEED),$$RANDOM); echo "test order: random, seed $$seed (repeat: make test TEST_SEED=$$seed)"; \
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" OMP_NUM_THREADS=$(TEST_THREADS) \
-	  $(PY) -m pytest -q -n $(JOBS) --durations=15 --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
+	  $(PY) -m pytest -q -n $(JOBS) -p random_order --random-order-bucket=global --random-order-seed=$$seed \
+	  --durations=15 --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
 	  rc=$$?; [ $$rc -eq 5 ] && rc=0; [ $$rc -eq 0 ] || exit $$rc
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" COURSE_AFTER_RUN=1 \
 	  $(PY) -m pytest -q tests/after_run

