@@ -26,6 +26,11 @@ KERNEL_NAME = "gpu-inference-course"
 KERNEL_DISPLAY = "GPU inference course"
 
 
+def lesson_texts(root: Path = ROOT) -> list[Path]:
+    """The lessons' text copies ``lessons/*.py``; files starting with "_" (``_template.py``) are no lesson."""
+    return sorted(p for p in (root / "lessons").glob("*.py") if not p.name.startswith("_"))
+
+
 def check_notebook(path: Path) -> list[str]:
     """Problems with one stored notebook: outputs, execution counts, kernelspec."""
     nb = nbformat.read(path, as_version=4)
@@ -93,7 +98,7 @@ def write_exports(root: Path = ROOT, only: list[str] | None = None) -> list[Path
     """Write ``course_utils/from_lessons/lNN_slug.py`` for each lesson with exported cells; remove stale ones."""
     written = []
     out_dir = root / EXPORT_DIR
-    for text in sorted((root / "lessons").glob("*.py")):
+    for text in lesson_texts(root):
         if only and text.stem.split("_")[0] not in only:
             continue
         source, target = exported_source(text), export_path(root, text)
@@ -116,7 +121,7 @@ def write_exports(root: Path = ROOT, only: list[str] | None = None) -> list[Path
 def check_exports(root: Path = ROOT) -> list[str]:
     """Problems between lessons' exported cells and ``course_utils/from_lessons/`` (drift, strays)."""
     problems = []
-    texts = sorted((root / "lessons").glob("*.py"))
+    texts = lesson_texts(root)
     expected = {}
     for text in texts:
         source = exported_source(text)
@@ -138,7 +143,7 @@ def check_all(root: Path = ROOT) -> list[str]:
     """Check every notebook in ``notebooks/`` and its pair in ``lessons/``, and the modules exported from lessons."""
     problems = check_exports(root)
     notebooks = sorted((root / "notebooks").glob("*.ipynb"))
-    texts = sorted((root / "lessons").glob("*.py"))
+    texts = lesson_texts(root)
     nb_stems, text_stems = {p.stem for p in notebooks}, {p.stem for p in texts}
     for stem in sorted(nb_stems ^ text_stems):
         problems.append(f"{stem}: notebook and text copy must both exist (notebooks/{stem}.ipynb, lessons/{stem}.py)")
@@ -207,7 +212,7 @@ def build_notebooks(root: Path = ROOT, only: list[str] | None = None, *, force: 
     ``force``, backed up under build/notebook-backups/ before it is overwritten: nothing is lost.
     """
     written = []
-    for text in sorted((root / "lessons").glob("*.py")):
+    for text in lesson_texts(root):
         if only and text.stem.split("_")[0] not in only:
             continue
         out = root / "notebooks" / f"{text.stem}.ipynb"

@@ -97,7 +97,8 @@ def used_names(source: str, skip: ast.AST | None = None) -> list[str]:
 
 
 def _lesson_sources() -> list[tuple[str, str]]:
-    files = sorted(ROOT.glob("lessons/*.py")) + sorted(ROOT.glob("scripts/*.py"))
+    lessons = sorted(p for p in ROOT.glob("lessons/*.py") if not p.name.startswith("_"))  # not _template.py
+    files = lessons + sorted(ROOT.glob("scripts/*.py"))
     return [(p.relative_to(ROOT).as_posix(), p.read_text(encoding="utf-8")) for p in files]
 
 
