@@ -169,6 +169,21 @@ test: setup
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" COURSE_AFTER_RUN=1 \
 	  $(PY) -m pytest -q tests/after_run
 
+# One lesson's tests (make test-lesson LESSON=03), at smoke sizes with the env of `make test`: its notebook through
+# nbmake, the lesson as a script (tests/test_lessons_as_scripts.py -k 03_), tests/test_exercises_l03.py and
+# tests/gpu_contract/test_l03_*.py where they exist; results into build/test-lesson/03. LESSON is two digits.
+LESSON_FILE := $(if $(LESSON),$(shell [[ "$(LESSON)" =~ ^[0-9][0-9]$$ ]] && ls lessons/$(LESSON)_*.py 2>/dev/null))
+LESSON_TESTS = $(wildcard notebooks/$(LESSON)_*.ipynb) tests/test_lessons_as_scripts.py \
+  $(wildcard tests/test_exercises_l$(LESSON).py) $(wildcard tests/gpu_contract/test_l$(LESSON)_*.py)
+.PHONY: test-lesson
+test-lesson: $(if $(LESSON_FILE),setup)
+	@test -n "$(LESSON_FILE)" || { echo "usage: make test-lesson LESSON=03 (two digits naming lessons/NN_*.py)"; exit 2; }
+	@rm -rf "build/test-lesson/$(LESSON)"; mkdir -p "build/test-lesson/$(LESSON)"
+	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/build/test-lesson/$(LESSON)" OMP_NUM_THREADS=$(TEST_THREADS) \
+	  $(PY) -m pytest -q -n $(JOBS) --durations=5 --nbmake --nbmake-timeout=$(NB_TIMEOUT) \
+	  -k "$(LESSON)_ or not test_lessons_as_scripts" $(LESSON_TESTS); \
+	  rc=$$?; [ $$rc -eq 5 ] && rc=0; exit $$rc
+
 lint: setup
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
