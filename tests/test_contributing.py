@@ -1,0 +1,156 @@
+"""CONTRIBUTING.md and lessons/_template.py hold: every lesson has the template's fixed parts, the template has
+them all (and runs), `make test-lesson` does what the guide says, and every COURSE_* variable is in the guide.
+
+The fixed parts (CONTRIBUTING.md, "Add a lesson" step 1): the title ``# # NN · Title``; **Goals.** and **The
+bottleneck it attacks** before the first ``## `` heading; the headings "What surprised us" and "Exercise...";
+"Summary..." as the last heading, with a "Next:" line after it. Lessons that lack a part today are listed below
+with the reason; each list fails when a lesson in it gains the part, so the lists only shrink.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+import warnings
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))
+TEMPLATE = ROOT / "lessons" / "_template.py"
+GUIDE = ROOT / "CONTRIBUTING.md"
+
+SURPRISED = "## What surprised us"
+NEXT = "Next: after the Summary"
+# Lessons without "What surprised us" yet (someone is adding it): remove a lesson once it has the heading.
+KNOWN_MISSING = {"00", "10", "11", "14"}
+# Lessons whose Summary does not name the next lesson yet; the last lesson has none to name.
+NO_NEXT_YET = {"12", "14", "16"}
+# By design: 00 comes before the taxonomy and 01 defines it, so neither attacks one bottleneck.
+NO_BOTTLENECK = {"00", "01"}
+# Names the tests make up to exercise the switch and path parsers: no variable of the course.
+MADE_UP = {"COURSE_NO_SUCH_VAR", "COURSE_TEST_OPT", "COURSE_TEST_UNSET"}
+
+
+def missing_parts(text: str, number: str) -> list[str]:
+    """The template's fixed parts that ``text`` (a lesson numbered ``number``, or "NN") lacks, by name."""
+    missing = []
+    titles = re.findall(r"^# # (.*)$", text, re.M)
+    if not titles or not re.match(rf"{number} · \S", titles[0]):
+        missing.append(f"# # {number} · Title")
+    first = re.search(r"^# ## ", text, re.M)
+    intro = text[: first.start()] if first else text
+    for part in ("**Goals.**", "**The bottleneck"):
+        if part not in intro:
+            missing.append(f"{part} (before the first ## heading)")
+    headings = re.findall(r"^# (## .*?)\s*$", text, re.M)
+    if SURPRISED not in headings:
+        missing.append(SURPRISED)
+    if not any(h.startswith("## Exercise") for h in headings):
+        missing.append("## Exercise")
+    if not headings or not headings[-1].startswith("## Summary"):
+        missing.append("## Summary (the last heading)")
+    elif "Next:" not in text[text.rindex("\n# " + headings[-1]) :]:
+        missing.append(NEXT)
+    return missing
+
+
+def expected_gaps(number: str) -> set[str]:
+    gaps = set()
+    if number in KNOWN_MISSING:
+        gaps.add(SURPRISED)
+    if number in NO_NEXT_YET or number == LESSONS[-1].name[:2]:
+        gaps.add(NEXT)
+    if number in NO_BOTTLENECK:
+        gaps.add("**The bottleneck (before the first ## heading)")
+    return gaps
+
+
+@pytest.mark.parametrize("lesson", LESSONS, ids=[p.stem for p in LESSONS])
+def test_every_lesson_has_the_templates_parts(lesson):
+    number = lesson.name[:2]
+    missing = [m for m in missing_parts(lesson.read_text(), number) if m not in expected_gaps(number)]
+    assert not missing, f"{lesson.name} lacks {missing} (the shape of lessons/_template.py, CONTRIBUTING.md)"
+
+
+def test_the_known_gaps_are_still_gaps():
+    """Each listed lesson still lacks its part: once it has it, the list must lose it (so the lists shrink)."""
+    by_number = {p.name[:2]: p for p in LESSONS}
+    listed = {SURPRISED: KNOWN_MISSING, NEXT: NO_NEXT_YET - {LESSONS[-1].name[:2]}}
+    stale = []
+    for part, numbers in listed.items():
+        for n in sorted(numbers):
+            if n in by_number and part not in missing_parts(by_number[n].read_text(), n):
+                stale.append(f"lesson {n} has {part!r} now: remove it from the list in tests/test_contributing.py")
+            elif n not in by_number:
+                stale.append(f"lesson {n} is listed but lessons/{n}_*.py does not exist")
+    assert not stale, "\n".join(stale)
+    warnings.warn(f"lessons still without {SURPRISED!r}: {sorted(KNOWN_MISSING)}; without a Next: line: "
+                  f"{sorted(NO_NEXT_YET)}", UserWarning, stacklevel=1)  # fmt: skip
+
+
+def test_missing_parts_names_each_part():
+    assert missing_parts(TEMPLATE.read_text(), "NN") == []
+    bare = "# %% [markdown]\n# # 42 · Demo\n# ## Exercise\n# ## Summary\n"
+    assert missing_parts(bare, "42") == [
+        "**Goals.** (before the first ## heading)",
+        "**The bottleneck (before the first ## heading)",
+        SURPRISED,
+        NEXT,
+    ]
+    assert missing_parts(bare.replace("42 ·", "43 ·"), "42")[0] == "# # 42 · Title"
+    assert "## Summary (the last heading)" in missing_parts(bare + "# ## More\n", "42")
+
+
+def test_the_template_has_every_part_runs_and_is_no_lesson(tmp_path):
+    assert missing_parts(TEMPLATE.read_text(), "NN") == []
+    env = {**os.environ, "COURSE_RESULTS_DIR": str(tmp_path / "results")}
+    proc = subprocess.run(
+        [sys.executable, str(TEMPLATE)], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "template:" in proc.stdout and list(tmp_path.iterdir()) == []  # it only prints
+    from scripts import nbcheck
+
+    assert TEMPLATE not in nbcheck.lesson_texts() and len(nbcheck.lesson_texts()) == len(LESSONS)
+
+
+def _make(*args: str) -> subprocess.CompletedProcess:
+    if shutil.which("make") is None:
+        pytest.skip("no make on PATH")
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL", "LESSON"}}
+    return subprocess.run(["make", *args], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_make_test_lesson_names_the_lessons_tests():
+    proc = _make("-n", "test-lesson", "LESSON=00")
+    assert proc.returncode == 0, proc.stderr
+    (notebook,) = (ROOT / "notebooks").glob("00_*.ipynb")
+    parts = [f"notebooks/{notebook.name}", "--nbmake", "tests/test_lessons_as_scripts.py", '-k "00_']
+    parts += ["tests/test_exercises_l00.py", "COURSE_SMOKE=1", "COURSE_RESULTS_DIR=", "OMP_NUM_THREADS="]
+    for part in parts:
+        assert part in proc.stdout, f"`make -n test-lesson LESSON=00` does not name {part}:\n{proc.stdout}"
+
+
+@pytest.mark.parametrize("args", [[], ["LESSON=99"], ["LESSON=3"], ["LESSON=_template"]])
+def test_make_test_lesson_without_a_lesson_prints_its_usage(args):
+    proc = _make("test-lesson", *args)
+    assert proc.returncode != 0
+    assert "usage: make test-lesson LESSON=03" in proc.stdout + proc.stderr
+
+
+def test_every_course_variable_is_in_the_guide():
+    files = [ROOT / "Makefile"]
+    for folder in ("course_utils", "scripts", "lessons", "tests"):
+        files += sorted((ROOT / folder).rglob("*.py"))
+    names = set()
+    for path in files:
+        if path != Path(__file__).resolve():
+            names |= set(re.findall(r"COURSE_[A-Z0-9_]*[A-Z0-9]", path.read_text(encoding="utf-8")))
+    guide = GUIDE.read_text()
+    missing = sorted(n for n in names - MADE_UP if f"`{n}`" not in guide)
+    assert not missing, f"CONTRIBUTING.md's Switches do not name {missing}"
