@@ -94,22 +94,42 @@ def run_lesson(path: Path, env: dict[str, str], timeout_s: float, log: Path) -> 
         text = text if isinstance(text, str) else text.decode(errors="replace")
     log.write_text(text)
     tail = "\n".join(text.strip().splitlines()[-6:])
-    missing = re.findall(r"ModuleNotFoundError: No module named '([\w.]+)'", text)
     if code is None:
         status = "timeout"
     elif code == 0:
         status = "ok"
-    elif missing:
-        status = f"skipped: missing {missing[-1]}"
     else:
-        status = "failed"
+        missing = missing_package(text)
+        status = f"skipped: missing {missing}" if missing else "failed"
     return status, time.perf_counter() - t0, tail
 
 
-def section_table(results_dir: Path) -> list[dict]:
-    """One row per section and run: its final status (completed only when its cell completed)."""
+_MISSING = (
+    r"ModuleNotFoundError: No module named '([\w.]+)'",  # an import
+    r"MissingBackendError: .*?pip install (?:--no-deps )?([\w.-]+)",  # a course error naming the package to install
+    r"package `([\w.-]+)` is not installed",
+)
+
+
+def missing_package(text: str) -> str | None:
+    """The package whose absence ended the run: read from the last failing cell's error line only (an import
+    error a lesson caught and reported earlier does not count)."""
+    lines = [line for line in text.splitlines() if re.match(r"cell at line \d+ of .* failed: ", line)]
+    if not lines:
+        return None
+    for pattern in _MISSING:
+        found = re.search(pattern, lines[-1])
+        if found:
+            return found.group(1).split(".")[0]
+    return None
+
+
+def section_table(results_dir: Path, runs: list[dict] | None = None) -> list[dict]:
+    """One row per section and run: its final status (completed only when its cell completed); with ``runs``,
+    also a row "not reached" for every section of a lesson that ran whose cell was never reached."""
     sys.path.insert(0, str(ROOT))
     from course_utils.supply import modes
+    from scripts.gpu_levels import lesson_sections
 
     rows = []
     for r in modes.read_sections(results_dir / "sections.jsonl"):  # a torn line is warned about, not fatal
@@ -117,6 +137,12 @@ def section_table(results_dir: Path) -> list[dict]:
         rows.append({"lesson": r["section"][:2], "section": r["section"], "status": r.get("status", "?"),
                      "mode": r.get("mode", ""), "reason": r.get("reason", ""),
                      "checks": "; ".join(f"{k} {v}" for k, v in sorted(checks.items()))})  # fmt: skip
+    seen = {r["section"] for r in rows}
+    ran = {r["lesson"]: r["status"] for r in runs or [] if not r["status"].startswith("not run")}
+    for key in sorted(lesson_sections(ROOT)):
+        if key not in seen and key[:2] in ran:
+            rows.append({"lesson": key[:2], "section": key, "status": "not reached", "mode": "",
+                         "reason": f"the lesson ended before it ({ran[key[:2]]})", "checks": ""})  # fmt: skip
     return rows
 
 
@@ -196,8 +222,8 @@ def main(argv: list[str] | None = None) -> int:
             print("   " + tail.replace("\n", "\n   "))
         runs.append({"lesson": path.name[:2], "stem": path.stem, "status": status, "seconds": round(wall, 1),
                      "tail": tail})  # fmt: skip
-        write_outputs(args.out, runs, section_table(results_dir), info)
-    sections = section_table(results_dir)
+        write_outputs(args.out, runs, section_table(results_dir, runs), info)
+    sections = section_table(results_dir, runs)
     write_outputs(args.out, runs, sections, info)
     print("\n" + (args.out / "sections.md").read_text())
 

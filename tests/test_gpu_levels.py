@@ -102,3 +102,18 @@ def test_unclaimed_and_stale_and_non_literal_keys_are_caught(tmp_path):
 def test_render_readme_needs_markers():
     with pytest.raises(ValueError, match="markers"):
         gpu_levels.render_readme("no table here", [])
+
+
+def test_a_body_that_exercised_no_rule_is_not_rehearsed(tmp_path):
+    """08.build on the stand-ins calls TensorRT's fake builder and no CUDA rule: that is an API check, no more."""
+    base = {"ran": True, "reason": "", "status": "completed", "mode": "rehearsal"}
+    records = [
+        {"section": "50.b", **base, "checks": {"streams created": 1, "global switches compared": 1}},
+        {"section": "50.f", **base, "checks": {"global switches compared": 1}},
+        {"section": "50.a", **base, "checks": {"timer reads checked": 2, "global switches compared": 1}},
+    ]
+    root = _tree(tmp_path, LESSON, CONTRACT, None, records)
+    got = {r.section: (r.level, r.detail) for r in gpu_levels.levels(root, records=root / "records")}
+    assert got["50.b"][0] == "API-checked" and "exercised no CUDA rule" in got["50.b"][1]
+    assert got["50.f"][0] == "unverified" and "but exercised no CUDA rule" in got["50.f"][1]
+    assert got["50.a"][0] == "rehearsed" and "wall-clock timers wait for the GPU" in got["50.a"][1]

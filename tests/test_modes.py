@@ -135,3 +135,26 @@ def test_section_record_survives_concurrent_writers():
 def _write_sections(i: int) -> None:
     for k in range(50):
         modes._record(f"99.p{i}.{k}", False, "x" * 5000, "gpu")
+
+
+@pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="rehearsal runs where there is no GPU")
+def test_a_section_whose_body_cannot_run_is_skipped_not_completed(monkeypatch, capsys):
+    monkeypatch.setenv("COURSE_REHEARSE", "1")
+    monkeypatch.setattr(modes, "_HOOKS", {"cells": True})
+    assert not modes.gpu_section("99.needs-engine", requires={"08.build's fp16 engine": False, "a model": True})
+    assert not modes.gpu_section("99.trt-provider", providers=("TensorrtExecutionProvider",))
+    rows = {r["section"]: r for r in modes.read_sections()}
+    assert rows["99.needs-engine"]["status"] == "skipped" and not rows["99.needs-engine"]["ran"]
+    assert rows["99.needs-engine"]["reason"].startswith("needs 08.build's fp16 engine, which the cells above")
+    assert rows["99.trt-provider"]["status"] == "not-rehearsable"
+    assert "ONNX Runtime here has no TensorrtExecutionProvider" in rows["99.trt-provider"]["reason"]
+    assert modes.gpu_section("99.cuda-provider", providers=("CUDAExecutionProvider",))  # the stand-in provides it
+    assert modes.finish_cell(True) is None
+    assert modes.read_sections()[-1]["status"] == "completed"
+    assert "every timing it prints is the stand-in's" in capsys.readouterr().out
+
+
+def test_available_names_what_is_skipped(capsys):
+    assert modes.available(("json",), "step 1")
+    assert not modes.available(("surely_not_installed_xyz",), "step 6 (torchao INT8)")
+    assert "step 6 (torchao INT8) skipped: missing Python package(s): surely_not" in capsys.readouterr().out

@@ -77,7 +77,7 @@ def test_record_stream_missing_is_caught_at_reuse(gpu):
     for record in (True, False):
         side.wait_stream(main)
         with gpu.stream(side):
-            x = torch.ones(1 << 16).to("cuda", non_blocking=True)  # allocated on the side stream
+            x = torch.ones(1 << 16).pin_memory().to("cuda", non_blocking=True)  # allocated on the side stream
         main.wait_stream(side)
         if record:
             x.record_stream(main)
@@ -150,11 +150,14 @@ def test_memory_counters_follow_live_tensors(gpu):
         torch.empty(total + 1, dtype=torch.uint8, device="cuda")
 
 
-def test_not_rehearsable_things(gpu):
-    with pytest.raises(rehearsal.NotRehearsable, match="torch.compile"):
+def test_not_rehearsable_only_for_named_gpu_only_kernels(gpu):
+    with pytest.raises(rehearsal.NotRehearsable, match="torch.compile/Inductor.*GPU-only kernel"):
         torch.compile(torch.nn.Linear(2, 2))
-    with pytest.raises(rehearsal.NotRehearsable, match="allocator"):
-        gpu.memory._record_memory_history(max_entries=10)
+    w = torch.randn(64, 64, device="cuda")
+    with pytest.raises(rehearsal.NotRehearsable, match="2:4 semi-structured sparse.*GPU-only kernel"):
+        torch._cslt_compress(w)
+    with pytest.raises(RehearsalError, match="no stand-in in the rehearsal .a gap of the stand-in"):
+        gpu.make_graphed_callables(torch.nn.Linear(2, 2), (w[:2, :2],))
 
 
 class _Lin(torch.nn.Module):
@@ -203,6 +206,7 @@ def test_ort_cuda_provider_options_iobinding_and_graphs(gpu, tmp_path):
     sess = ort.InferenceSession(str(path), providers=cuda, provider_options=[{"use_tf32": 0}, {}])
     assert sess.get_providers()[0] == "CUDAExecutionProvider"
     x, out = torch.randn(2, 4, device="cuda"), torch.empty(2, 3, device="cuda")
+    gpu.synchronize()  # ORT runs on its own stream: what torch wrote must be finished
     with torch.inference_mode():
         torch.testing.assert_close(_bind(sess, x, out).cpu(), model(x.cpu()))
     host = torch.randn(2, 4)
@@ -212,6 +216,7 @@ def test_ort_cuda_provider_options_iobinding_and_graphs(gpu, tmp_path):
     _bind(graphed, x, out)
     _bind(graphed, x, out)  # same shapes and addresses: replay is right
     x16, out16 = torch.randn(16, 4, device="cuda"), torch.empty(16, 3, device="cuda")
+    gpu.synchronize()
     with pytest.raises(RehearsalError, match="ORT CUDA graph.*one session per input shape"):
         _bind(graphed, x16, out16)
 
@@ -257,7 +262,6 @@ def test_section_records_completion_and_failure(monkeypatch, tmp_path, capsys):
         "# %%\nimport torch\nimport course_utils as cu\n"
         "# %%\nif cu.gpu_section('50.ok'):\n    x = torch.ones(2, device='cuda')\n    assert float(x.sum()) == 2\n"
         "# %%\nif cu.gpu_section('50.compile'):\n    torch.compile(torch.nn.Linear(2, 2))\n"
-        "# %%\nif cu.gpu_section('50.gap'):\n    torch.cuda.get_rng_state()\n"
         "# %%\nif cu.gpu_section('50.bad'):\n    torch.nn.Linear(2, 2)(torch.ones(1, 2, device='cuda'))\n"
         "# %%\nprint('never reached')\n"
     )
@@ -266,13 +270,24 @@ def test_section_records_completion_and_failure(monkeypatch, tmp_path, capsys):
     assert rows["50.ok"]["status"] == "completed" and rows["50.ok"]["ran"] and rows["50.ok"]["mode"] == "rehearsal"
     assert rows["50.ok"]["checks"]["placement checks"] >= 1
     assert rows["50.compile"]["status"] == "not-rehearsable" and "torch.compile" in rows["50.compile"]["reason"]
-    assert rows["50.gap"]["status"] == "not-rehearsable" and "stand-in does not cover" in rows["50.gap"]["reason"]
     assert rows["50.bad"]["status"] == "failed" and not rows["50.bad"]["ran"]
     assert rows["50.bad"]["reason"].startswith("RehearsalError: Expected all tensors to be on the same device")
     raw = [r["status"] for r in modes.read_sections(raw=True) if r["section"] == "50.ok"]
     assert raw == ["entered", "completed"]
     assert "never reached" not in capsys.readouterr().out
     assert not rehearsal.active() and not torch.cuda.is_available()
+
+
+def test_a_gap_of_the_stand_in_fails_the_section(monkeypatch, tmp_path):
+    """A call the stand-ins do not model is a failure to fix in the stand-ins, never "not rehearsable"."""
+    monkeypatch.setenv("COURSE_REHEARSE", "1")
+    monkeypatch.setattr(modes, "_HOOKS", {})
+    lesson = tmp_path / "51_gap.py"
+    lesson.write_text("# %%\nimport torch\nimport course_utils as cu\n"
+                      "# %%\nif cu.gpu_section('51.gap'):\n    torch.cuda.get_rng_state()\n")  # fmt: skip
+    assert run_cells.run(lesson) == 1
+    row = modes.read_sections()[-1]
+    assert row["section"] == "51.gap" and row["status"] == "failed" and "gap of the stand-in" in row["reason"]
 
 
 def _gpu_cells(path):
@@ -290,6 +305,10 @@ def test_every_gpu_section_body_lies_within_one_cell(lesson):
         assert tests, f"{lesson.name}:{start}: gpu_section(...) must be the condition of an `if` in its cell"
         for node in tests:
             assert node in tree.body, f"{lesson.name}:{start + node.lineno - 1}: the gpu_section `if` must be top-level"
+            assert isinstance(node.test, ast.Call), (  # `gpu_section(...) and x` records a body that may never run
+                f"{lesson.name}:{start + node.lineno - 1}: the `if` must be the gpu_section call alone; put other "
+                "conditions in requires={...}, so a body that cannot run is skipped, never recorded completed"
+            )
 
 
 def test_plain_script_run_settles_sections_at_the_next_one(monkeypatch, tmp_path):

@@ -9,7 +9,7 @@ import torch
 
 from course_utils.measuring.device import describe, pick_device
 from course_utils.show.results import results_dir
-from course_utils.supply.modes import is_smoke, is_strict_gpu
+from course_utils.supply.modes import begin_lesson, is_smoke, is_strict_gpu
 
 
 def start(lesson: str, title: str, *, seed: int = 0) -> torch.device:
@@ -17,6 +17,7 @@ def start(lesson: str, title: str, *, seed: int = 0) -> torch.device:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+    begin_lesson()  # COURSE_REHEARSE_SCOPE=lesson: the rehearsal's stand-ins from the first cell
     dev = pick_device()
     mode = "smoke sizes (COURSE_SMOKE=1)" if is_smoke() else "full sizes"
     strict = ", strict GPU mode" if is_strict_gpu() else ""

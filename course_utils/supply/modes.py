@@ -112,21 +112,68 @@ def missing_modules(modules: tuple[str, ...] | list[str]) -> list[str]:
     return out
 
 
-def gpu_section(section: str, *, needs: tuple[str, ...] = (), why: str = "") -> bool:
+def available(modules: tuple[str, ...], what: str) -> bool:
+    """True when every module in ``modules`` can be imported; else print that ``what`` is skipped and why, and
+    return False, so a lesson goes on past a step whose optional package is missing (the GPU machine lent for a
+    run has no torchao or TorchCodec; a GPU-only section names its own ``needs``)."""
+    missing = missing_modules(modules)
+    if missing:
+        print(f"⏭  {what} skipped: missing Python package(s): {', '.join(missing)} (make setup installs them)")
+    return not missing
+
+
+def standin_label() -> str:
+    """Appended to a timing sentence of a GPU section: under the rehearsal it says the numbers are the CPU
+    stand-in's (and judge nothing); on a GPU it is empty."""
+    if rehearsing():
+        return " [rehearsal stand-in timing, not a GPU measurement: it judges nothing]"
+    return ""
+
+
+def begin_lesson() -> None:
+    """Called by :func:`course_utils.supply.lesson.start`: with ``COURSE_REHEARSE_SCOPE=lesson`` the rehearsal's
+    stand-ins hold for the whole lesson (``pick_device()`` gives "cuda" from the first cell), in a kernel as in
+    the cell runner."""
+    from course_utils.check.standins import rehearsal
+
+    if rehearsing() and rehearsal.whole_lesson():
+        rehearsal.pin()
+
+
+def _ort_providers() -> list[str]:
+    try:
+        import onnxruntime
+    except ImportError:
+        return []
+    return list(onnxruntime.get_available_providers())
+
+
+def gpu_section(
+    section: str,
+    *,
+    needs: tuple[str, ...] = (),
+    providers: tuple[str, ...] = (),
+    requires: dict[str, bool] | None = None,
+    why: str = "",
+) -> bool:
     """Enter a GPU-only section: True if it can run here, else print the reason and return False.
 
     Use it as ``if gpu_section("08.build-fp16", needs=("tensorrt",)):`` around the GPU-only code, the whole
-    body inside one cell. ``needs`` lists Python modules the section imports besides torch. In strict GPU mode
-    a section that cannot run raises :class:`GPURequiredError` naming the section and what is missing.
+    body inside one cell, the call alone as the ``if``'s condition. ``needs`` lists Python modules the section
+    imports besides torch; ``providers`` ONNX Runtime execution providers it needs (``"CUDAExecutionProvider"``:
+    the CPU build of onnxruntime has none); ``requires`` what earlier cells must have produced, described
+    (``{"the fp16 engine of 08.build": "fp16" in engines}``): a section whose body cannot run is skipped with the
+    reason, never recorded as completed. In strict GPU mode a section that cannot run raises
+    :class:`GPURequiredError` naming the section and what is missing.
 
     Entering records ``status: entered``; the section counts as run only when its cell completes
     (:func:`finish_cell`: ``completed``, or ``failed`` with the error's first line). With ``COURSE_REHEARSE=1``
     on a machine without CUDA the body runs on the checked CPU stand-ins of
-    :mod:`course_utils.check.standins.rehearsal`.
+    :mod:`course_utils.check.standins.rehearsal`, and the timings it prints are the stand-in's.
     """
     import torch
 
-    from course_utils.check.standins import rehearsal
+    from course_utils.check.standins import rehearsal, switches
 
     _settle_previous()
     rehearse = rehearsing()
@@ -139,6 +186,16 @@ def gpu_section(section: str, *, needs: tuple[str, ...] = (), why: str = "") -> 
     if missing:
         hint = " (install the GPU extras: run `make setup` on a CUDA machine)"
         problems.append("missing Python package(s): " + ", ".join(missing) + hint)
+    absent = [p for p in providers if not (rehearse and p == "CUDAExecutionProvider") and p not in _ort_providers()]
+    if absent:
+        build = "is the CPU build" if _ort_providers() else "is missing"
+        problems.append(f"ONNX Runtime here has no {', '.join(absent)} (onnxruntime {build}: install onnxruntime-gpu)")
+    unmet = [what for what, ok in (requires or {}).items() if not ok]
+    if unmet and not problems:
+        reason = "needs " + "; ".join(unmet) + ", which the cells above did not produce here"
+        _record(section, False, reason, "gpu", status="skipped", mode="rehearsal" if rehearse else "gpu")
+        print(f"⏭  GPU-only section '{section}' skipped: {reason}.")
+        return False
     if problems:
         reason = "; ".join(problems)
         if rehearse:
@@ -154,40 +211,46 @@ def gpu_section(section: str, *, needs: tuple[str, ...] = (), why: str = "") -> 
         return False
     if rehearse:
         rehearsal.activate()
+        rehearsal.enter(section)
     mode = "rehearsal" if rehearse else "gpu"
     device = torch.cuda.get_device_name(0)
     path = sections_file()
     _record(section, False, "", "gpu", path, status="entered", mode=mode, device=device)
-    _PENDING.append({"section": section, "mode": mode, "device": device, "path": path})
+    _PENDING.append({"section": section, "mode": mode, "device": device, "path": path,
+                     "switches": switches.snapshot()})  # fmt: skip
     _install_hooks()
-    where = "the rehearsal's CPU stand-in (COURSE_REHEARSE=1)" if rehearse else device
-    print(f"▶  GPU-only section '{section}' runs on {where}.")
+    if rehearse:
+        print(f"▶  GPU-only section '{section}' runs on the rehearsal's CPU stand-in of a GPU (COURSE_REHEARSE=1): "
+              "CUDA's rules are checked; every timing it prints is the stand-in's (a CPU computing, a modelled GPU "
+              "clock), not a GPU measurement, and judges nothing.")  # fmt: skip
+    else:
+        print(f"▶  GPU-only section '{section}' runs on {device}.")
     return True
 
 
 def finish_cell(success: bool, error: BaseException | None = None) -> BaseException | None:
     """Decide the sections entered in the cell that just ended: completed, failed (with the error's first line)
-    or, in rehearsal, not rehearsable. Returns an error the cell hid (a stream-order violation found when
-    memory was freed) so the caller fails the cell with it."""
+    or, in rehearsal, not rehearsable (a named GPU-only kernel). First the section's queued stand-in work runs and
+    its global switches (TF32, cuDNN, ...) are compared with their values at entry
+    (:func:`course_utils.check.standins.rehearsal.end_cell`). Returns an error the cell hid (a stream-order
+    violation found when memory was freed, a switch left changed, an error of queued work) so the caller fails
+    the cell with it."""
     from course_utils.check.standins import rehearsal
 
-    hidden = None
-    if success and rehearsal.active() and rehearsal.pending_violation():
-        hidden = rehearsal.RehearsalError(rehearsal.pending_violation())
-        success, error = False, hidden
-    checks = rehearsal.cell_done() if rehearsal.active() else {}
     pending, _PENDING[:] = list(_PENDING), []
+    entered = [(p["section"], p.get("switches", {})) for p in pending]
+    success, error, hidden, checks = rehearsal.end_cell(success, error, entered)
     for p in pending:
         extra = {"mode": p["mode"], "device": p["device"], "checks": checks}
-        first = (str(error).strip().splitlines() or [""])[0][:300] if error is not None else ""
         if success:
             _record(p["section"], True, "", "gpu", p["path"], status="completed", **extra)
         elif isinstance(error, rehearsal.NotRehearsable):
+            first = (str(error).strip().splitlines() or [""])[0][:300]
             _record(p["section"], False, f"not rehearsable: {first}", "gpu", p["path"], status="not-rehearsable",
                     **extra)  # fmt: skip
         else:
-            _record(p["section"], False, f"{type(error).__name__}: {first}", "gpu", p["path"], status="failed",
-                    **extra)  # fmt: skip
+            reason = rehearsal.failure(error, p["mode"] == "rehearsal")
+            _record(p["section"], False, reason, "gpu", p["path"], status="failed", **extra)
     return hidden
 
 

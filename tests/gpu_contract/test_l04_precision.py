@@ -56,7 +56,9 @@ def test_set_tf32_toggles_both_switches_in_one_family(ns):
 
 
 def test_precision_grid_rows(ns):
-    df = ns["precision_grid"](_tiny(), "cpu", (1, 3), image_size=8, tf32=True, warmup=0, min_repeats=2, min_time_s=0)
+    df = ns["precision_grid"](
+        _tiny(), "cpu", (1, 3), image_size=8, tf32=True, warmup=0, min_calls=2, min_round_s=0, rounds=2
+    )
     names = [
         "fp32",
         "fp32 channels_last",
@@ -122,7 +124,7 @@ def test_peak_memory_is_the_variant_alone(ns):
     """The old grid reported max_memory_allocated(): every resident model copy counted in every row."""
     model, mem = _tiny(), FakeMemory()
     df = ns["precision_grid"](
-        model, "cpu", (2,), image_size=8, tf32=False, memory=mem, warmup=0, min_repeats=2, min_time_s=0
+        model, "cpu", (2,), image_size=8, tf32=False, memory=mem, warmup=0, min_calls=2, min_round_s=0, rounds=2
     )
     fp32_bytes = sum(t.numel() * t.element_size() for t in (*model.parameters(), *model.buffers()))
     x_bytes = 2 * 3 * 8 * 8 * 4

@@ -26,6 +26,10 @@ COVERS = {
     "replays the captured operators into the static output: parity with eager, static buffers overwritten, "
     "warm-up on a side stream with wait_stream both ways (the torch.compile modes are not run)",
 }
+NOT_TESTABLE = {
+    "06.compile-cuda": "torch.compile's CUDA modes (reduce-overhead, max-autotune) generate Triton kernels that only a "
+    "GPU runs",
+}
 
 REAL = torch.cuda
 

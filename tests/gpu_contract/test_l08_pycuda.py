@@ -17,11 +17,11 @@ import pytest
 import torch
 
 from course_utils.check.compare import compare_outputs
+from course_utils.check.standins.pycuda import SNAPSHOT, FakePycuda, FakePycudaError
 from course_utils.check.standins.tensorrt import fake_from_snapshot
 from course_utils.techniques import onnx_runtime, tensorrt_engines
 
 from . import lesson_code
-from .fake_pycuda import SNAPSHOT, FakePycuda, FakePycudaError
 
 COVERS = {
     "08.pycuda": "PycudaRunner against the fake TensorRT and a fake pycuda 2026.1 (names from its C++ wrapper): "

@@ -1,36 +1,60 @@
 """The ``torch.cuda`` functions of the stand-in GPU (installed over ``torch.cuda`` while a section rehearses).
 
-Device queries describe a fixed stand-in (an sm_90 named "rehearsal stand-in (CPU)" with
-``STATE.total_memory`` bytes); memory queries count the live stand-in tensors; streams, events and graphs come
-from :mod:`.streams` and :mod:`.graphs`. What has no stand-in (the allocator's history and snapshots,
-``make_graphed_callables``) raises :class:`NotRehearsable`.
+Device queries describe a fixed stand-in (one sm_90 named "rehearsal stand-in (CPU)" with ``STATE.total_memory``
+bytes; an index beyond it raises CUDA's "invalid device ordinal"); memory queries count the live stand-in
+tensors, and a peak read that can only repeat the previous variant's peak raises (:meth:`.tensor.State.read_peak`);
+streams, events and graphs come from :mod:`.streams` and :mod:`.graphs`, the pinned cache and the allocation
+history from :mod:`.memory`. ``make_graphed_callables`` has no stand-in and says so.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
+from course_utils.check.standins import memory
 from course_utils.check.standins.graphs import StandinCUDAGraph, graph
 from course_utils.check.standins.streams import MODEL, StandinEvent, StandinStream
-from course_utils.check.standins.tensor import STATE
+from course_utils.check.standins.tensor import STATE, RehearsalError, check_index
 
 NAME = "rehearsal stand-in (CPU)"
 
 
 class NotRehearsable(RuntimeError):
-    """This code needs the real GPU (or a package that only runs there): the section cannot be rehearsed."""
+    """This code needs what only a GPU machine has (a named GPU-only kernel, another process on the GPU): the
+    section cannot be rehearsed. Raised only with such a name, never for an error of correct code."""
 
 
-def _not_rehearsable(what: str) -> Any:
+# GPU-only kernels the stand-in cannot run, by name: raised as NotRehearsable where the code reaches them.
+GPU_ONLY = {
+    "inductor": "torch.compile/Inductor generates CUDA kernels (Triton) for a CUDA model: a GPU-only kernel",
+    "int4": "torchao's INT4 tile-packed format packs weights with a CUDA-only kernel (aten._convert_weight_to_int4pack "
+    "for tinygemm): a GPU-only kernel",
+    "sparse": "2:4 semi-structured sparse matrix products (cuSPARSELt, aten._cslt_*): a GPU-only kernel",
+    "fp8": "FP8 scaled matrix products (aten._scaled_mm on CUDA): a GPU-only kernel",
+}
+_GPU_ONLY_OPS = {"_cslt_compress": "sparse", "_cslt_sparse_mm": "sparse", "_sparse_semi_structured_linear": "sparse",
+                 "_convert_weight_to_int4pack": "int4", "_weight_int4pack_mm": "int4", "_scaled_mm": "fp8"}  # fmt: skip
+
+
+def gpu_only_op(base: str) -> None:
+    """A CUDA-only kernel reached on the stand-in: not rehearsable, by name."""
+    kind = _GPU_ONLY_OPS.get(base)
+    if kind is not None:
+        raise NotRehearsable(f"{GPU_ONLY[kind]} (aten.{base})")
+
+
+def _gap(what: str) -> Any:
     def raiser(*args: Any, **kwargs: Any) -> Any:
-        raise NotRehearsable(what)
+        raise RehearsalError(f"{what} has no stand-in in the rehearsal (a gap of the stand-in, not of your code)")
 
     return raiser
 
 
 def get_device_properties(device: Any = None) -> SimpleNamespace:
+    check_index(device, "torch.cuda.get_device_properties")
     return SimpleNamespace(
         name=NAME, major=9, minor=0, total_memory=STATE.total_memory, multi_processor_count=132,
         L2_cache_size=50 * 2**20,
@@ -51,24 +75,42 @@ def set_stream(s: StandinStream) -> None:
 
 
 def synchronize(device: Any = None) -> None:
+    check_index(device, "torch.cuda.synchronize")
     MODEL.sync_all()
 
 
 def mem_get_info(device: Any = None) -> tuple[int, int]:
+    check_index(device, "torch.cuda.mem_get_info")
     return STATE.total_memory - STATE.reserved(), STATE.total_memory
 
 
 def empty_cache() -> None:
+    MODEL.sync_all("torch.cuda.empty_cache()")  # the caching allocator synchronizes before it frees blocks
     STATE.cached = 0
 
 
 def reset_peak_memory_stats(device: Any = None) -> None:
-    STATE.peak = STATE.allocated
+    check_index(device, "torch.cuda.reset_peak_memory_stats")
+    STATE.count("peak-memory resets")
+    STATE.reset_peak()
+
+
+class _Stats(dict):
+    """``memory_stats()``: reading a peak entry is a peak read (see :meth:`.tensor.State.read_peak`)."""
+
+    def __getitem__(self, key: str) -> Any:
+        if key.endswith(".peak") and key.startswith("allocated_bytes"):
+            return STATE.read_peak(f"torch.cuda.memory_stats()[{key!r}]")
+        return super().__getitem__(key)
+
+    def get(self, key: str, default: Any = None) -> Any:
+        return self[key] if key in self else default
 
 
 def memory_stats(device: Any = None) -> dict[str, int]:
-    return {"allocated_bytes.all.current": STATE.allocated, "allocated_bytes.all.peak": STATE.peak,
-            "reserved_bytes.all.current": STATE.reserved(), "num_ooms": 0}  # fmt: skip
+    check_index(device, "torch.cuda.memory_stats")
+    return _Stats({"allocated_bytes.all.current": STATE.allocated, "allocated_bytes.all.peak": STATE.peak,
+                   "reserved_bytes.all.current": STATE.reserved(), "num_ooms": 0})  # fmt: skip
 
 
 def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
@@ -76,29 +118,44 @@ def memory_summary(device: Any = None, abbreviated: bool = False) -> str:
             f"peak, {STATE.reserved() / 2**20:.1f} MiB reserved (counted from live stand-in tensors)")  # fmt: skip
 
 
+@contextlib.contextmanager
+def device(index: Any) -> Iterator[None]:
+    """``with torch.cuda.device(i):`` on the one stand-in GPU."""
+    check_index(index, "torch.cuda.device")
+    yield
+
+
+def _one(name: str, value: Any) -> Any:
+    def query(device: Any = None, *args: Any, **kwargs: Any) -> Any:
+        check_index(device, f"torch.cuda.{name}")
+        return value() if callable(value) else value
+
+    return query
+
+
 def functions() -> dict[str, Any]:
     """Name -> stand-in, for every ``torch.cuda`` attribute the rehearsal replaces."""
     return {
         "is_available": lambda: True, "device_count": lambda: 1, "current_device": lambda: 0,
-        "set_device": lambda d: None, "is_initialized": lambda: True, "init": lambda: None,
-        "get_device_name": lambda device=None: NAME, "get_device_properties": get_device_properties,
-        "get_device_capability": lambda device=None: (9, 0), "get_arch_list": lambda: ["sm_90"],
-        "is_bf16_supported": lambda including_emulation=True: True,
+        "set_device": lambda d: check_index(d, "torch.cuda.set_device"), "is_initialized": lambda: True,
+        "init": lambda: None, "device": device, "get_device_name": _one("get_device_name", NAME),
+        "get_device_properties": get_device_properties, "get_device_capability": _one("get_device_capability", (9, 0)),
+        "get_arch_list": lambda: ["sm_90"], "is_bf16_supported": lambda including_emulation=True: True,
         "synchronize": synchronize, "Stream": StandinStream, "Event": StandinEvent, "stream": stream,
-        "current_stream": lambda device=None: MODEL.current, "default_stream": lambda device=None: MODEL.default,
-        "set_stream": set_stream, "memory_allocated": lambda device=None: STATE.allocated,
-        "memory_reserved": lambda device=None: STATE.reserved(), "max_memory_allocated": lambda device=None: STATE.peak,
-        "max_memory_reserved": lambda device=None: STATE.reserved(), "reset_peak_memory_stats": reset_peak_memory_stats,
-        "reset_max_memory_allocated": reset_peak_memory_stats, "empty_cache": empty_cache, "mem_get_info": mem_get_info,
-        "memory_stats": memory_stats, "memory_summary": memory_summary, "CUDAGraph": StandinCUDAGraph, "graph": graph,
-        "graph_pool_handle": lambda: (0, 0),
-        "make_graphed_callables": _not_rehearsable("torch.cuda.make_graphed_callables needs real CUDA graphs"),
-        "host_memory_stats": _not_rehearsable("torch.cuda.host_memory_stats reads the real pinned-memory allocator"),
+        "current_stream": _one("current_stream", lambda: MODEL.current),
+        "default_stream": _one("default_stream", lambda: MODEL.default), "set_stream": set_stream,
+        "memory_allocated": _one("memory_allocated", lambda: STATE.allocated),
+        "memory_reserved": _one("memory_reserved", STATE.reserved),
+        "max_memory_allocated": _one("max_memory_allocated",
+                                     lambda: STATE.read_peak("torch.cuda.max_memory_allocated()")),
+        "max_memory_reserved": _one("max_memory_reserved", STATE.reserved),
+        "reset_peak_memory_stats": reset_peak_memory_stats, "reset_max_memory_allocated": reset_peak_memory_stats,
+        "empty_cache": empty_cache, "mem_get_info": mem_get_info, "memory_stats": memory_stats,
+        "memory_summary": memory_summary, "memory_snapshot": lambda *a, **k: memory.snapshot()["segments"],
+        "CUDAGraph": StandinCUDAGraph, "graph": graph, "graph_pool_handle": lambda: (0, 0),
+        "host_memory_stats": memory.host_memory_stats,
+        "make_graphed_callables": _gap("torch.cuda.make_graphed_callables"),
+        "get_rng_state": _gap("torch.cuda.get_rng_state"), "set_rng_state": _gap("torch.cuda.set_rng_state"),
+        "manual_seed": lambda seed: None, "manual_seed_all": lambda seed: None, "seed": lambda: None,
+        "ipc_collect": lambda: None,
     }  # fmt: skip
-
-
-def memory_functions() -> dict[str, Any]:
-    """Stand-ins for ``torch.cuda.memory``'s allocator-history tools (not rehearsable: allocator internals)."""
-    why = "the CUDA caching allocator's history and snapshots exist only on a real GPU"
-    return {"_record_memory_history": _not_rehearsable(why), "_dump_snapshot": _not_rehearsable(why),
-            "memory_snapshot": _not_rehearsable(why)}  # fmt: skip

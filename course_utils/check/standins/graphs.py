@@ -1,15 +1,18 @@
-"""CUDA graphs on the rehearsal's stand-in GPU: capture records operators, replay re-runs them in place.
+"""CUDA graphs on the rehearsal's stand-in GPU: capture records operators, replay queues them on the same memory.
 
 Rules enforced (what CUDA and PyTorch's documentation require of a captured graph):
 
 * capture happens on a side stream (``torch.cuda.graph`` picks one; ``capture_begin`` on the default stream
   raises, as CUDA does);
 * no synchronization and no host read inside capture (``torch.cuda.synchronize``, ``.item()``, ``.cpu()``,
-  printing a CUDA tensor, copying from CPU memory): "operation not permitted when stream is capturing";
-* the captured work was warmed up on a side stream before capture (its compute operators ran there first);
-* replay re-runs the captured operators on the *same* memory: it reads the static inputs as they are now and
-  overwrites the static outputs (a result kept without ``.clone()`` changes at the next replay); the shapes are
-  the captured ones.
+  printing a CUDA tensor, copying from CPU memory, an operator whose output size depends on the data):
+  "operation not permitted when stream is capturing";
+* the captured kernels (matrix products, convolutions, attention) were warmed up on a side stream before
+  capture, in any grad mode (lazy initialisation and autotuning must not happen inside the capture);
+* captured work does not run at capture: the graph's outputs hold garbage (NaN) until the first replay;
+* replay re-runs the captured operators on the *same* memory, queued on the current stream: it reads the static
+  inputs as they are then and overwrites the static outputs, so a result kept without ``.clone()`` changes at
+  the next replay; a static input freed after capture (the graph keeps no reference to it) is an error.
 """
 
 from __future__ import annotations
@@ -18,19 +21,32 @@ import contextlib
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
 from course_utils.check.standins.streams import MODEL, StandinStream
 from course_utils.check.standins.tensor import STATE, RehearsalError, _key
 
-_COMPUTE = {"convolution", "conv1d", "conv2d", "conv3d", "mm", "addmm", "bmm", "matmul", "linear",
-            "_scaled_dot_product_flash_attention",
-            "_scaled_dot_product_efficient_attention", "cudnn_convolution", "_convolution"}  # fmt: skip
+_FAMILIES = {
+    "matmul": {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "_scaled_mm", "einsum"},
+    "convolution": {"convolution", "_convolution", "conv1d", "conv2d", "conv3d", "cudnn_convolution",
+                    "conv_transpose1d", "conv_transpose2d", "conv_transpose3d"},
+    "attention": {"scaled_dot_product_attention", "_scaled_dot_product_flash_attention",
+                  "_scaled_dot_product_efficient_attention", "_scaled_dot_product_cudnn_attention",
+                  "_scaled_dot_product_flash_attention_for_cpu"},
+}  # fmt: skip
+_COMPUTE = set(_FAMILIES)
+
+
+def family(base: str) -> str:
+    """The kernel family of an operator: grad mode decomposes ``linear`` into ``addmm``, inference mode keeps it."""
+    return next((name for name, ops in _FAMILIES.items() if base in ops), base)
 
 
 class Capture:
     def __init__(self) -> None:
-        self.ops: list[tuple[Any, tuple, dict, Any]] = []
+        self.ops: list[tuple[Any, Any, Any, list, float, float]] = []
+        self.touched: set[int] = set()
+        self.made: set[int] = set()
+        self.families: set[str] = set()
 
     def forbid(self, what: str) -> None:
         STATE.count("graph capture violations")
@@ -40,8 +56,20 @@ class Capture:
             "after replay()."
         )
 
-    def record(self, func: Any, args: tuple, kwargs: dict, out: Any) -> None:
-        self.ops.append((func, args, kwargs, out))
+    def record(self, func: Any, args: Any, kwargs: Any, fresh: list, keys: set[int], cost: tuple[float, float],
+               base: str) -> None:  # fmt: skip
+        self.ops.append((func, args, kwargs, fresh, *cost))
+        self.touched |= keys
+        self.made |= {_key(t) for _, t in fresh}
+        self.families.add(family(base))
+
+
+def _replay_ops(ops: list) -> None:
+    from course_utils.check.standins.dispatch import run_into
+
+    with torch.inference_mode():  # a replay rewrites the graph's memory whatever the caller's grad mode
+        for func, args, kwargs, fresh, *_ in ops:
+            run_into(func, args, kwargs, fresh)
 
 
 class StandinCUDAGraph:
@@ -49,7 +77,9 @@ class StandinCUDAGraph:
 
     def __init__(self, keep_graph: bool = False) -> None:
         self.capture: Capture | None = None
-        self.ops: list[tuple[Any, tuple, dict, Any]] = []
+        self.ops: list = []
+        self.inputs: dict[int, int] = {}  # storage key -> generation of the live static input at capture
+        self.outputs: set[int] = set()
 
     def capture_begin(self, pool: Any = None, capture_error_mode: str = "global", **kwargs: Any) -> None:
         if STATE.capture is not None:
@@ -68,39 +98,46 @@ class StandinCUDAGraph:
         if capture is None:
             raise RehearsalError("capture_end() without capture_begin()")
         self.ops = capture.ops
-        cold = sorted({f._schema.name.split("::")[-1] for f, *_ in self.ops} & _COMPUTE - MODEL.side_ops)
+        cold = sorted(capture.families & _COMPUTE - MODEL.side_ops)
         if cold:
             STATE.count("graph capture violations")
             raise RehearsalError(
-                f"CUDA graph captured {', '.join(cold)} that never ran on a side stream before capture: warm up "
-                "first (s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream()); run the model a few "
+                f"CUDA graph captured {', '.join(cold)} kernels that never ran on a side stream before capture: warm "
+                "up first (s = torch.cuda.Stream(); s.wait_stream(torch.cuda.current_stream()); run the model a few "
                 "times under `with torch.cuda.stream(s):`; torch.cuda.current_stream().wait_stream(s)), so lazy "
                 "initialisation and autotuning do not happen inside the capture."
             )
+        external = capture.touched - capture.made
+        self.inputs = {k: STATE.live[k][2] for k in external if k in STATE.live}
+        self.outputs = capture.made | {k for k in capture.touched if k in self.inputs}
 
     def replay(self) -> None:
         if not self.ops:
             raise RehearsalError("replay() of a CUDA graph that captured nothing")
         STATE.count("graph replays")
+        freed = [k for k, gen in self.inputs.items() if STATE.live.get(k, [0, 0, -1])[2] != gen]
+        if freed:
+            STATE.count("graph capture violations")
+            raise RehearsalError(
+                f"CUDA graph replay reads {len(freed)} static input(s) freed after capture: the graph keeps no "
+                "reference to memory it did not allocate, so the caching allocator may have handed it to another "
+                "tensor (garbage in, garbage out on a GPU). Keep every static input (and the model's weights) alive "
+                "as long as the graph is replayed (rehearsal stand-in)"
+            )
         stream = MODEL.current
         clock = stream.tick()
-        with torch.inference_mode():  # a replay rewrites the graph's memory whatever the caller's grad mode
-            for func, args, kwargs, out in self.ops:
-                keys = {_key(t) for t in tree_flatten((args, kwargs))[0] if isinstance(t, torch.Tensor)}
-                for k in keys:
-                    if k in MODEL.uses:
-                        MODEL.use(k, "graph replay", False, stream, clock)
-                result = func(*args, **kwargs)
-                for old, new in zip(tree_flatten(out)[0], tree_flatten(result)[0], strict=False):
-                    if isinstance(old, torch.Tensor) and isinstance(new, torch.Tensor) and old is not new:
-                        old.copy_(new)
-        for *_, out in self.ops:
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and _key(t) in MODEL.uses:
-                    MODEL.use(_key(t), "graph replay", True, stream, clock)
+        for k in self.inputs:
+            MODEL.use(k, "graph replay", False, stream, clock)
+        for k in self.outputs:
+            if k in MODEL.uses or k in STATE.live:
+                MODEL.use(k, "graph replay", True, stream, clock)
+        duration = sum(op[4] for op in self.ops)
+        stream.ready = MODEL.clock.issue("compute", stream.sid, stream.ready, duration, max(op[5] for op in self.ops))
+        ops = self.ops
+        MODEL.enqueue(stream, clock, lambda: _replay_ops(ops))
 
     def reset(self) -> None:
-        self.ops = []
+        self.ops, self.inputs, self.outputs = [], {}, set()
 
     def pool(self) -> tuple[int, int]:
         return (0, id(self))
@@ -109,7 +146,7 @@ class StandinCUDAGraph:
         pass
 
     def debug_dump(self, path: str) -> None:
-        raise RehearsalError("debug_dump needs a real CUDA graph (not rehearsable)")
+        raise RehearsalError("debug_dump needs a real CUDA graph (the rehearsal's stand-in has no graph to dump)")
 
 
 class graph(contextlib.AbstractContextManager):  # noqa: N801 - mirrors torch.cuda.graph

@@ -8,6 +8,12 @@ value raises as ORT's provider-options parser does), then the model runs on ORT'
 reads and writes through them. With ``enable_cuda_graph`` the first run's input/output shapes and addresses
 are kept; a later run with another shape or address raises, because ORT replays the captured graph without
 looking at the new bindings.
+
+Stream order: ORT's CUDA provider runs on a stream of its own (or on torch's, given ``user_compute_stream``), so
+an input torch wrote is safe to read only once the host waited for that write (``torch.cuda.synchronize()``)
+or when ORT runs on the stream that wrote it; otherwise the run raises, as the read would be of stale or torn
+data on a GPU. At the end of a run ORT synchronizes its stream (unless the run option
+``disable_synchronize_execution_providers`` is "1"), so its outputs are complete when the call returns.
 """
 
 from __future__ import annotations
@@ -17,6 +23,8 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.check.standins.clock import LAUNCH_S, RATES
+from course_utils.check.standins.streams import MODEL, StandinStream
 from course_utils.check.standins.tensor import STATE, RehearsalError
 
 _BOOL = "bool"
@@ -72,8 +80,8 @@ class StandinBinding:
                     f"IOBinding '{name}': {int(ptr):#x} bound as 'cuda' memory is not a live CUDA buffer of "
                     f"{nbytes} bytes (a host pointer or a freed tensor?): bind a CUDA tensor's data_ptr()"
                 )
-            return host[0], dtype, tuple(shape), int(ptr)
-        return int(ptr), dtype, tuple(shape), int(ptr)
+            return host[0], dtype, tuple(shape), int(ptr), host[1]
+        return int(ptr), dtype, tuple(shape), int(ptr), None
 
     def bind_input(self, name: str, device_type: str, device_id: int, element_type: Any, shape: Any, buffer_ptr: int):
         self.inputs[name] = self._buffer(name, device_type, element_type, shape, buffer_ptr)
@@ -86,13 +94,15 @@ class StandinBinding:
     def bind_cpu_input(self, name: str, arr: np.ndarray) -> None:
         arr = np.ascontiguousarray(arr)
         self._keep = getattr(self, "_keep", []) + [arr]
-        self.inputs[name] = (arr.ctypes.data, arr.dtype, arr.shape, arr.ctypes.data)
+        self.inputs[name] = (arr.ctypes.data, arr.dtype, arr.shape, arr.ctypes.data, None)
 
     def synchronize_inputs(self) -> None:
-        pass
+        s = self.session.stream()
+        MODEL.host_sync(s.clock, "IOBinding.synchronize_inputs()", s.ready)
 
     def synchronize_outputs(self) -> None:
-        pass
+        s = self.session.stream()
+        MODEL.host_sync(s.clock, "IOBinding.synchronize_outputs()", s.ready)
 
     def clear_binding_inputs(self) -> None:
         self.inputs = {}
@@ -119,7 +129,44 @@ class StandinSession:
         self.graph = self.cuda_options.get("enable_cuda_graph", "0") in {"1", "true", "True"}
         self.captured: dict[str, tuple] | None = None
         self._inner = real_cls(path_or_bytes, sess_options, providers=["CPUExecutionProvider"], **kwargs)
+        self._stream: StandinStream | None = None
         STATE.count("ORT CUDA sessions")
+
+    def stream(self) -> StandinStream:
+        """The stream ORT's CUDA provider runs on: torch's when ``user_compute_stream`` names one, else its own."""
+        if self.cuda_options.get("has_user_compute_stream", "0") in {"1", "true", "True"} or (
+            "user_compute_stream" in self.cuda_options
+        ):
+            return MODEL.stream_for(int(self.cuda_options["user_compute_stream"]))
+        if self._stream is None or self._stream not in MODEL.streams:
+            self._stream = StandinStream(_name="ONNX Runtime's own CUDA stream")
+        return self._stream
+
+    def _run_on_stream(self, io: StandinBinding | None, run_options: Any, nbytes: int) -> Any:
+        """Order the bound CUDA inputs before ORT's stream; return (stream, clock) for the outputs."""
+        stream = self.stream()
+        clock = stream.tick()
+        own = stream.name.startswith("ONNX Runtime")
+        fix = ("torch.cuda.synchronize() (or torch.cuda.current_stream().synchronize()) before run_with_iobinding, "
+               "or give ORT torch's stream: provider option user_compute_stream=str(torch.cuda.current_stream()"
+               ".cuda_stream)") if own else ""  # fmt: skip
+        for name, (*_, key) in io.inputs.items() if io else []:
+            if key is not None:
+                MODEL.use(key, f"ONNX Runtime input '{name}'", False, stream, clock, fix=fix)
+        MODEL.flush_to(stream)  # torch's work queued on ORT's stream (user_compute_stream) runs before ORT reads
+        stream.ready = MODEL.clock.issue(
+            "compute", stream.sid, stream.ready, 20 * LAUNCH_S + nbytes / RATES["bandwidth"]
+        )
+        return stream, clock
+
+    def _end_of_run(self, stream: StandinStream, run_options: Any) -> None:
+        entries = getattr(run_options, "get_run_config_entry", None)
+        try:
+            off = entries is not None and entries("disable_synchronize_execution_providers") == "1"
+        except Exception:  # noqa: BLE001 - the entry is not set
+            off = False
+        if not off:
+            MODEL.host_sync(stream.clock, "ONNX Runtime's end-of-run synchronize", stream.ready)
 
     def get_providers(self) -> list[str]:
         return ["CUDAExecutionProvider", "CPUExecutionProvider"]
@@ -153,13 +200,20 @@ class StandinSession:
 
     def run(self, output_names: Any, input_feed: dict, run_options: Any = None) -> list[np.ndarray]:
         self._graph_check({k: (tuple(np.shape(v)), 0) for k, v in input_feed.items()})
-        return self._inner.run(output_names, input_feed, run_options)
+        stream, _ = self._run_on_stream(None, run_options, sum(np.asarray(v).nbytes for v in input_feed.values()))
+        out = self._inner.run(output_names, input_feed, run_options)
+        MODEL.host_sync(stream.clock, "ONNX Runtime run() with host arrays", stream.ready)  # copies to the host
+        return out
 
     def run_with_iobinding(self, io: StandinBinding, run_options: Any = None) -> None:
         bound = {n: (b[2], b[3]) for n, b in {**io.inputs, **{k: v for k, v in io.outputs.items() if v}}.items()}
         self._graph_check(bound)
+        nbytes = sum(
+            int(np.prod(b[2])) * b[1].itemsize for b in [*io.inputs.values(), *filter(None, io.outputs.values())]
+        )
+        stream, clock = self._run_on_stream(io, run_options, nbytes)
         feeds = {}
-        for name, (host, dtype, shape, _) in io.inputs.items():
+        for name, (host, dtype, shape, *_) in io.inputs.items():
             raw = (ctypes.c_char * (int(np.prod(shape)) * dtype.itemsize)).from_address(host)
             feeds[name] = np.frombuffer(raw, dtype=dtype).reshape(shape).copy()
         names = [o.name for o in self._inner.get_outputs()]
@@ -169,10 +223,13 @@ class StandinSession:
             target = io.outputs.get(name)
             if target is None:
                 continue
-            host, dtype, shape, _ = target
+            host, dtype, shape, _, key = target
             value = np.ascontiguousarray(value.astype(dtype))
             if tuple(value.shape) != tuple(shape):
                 raise RehearsalError(
                     f"IOBinding output '{name}': bound shape {shape}, the model produced {value.shape}"
                 )
+            if key is not None:
+                MODEL.use(key, f"ONNX Runtime output '{name}'", True, stream, clock)
             ctypes.memmove(host, value.ctypes.data, value.nbytes)
+        self._end_of_run(stream, run_options)

@@ -1,5 +1,5 @@
-"""The rehearsal's stand-ins for packages and torch entry points: ORT's CUDA provider, TensorRT, torchcodec's GPU
-JPEG decoding, the profiler's CUDA activity and ``torch.onnx.export`` of a stand-in model.
+"""The rehearsal's stand-ins for packages and torch entry points: ORT's CUDA provider, TensorRT, pycuda, torchcodec's
+GPU JPEG decoding, the profiler's CUDA activity and ``torch.onnx.export`` of a stand-in model.
 
 Installed by :func:`course_utils.check.standins.rehearsal.activate` through its ``patch`` function, so that
 :func:`~course_utils.check.standins.rehearsal.deactivate` undoes every one.
@@ -16,7 +16,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from course_utils.check.standins.tensor import STATE, Rehearsed, to_standin
+from course_utils.check.standins.streams import MODEL
+from course_utils.check.standins.tensor import STATE, Rehearsed
 
 
 def profiler_init(real: Any) -> Any:
@@ -47,6 +48,7 @@ def onnx_export(real: Any, suspended: Callable[[], contextlib.AbstractContextMan
                             torch.nn.Parameter(inner, requires_grad=False) if store is mod._parameters else inner
                         )
         STATE.count("exports of stand-in models (CPU weights)")
+        MODEL.drain()  # the exporter reads the weights: what is queued on them runs first
         try:
             with suspended():  # the exporter traces on the CPU with torch's own modes: the stand-ins step aside
                 return real(model, tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, args), *rest, **kwargs)
@@ -57,9 +59,9 @@ def onnx_export(real: Any, suspended: Callable[[], contextlib.AbstractContextMan
     return export
 
 
-def install(patch: Callable[[Any, str, Any], None]) -> bool:
-    """Install the package stand-ins with ``patch(owner, name, value)``; True when the fake ``tensorrt`` was put
-    in ``sys.modules`` (the caller removes it when the rehearsal ends)."""
+def install(patch: Callable[[Any, str, Any], None]) -> list[str]:
+    """Install the package stand-ins with ``patch(owner, name, value)``; return the module names put in
+    ``sys.modules`` (the fake ``tensorrt`` and ``pycuda`` where the real ones are missing; the caller removes them)."""
     try:
         import onnxruntime as ort
 
@@ -79,19 +81,28 @@ def install(patch: Callable[[Any, str, Any], None]) -> bool:
         patch(ort, "get_available_providers", lambda: ["CUDAExecutionProvider", *real_providers()])
     except ImportError:
         pass
-    added = False
+    added = []
     if "tensorrt" not in sys.modules and importlib.util.find_spec("tensorrt") is None:
         from course_utils.check.standins.tensorrt import fake_from_snapshot
 
         sys.modules["tensorrt"] = fake_from_snapshot(device_pointers=True)
-        added = True
+        added.append("tensorrt")
+    if "pycuda" not in sys.modules and importlib.util.find_spec("pycuda") is None:
+        from course_utils.check.standins.pycuda import AutoinitRefused, FakePycuda
+
+        modules = FakePycuda(device=True).rehearsal_modules()
+        sys.modules.update(modules)
+        added += list(modules)
+        sys.meta_path.insert(0, AutoinitRefused())  # the rehearsal removes it when it ends
     try:
         import torchcodec.decoders._image_decoders as tci
 
         def cuda_batch(tensors: list, mode: Any, device: Any) -> list:  # nvJPEG's batch -> CPU decode, wrapped
             STATE.count("GPU JPEG decodes (CPU decode, stand-in output)")
             cpu = [tci._decode_to_mode(tci._decode_jpeg, t, mode, tci._JPEG_NATIVE_OUTPUT_MODES) for t in tensors]
-            return [to_standin(t) for t in cpu]
+            from course_utils.check.standins.copies import to_device
+
+            return [to_device(t, non_blocking=False) for t in cpu]
 
         patch(tci, "_decode_jpegs_cuda_with_mode", cuda_batch)
     except (ImportError, AttributeError):

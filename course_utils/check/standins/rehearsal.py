@@ -1,64 +1,76 @@
 """Rehearsal mode (``COURSE_REHEARSE=1``): GPU-only sections executed on a CPU machine, on checked stand-ins.
 
 On a machine without CUDA, :func:`course_utils.supply.modes.gpu_section` then returns True and calls
-:func:`activate`: until the cell ends (:func:`deactivate`, called by the cell runner or the IPython hook),
-"cuda" means the stand-in GPU of :mod:`course_utils.check.standins`:
+:func:`activate`: until the cell ends (:func:`cell_done`, called by :func:`course_utils.supply.modes.finish_cell`
+from the cell runner or the IPython hook, so a rehearsal in JupyterLab is the one the tests run), "cuda" means the
+stand-in GPU of :mod:`course_utils.check.standins`:
 
-* ``torch.cuda.*`` answers for an sm_90 stand-in (streams, events, graphs, memory counters);
+* ``torch.cuda.*`` answers for one sm_90 stand-in (streams, events, graphs, memory counters, the pinned cache and
+  the allocation history); ``cuda:1`` and beyond raise CUDA's "invalid device ordinal";
 * ``.cuda()``, ``.to("cuda")``, ``Module.to("cuda")`` and factories with ``device="cuda"`` make
-  :class:`~course_utils.check.standins.tensor.Rehearsed` tensors (placement, stream order and capture rules checked);
-* ``onnxruntime.InferenceSession`` with the CUDA provider, ``tensorrt`` (the fake from TensorRT 11.1's
-  bindings, device pointers and stream order checked) and torchcodec's ``decode_jpeg(device="cuda")`` have
-  stand-ins; ``torch.onnx.export`` of a stand-in model exports its CPU weights;
-* what cannot run there (``torch.compile`` on CUDA, autograd, the allocator's history) raises
-  :class:`NotRehearsable`: the section is recorded "not rehearsable: <reason>", not failed.
+  :class:`~course_utils.check.standins.tensor.Rehearsed` tensors; their operators are checked and queued per stream
+  (:mod:`.dispatch`, :mod:`.streams`) on a virtual device clock (:mod:`.clock`);
+* ``onnxruntime.InferenceSession`` with the CUDA provider, ``tensorrt`` (TensorRT 11.1's API, device pointers and
+  stream order checked), ``pycuda`` and torchcodec's ``decode_jpeg(device="cuda")`` have stand-ins (the fakes are put
+  in ``sys.modules`` only where the real package is missing); ``torch.onnx.export`` exports a stand-in model's CPU
+  weights;
+* what only a GPU machine can run raises :class:`NotRehearsable` with its name (:data:`GPU_ONLY`: Inductor/Triton
+  kernels, INT4 tile packing, 2:4 sparse kernels, FP8 scaled matrix products; :data:`NOT_REHEARSABLE`: sections
+  that start other processes on the GPU); any other error fails the section, a gap of the stand-in included.
 
-:func:`checks` reports what the stand-ins enforced (counts), which the section record keeps.
+``COURSE_REHEARSE_SCOPE=lesson`` keeps the stand-ins for the whole lesson (``pick_device()`` gives "cuda" from the
+first cell, as on a GPU machine); :func:`course_utils.supply.modes.begin_lesson` starts it. :func:`checks` reports
+what the stand-ins enforced (counts), which the section record keeps.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from collections.abc import Iterator
 from typing import Any
 
 import torch
-from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
 
 from course_utils.check.standins import cuda as scuda
-from course_utils.check.standins import packages
-from course_utils.check.standins.cuda import NotRehearsable
+from course_utils.check.standins import memory, packages, switches
+from course_utils.check.standins.cuda import GPU_ONLY, NotRehearsable
+from course_utils.check.standins.mode import CudaMode, pin_batch
 from course_utils.check.standins.streams import MODEL
-from course_utils.check.standins.tensor import STATE, RehearsalError, Rehearsed, to_standin, wrap
+from course_utils.check.standins.tensor import STATE, RehearsalError, check_index
 
 __all__ = ["NotRehearsable", "RehearsalError", "activate", "active", "checks", "deactivate", "no_real_gpu"]
 
 _ACTIVE: dict[str, Any] = {}
-# Sections whose point is what only the hardware or other processes can show; the body is not run on the stand-in.
+# Sections only a GPU machine can run (other processes on the GPU, named GPU-only kernels): not entered.
 NOT_REHEARSABLE = {
-    "10.concurrent-kernels": "it measures whether the GPU runs kernels of two streams side by side; the stand-in "
-    "runs each kernel when it is issued",
-    "11.expandable-segments": "it starts fresh Python processes that allocate CUDA memory themselves; the stand-in "
-    "lives in this process only",
+    "11.expandable-segments": "it starts worker processes that allocate CUDA memory themselves; the stand-in lives in "
+    "this process only",
     "13.serve-gpu": "the LitServe server's worker processes would need the GPU; the stand-in lives in this "
     "process only",
-    "15.gpu-int4": "torchao's INT4 tile-packed format packs weights with a CUDA-only kernel "
-    "(aten._convert_weight_to_int4pack for tinygemm); the stand-in has no CPU equivalent",
+    "15.gpu-int4": GPU_ONLY["int4"],
+    "15.gpu-cuda-graphs": GPU_ONLY["inductor"],
+    "06.compile-cuda": GPU_ONLY["inductor"],
+    "12.gpu-2to4": GPU_ONLY["sparse"],
+    "05.gpu-fp8-int4": f"{GPU_ONLY['int4']}; {GPU_ONLY['fp8']}",
+    "17.nccl-tp": "its rank processes would each need a GPU of their own, and NCCL has no CPU implementation; the "
+    "stand-in lives in this process only",
+}
+# Sections that show a mistake on purpose ("what not to do"), and which rule would otherwise stop them.
+DELIBERATE = {
+    "01.gpu-sync": {"unsynchronized timing"},  # times a launch without synchronize, to show the difference
+    "10.pageable-copy": {"unsynchronized timing"},  # how long a non_blocking call holds the CPU, before the copy ends
 }
 MEMORY_MIB = 1024  # the stand-in GPU's memory (small, so that OOM sweeps stop early on a CPU)
-_PROVIDED = {"tensorrt"}  # packages the rehearsal provides stand-ins for (checked by gpu_section's needs=)
-_FACTORIES = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "linspace", "eye",
-              "tensor", "as_tensor", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",
-              "randn_like", "randint_like", "empty_strided", "new_empty", "new_zeros", "new_ones", "new_full",
-              "new_tensor", "logspace", "scalar_tensor"}  # fmt: skip
+_PROVIDED = {"tensorrt", "pycuda"}  # packages the rehearsal provides stand-ins for (checked by gpu_section's needs=)
 
 
 def no_real_gpu() -> bool:
-    """True when this machine has no real CUDA GPU (asked of torch's own function, even while the stand-ins
-    answer ``torch.cuda.is_available()``). COURSE_REHEARSE is read by :func:`course_utils.supply.modes.rehearsing`."""
-    return not _REAL["is_available"]()
+    """True when this machine has no real CUDA GPU (asked of torch's C layer, even while the stand-ins answer
+    ``torch.cuda.is_available()``). COURSE_REHEARSE is read by :func:`course_utils.supply.modes.rehearsing`."""
+    count = getattr(torch._C, "_cuda_getDeviceCount", None)
+    return not (count and count() > 0)
 
 
 def active() -> bool:
@@ -69,86 +81,13 @@ def provided(module: str) -> bool:
     return module in _PROVIDED
 
 
-def _is_cuda(device: Any) -> bool:
-    if device is None:
-        return False
-    if isinstance(device, int):
-        return True
-    try:
-        return torch.device(device).type == "cuda"
-    except (RuntimeError, TypeError):
-        return False
-
-
-def _has_standin(obj: Any) -> bool:
-    return any(isinstance(t, Rehearsed) for t in tree_flatten(obj)[0])
-
-
-class _CudaMode(TorchFunctionMode):
-    """Maps "cuda" placement to the stand-in; everything else runs unchanged."""
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        name = getattr(func, "__name__", "")
-        if func is torch.Tensor.to and args and isinstance(args[0], torch.Tensor):
-            target = next((a for a in args[1:] if isinstance(a, torch.Tensor)), None)
-            device, dtype, _, fmt = torch._C._nn._parse_to(
-                *args[1:], **{k: v for k, v in kwargs.items() if k != "copy"}
-            )
-            if target is not None:
-                device, dtype = target.device, target.dtype
-            if _is_cuda(device):
-                out = to_standin(args[0], dtype, copy=bool(kwargs.get("copy")))
-                return out.contiguous(memory_format=fmt) if fmt is not None else out
-            return func(*args, **kwargs)
-        if func is torch.Tensor.cuda and args:
-            fmt = kwargs.get("memory_format")
-            out = to_standin(args[0])
-            return out.contiguous(memory_format=fmt) if fmt is not None else out
-        if func is torch.Tensor.pin_memory and args and not isinstance(args[0], Rehearsed):
-            STATE.count("pinned host buffers")
-            out = args[0].clone()
-            out._rehearsal_pinned = True
-            return out
-        if func is torch.Tensor.is_pinned and args and not isinstance(args[0], Rehearsed):
-            return bool(getattr(args[0], "_rehearsal_pinned", False))
-        if name in {"backward", "grad"} and _has_standin((args, kwargs)):
-            raise NotRehearsable("autograd on the stand-in GPU would call the CUDA runtime (training is not rehearsed)")
-        if name in _FACTORIES and _is_cuda(kwargs.get("device")):
-            kwargs = dict(kwargs, device="cpu")
-            kwargs.pop("pin_memory", None)
-            args = tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, args)
-            out = func(*args, **kwargs)
-            return tree_map(lambda t: _fresh(t, name) if isinstance(t, torch.Tensor) else t, out)
-        return func(*args, **kwargs)
-
-
-def _fresh(t: torch.Tensor, op: str) -> Rehearsed:
-    out = wrap(t)
-    k = t.untyped_storage().data_ptr()
-    MODEL.made(k, MODEL.current)
-    MODEL.use(k, f"torch.{op}(device='cuda')", True, MODEL.current, MODEL.current.tick())
-    return out
-
-
-def _pin_batch(data: Any, device: Any = None) -> Any:
-    """DataLoader's pin-memory thread on the stand-in: a copy marked pinned (tensors, lists, tuples, dicts)."""
-    if isinstance(data, torch.Tensor):
-        STATE.count("pinned host buffers")
-        out = data.clone()
-        out._rehearsal_pinned = True
-        return out
-    if isinstance(data, dict):
-        return {k: _pin_batch(v) for k, v in data.items()}
-    if isinstance(data, tuple) and hasattr(data, "_fields"):
-        return type(data)(*(_pin_batch(v) for v in data))
-    if isinstance(data, (list, tuple)):
-        return type(data)(_pin_batch(v) for v in data)
-    return data
+def whole_lesson() -> bool:
+    """``COURSE_REHEARSE_SCOPE=lesson``: the whole lesson runs as on a GPU machine."""
+    return os.environ.get("COURSE_REHEARSE_SCOPE", "section").strip().lower() == "lesson"
 
 
 def _compile(*args: Any, **kwargs: Any) -> Any:
-    raise NotRehearsable("torch.compile/Inductor generates CUDA kernels (Triton): the CPU stand-in cannot run them")
+    raise NotRehearsable(GPU_ONLY["inductor"])
 
 
 @contextlib.contextmanager
@@ -170,15 +109,6 @@ def suspended() -> Iterator[None]:
             mode.__enter__()
 
 
-def _real_cuda() -> bool:
-    """Does this machine have a real CUDA GPU? (asked of torch's C layer: torch.cuda.is_available may be patched)"""
-    count = getattr(torch._C, "_cuda_getDeviceCount", None)
-    return bool(count and count() > 0)
-
-
-_REAL: dict[str, Any] = {"is_available": _real_cuda}
-
-
 def _patch(owner: Any, name: str, value: Any) -> None:
     _ACTIVE.setdefault("patches", []).append((owner, name, getattr(owner, name, None), hasattr(owner, name)))
     setattr(owner, name, value)
@@ -191,18 +121,24 @@ def activate(total_memory: int | None = None) -> None:
     _ACTIVE["on"] = True
     STATE.counts.clear()
     STATE.deferred.clear()
+    STATE.notes.clear()
     STATE.total_memory = total_memory or MEMORY_MIB * 2**20
     MODEL.reset()
-    STATE.streams = MODEL
+    memory.reset()
+    STATE.streams, STATE.history = MODEL, None
+    STATE.reset_peak()
     for name, fn in scuda.functions().items():
         _patch(torch.cuda, name, fn)
-    for name, fn in scuda.memory_functions().items():
+    for name, fn in memory.memory_functions().items():
         _patch(torch.cuda.memory, name, fn)
     _patch(torch, "compile", _compile)
+    import time
+
+    _patch(time, "perf_counter", _timer(time.perf_counter))
     accelerator = {"is_available": lambda *a, **k: True, "device_count": lambda: 1,
                    "current_accelerator": lambda *a, **k: torch.device("cuda"), "current_device_index": lambda: 0,
-                   "set_device_index": lambda *a: None, "synchronize": lambda *a: MODEL.sync_all(),
-                   "current_stream": lambda *a: MODEL.current}  # fmt: skip
+                   "set_device_index": lambda d: check_index(d, "torch.accelerator.set_device_index"),
+                   "synchronize": lambda *a: MODEL.sync_all(), "current_stream": lambda *a: MODEL.current}  # fmt: skip
     for name, fn in accelerator.items():
         if hasattr(torch, "accelerator") and hasattr(torch.accelerator, name):
             _patch(torch.accelerator, name, fn)
@@ -211,15 +147,57 @@ def activate(total_memory: int | None = None) -> None:
     _patch(profiler_class, "__init__", packages.profiler_init(profiler_class.__init__))
     import torch.utils.data._utils.pin_memory as pinning
 
-    _patch(pinning, "pin_memory", _pin_batch)  # DataLoader(pin_memory=True) pins in a thread: no mode there
+    _patch(pinning, "pin_memory", pin_batch)  # DataLoader(pin_memory=True) pins in a thread: no mode there
     # Module.to("cuda") must make new Parameters (of the stand-in type), not set .data of the CPU ones
     _ACTIVE["overwrite"] = torch.__future__.get_overwrite_module_params_on_conversion()
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     _patch(torch.onnx, "export", packages.onnx_export(torch.onnx.export, suspended))
-    _ACTIVE["tensorrt"] = packages.install(_patch)
-    mode = _CudaMode()
+    _ACTIVE["modules"] = packages.install(_patch)
+    mode = CudaMode()
     mode.__enter__()
     _ACTIVE["mode"] = mode
+
+
+def enter(section: str) -> None:
+    """The GPU section now running (its deliberate mistakes, :data:`DELIBERATE`, are allowed)."""
+    _ACTIVE["section"] = section
+    _ACTIVE["timer"] = None
+
+
+def deliberate(what: str) -> bool:
+    return what in DELIBERATE.get(_ACTIVE.get("section", ""), set())
+
+
+def _timer(real: Any) -> Any:
+    """``time.perf_counter`` while rehearsing. A read that ends a timing (its line subtracts a start time:
+    ``time.perf_counter() - t0``) taken while work issued since the previous read is still queued is a wall-clock
+    timer around GPU work that never waited for it: it measured the launch only."""
+    import linecache
+    import re
+    import threading
+
+    ends = re.compile(r"perf_counter\(\)\s*-")
+
+    def perf_counter() -> float:
+        if threading.current_thread() is threading.main_thread() and _ACTIVE:
+            last = _ACTIVE.get("timer")
+            waiting = MODEL.pending(since=last) if last is not None else 0
+            if waiting and not deliberate("unsynchronized timing"):
+                caller = sys._getframe(1)
+                if ends.search(linecache.getline(caller.f_code.co_filename, caller.f_lineno)):
+                    STATE.count("timing violations")
+                    _ACTIVE["timer"] = None
+                    raise RehearsalError(
+                        f"time.perf_counter() - start read while {waiting} GPU operation(s) issued since the start "
+                        "are still queued: a wall-clock timer around GPU work measures only the launch unless the "
+                        "host waits first. Fix: torch.cuda.synchronize() (or end_event.synchronize()) before reading "
+                        "the clock, or time with CUDA events (rehearsal stand-in)"
+                    )
+            STATE.count("timer reads checked")
+            _ACTIVE["timer"] = MODEL.issued
+        return real()
+
+    return perf_counter
 
 
 def checks() -> dict[str, int]:
@@ -232,21 +210,66 @@ def pending_violation() -> str | None:
     return STATE.deferred[0] if STATE.deferred else None
 
 
+def take_notes() -> list[str]:
+    """What the stand-ins reported without failing since the last call (printed at the cell's end)."""
+    notes, STATE.notes[:] = list(STATE.notes), []
+    return notes
+
+
+def end_cell(success: bool, error: BaseException | None, entered: list[tuple[str, dict]]) -> tuple:
+    """The end of a cell that entered the sections ``entered`` ([(key, switches at entry)]): the work they queued
+    runs (its errors are theirs), a violation found when memory was freed is raised, and the global switches are
+    compared (on a GPU too). Returns (success, error, hidden error, check counts)."""
+    hidden = None
+    if success and active():
+        try:
+            MODEL.drain()
+            if pending_violation():
+                raise RehearsalError(pending_violation())
+        except Exception as exc:  # noqa: BLE001 - the cell's hidden error
+            hidden = exc
+    for section, before in entered if success and hidden is None else []:
+        try:
+            switches.check(section, before)
+        except RehearsalError as exc:
+            hidden = exc
+            break
+    if hidden is not None:
+        success, error = False, hidden
+    notes = take_notes() if active() else []
+    try:
+        counts = cell_done() if active() else {}
+    except Exception as exc:  # noqa: BLE001 - queued work that failed while the stand-ins left
+        counts, success, error, hidden = {}, False, exc, hidden or exc
+    for note in notes:
+        print(f"⚠  rehearsal: {note}")
+    return success, error, hidden, counts
+
+
+def failure(error: BaseException | None, rehearsed: bool) -> str:
+    """The reason recorded for a failed section: the error's first line; in rehearsal, an error of the real CUDA
+    runtime (no driver here) says that the stand-in lacks the call (a gap to fix, still a failure)."""
+    first = (str(error).strip().splitlines() or [""])[0][:300]
+    text = str(error)
+    runtime = isinstance(error, getattr(torch, "AcceleratorError", ())) or any(
+        s in text for s in ("NVIDIA driver", "CUDA driver version is insufficient", "Torch not compiled with CUDA")
+    )
+    gap = (
+        " (the rehearsal's stand-in reached the real CUDA runtime: a gap of the stand-in)"
+        if rehearsed and runtime
+        else ""
+    )
+    return f"{type(error).__name__}: {first}{gap}"
+
+
 def cell_done() -> dict[str, int]:
     """At the end of a cell: the check counts since the last call; the stand-ins stay only in whole-lesson scope."""
     if _ACTIVE.get("pinned"):
+        MODEL.drain()
         counts = checks()
         STATE.counts.clear()
         return counts
     return deactivate()
-
-
-def whole_lesson() -> bool:
-    """``COURSE_REHEARSE_SCOPE=lesson``: the whole lesson runs as on a GPU machine (``pick_device()`` gives
-    "cuda" from the first cell), so device-parametrized cells outside GPU sections are rehearsed too."""
-    import os
-
-    return os.environ.get("COURSE_REHEARSE_SCOPE", "section").strip().lower() == "lesson"
 
 
 def pin() -> None:
@@ -256,9 +279,11 @@ def pin() -> None:
 
 
 def deactivate() -> dict[str, int]:
-    """Remove the stand-ins; return the check counts. Stand-in tensors kept in variables stay usable."""
+    """Remove the stand-ins; return the check counts. Stand-in tensors kept in variables stay usable (their queued
+    work has run)."""
     if not _ACTIVE:
         return {}
+    MODEL.drain()
     counts = checks()
     mode = _ACTIVE.get("mode")
     if mode is not None:
@@ -269,8 +294,10 @@ def deactivate() -> dict[str, int]:
         else:
             delattr(owner, name)
     torch.__future__.set_overwrite_module_params_on_conversion(_ACTIVE.get("overwrite", False))
-    if _ACTIVE.get("tensorrt"):
-        sys.modules.pop("tensorrt", None)
+    for name in _ACTIVE.get("modules", []):
+        sys.modules.pop(name, None)
+    sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AutoinitRefused"]
     STATE.capture = None
+    STATE.history = None
     _ACTIVE.clear()
     return counts

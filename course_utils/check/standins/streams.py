@@ -1,45 +1,52 @@
-"""Stream order on the rehearsal's stand-in GPU: streams, events and the checks CUDA leaves to you.
+"""Streams and events of the rehearsal's stand-in GPU: queued work that runs when something waits for it.
 
-Every operator on stand-in tensors is issued on the current stream and logged as reads and writes of storages.
-Each stream carries a vector clock of what it has waited for (``wait_stream``, ``wait_event``; the host joins
-clocks at ``synchronize``). The model raises :class:`~.tensor.RehearsalError` at once when
+Work issued to a stream (an operator on stand-in tensors, a copy, a graph replay, a TensorRT or ONNX Runtime run)
+is ordered by the checks of :mod:`.order`, placed on the device timeline of :mod:`.clock` and **queued**: its values
+are computed only when something waits for it, as a GPU computes them after the launch returns:
 
-* a stream reads or writes memory that another stream wrote (or reads) and nothing orders the two;
-* memory made on one stream is handed out again (freed, then reused) while another stream's use of it is
-  neither waited for nor declared with ``record_stream``;
-* ``elapsed_time`` is asked before the end event has completed, or of events made without
-  ``enable_timing=True``.
+* the host waits: ``torch.cuda.synchronize()``, ``Stream.synchronize()``, ``Event.synchronize()``, a blocking
+  copy to or from the host, a host read (``.item()``, ``.cpu()``, printing), an operator whose output size
+  depends on the data (``nonzero``);
+* another stream's queued work that waited for it (``wait_stream``, ``wait_event``) runs, so it runs first.
 
-The same clocks order the fake TensorRT's ``execute_async_v3`` (a stream handle is ``Stream.cuda_stream``).
-It extends :mod:`course_utils.check.streamcheck` (which records a device module's calls after the fact) to
-operators on stand-in memory, checked as they run.
+So a timer that does not synchronize measures the launch only, a non-blocking copy to the host lands when the host
+waits for its stream (before that the buffer holds poison: NaN), and memory a queued copy reads from the host is
+read when the copy runs. ``elapsed_time`` is asked of completed events only (else "device not ready") and
+reports the device time between them. The fake TensorRT's ``execute_async_v3`` takes a stream handle
+(``Stream.cuda_stream``).
 """
 
 from __future__ import annotations
 
-import time
+from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten
 
-from course_utils.check.standins.tensor import STATE, RehearsalError, Rehearsed, _key
+from course_utils.check.standins.clock import DeviceClock
+from course_utils.check.standins.order import Ordering, Use
+from course_utils.check.standins.tensor import STATE, RehearsalError, check_index
 from course_utils.check.streamcheck import _join
+
+__all__ = ["MODEL", "StandinEvent", "StandinStream", "StreamModel", "Use"]
 
 
 @dataclass
-class Use:
-    op: str
-    stream: StandinStream
-    clock: dict[int, int]
-    write: bool
+class Work:
+    tick: int
+    deps: dict[int, int]
+    run: Callable[[], None]
+    inference: bool
+    seq: int = 0  # issue order over all streams
 
 
 class StandinStream:
     """``torch.cuda.Stream`` of the stand-in GPU (``cuda_stream`` is its handle for TensorRT/ORT)."""
 
     def __init__(self, device: Any = None, priority: int = 0, *, _name: str | None = None, **kwargs: Any) -> None:
+        check_index(device, "torch.cuda.Stream")
         model = MODEL
         self.sid = len(model.streams)
         self.name = _name or f"stream{self.sid}"
@@ -48,6 +55,8 @@ class StandinStream:
         self.cuda_stream = 0 if self.sid == 0 else 0x5EED0000 + 16 * self.sid
         self.device = torch.device("cuda", 0)
         self.device_index, self.device_type = 0, 1
+        self.queue: deque[Work] = deque()
+        self.ready = model.clock.host  # device time at which this stream's issued work ends
         model.streams.append(self)
         STATE.count("streams created")
 
@@ -62,10 +71,12 @@ class StandinStream:
     def wait_stream(self, stream: StandinStream) -> None:
         STATE.count("stream waits")
         self.clock = _join(self.clock, stream.clock)
+        self.ready = max(self.ready, stream.ready)
 
     def wait_event(self, event: StandinEvent) -> None:
         STATE.count("stream waits")
         self.clock = _join(self.clock, event.clock)
+        self.ready = max(self.ready, event.t)
 
     def record_event(self, event: StandinEvent | None = None) -> StandinEvent:
         event = event or StandinEvent()
@@ -73,10 +84,10 @@ class StandinStream:
         return event
 
     def synchronize(self) -> None:
-        MODEL.host_sync(self.clock, "Stream.synchronize()")
+        MODEL.host_sync(self.clock, "Stream.synchronize()", self.ready)
 
     def query(self) -> bool:
-        return True
+        return MODEL.query(self.clock, self.ready)
 
     def __enter__(self) -> StandinStream:
         self._prev = MODEL.current
@@ -94,7 +105,7 @@ class StandinStream:
 
 
 class StandinEvent:
-    """``torch.cuda.Event`` of the stand-in GPU: timing from the host clock at record (operators run at issue)."""
+    """``torch.cuda.Event`` of the stand-in GPU: a point in a stream, with the device time its stream reached."""
 
     def __init__(self, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False) -> None:
         self.enable_timing = enable_timing
@@ -105,16 +116,16 @@ class StandinEvent:
     def record(self, stream: StandinStream | None = None) -> None:
         self.stream = stream or MODEL.current
         self.clock = dict(self.stream.tick())
-        self.t = time.perf_counter()
+        self.t = max(self.stream.ready, MODEL.clock.now())
 
     def wait(self, stream: StandinStream | None = None) -> None:
         (stream or MODEL.current).wait_event(self)
 
     def synchronize(self) -> None:
-        MODEL.host_sync(self.clock, "Event.synchronize()")
+        MODEL.host_sync(self.clock, "Event.synchronize()", self.t)
 
     def query(self) -> bool:
-        return self.done()
+        return self.stream is None or MODEL.query(self.clock, self.t)
 
     def done(self) -> bool:
         return self.stream is not None and all(MODEL.host.get(k, 0) >= v for k, v in self.clock.items())
@@ -133,141 +144,96 @@ class StandinEvent:
         return (end.t - self.t) * 1000.0
 
 
-class StreamModel:
-    """Clocks of the host and every stream, and the last uses of every stand-in storage."""
+class StreamModel(Ordering):
+    """The streams, the host's clock, the queues of issued work and the device timeline."""
 
     def __init__(self) -> None:
         self.streams: list[StandinStream] = []
         self.host: dict[int, int] = {}
-        self.uses: dict[int, list[Use]] = {}
-        self.origin: dict[int, StandinStream] = {}
-        self.recorded: dict[int, set[int]] = {}
-        self.side_ops: set[str] = set()
+        self.clock = DeviceClock()
+        self.issued = 0  # work queued so far (all streams)
+        self.reset_uses()
 
     def reset(self) -> None:
+        self.drain()
         self.__init__()
         self.default = StandinStream(_name="default")
         self.current = self.default
 
-    def host_sync(self, clock: dict[int, int], what: str) -> None:
+    # queued work ---------------------------------------------------------------------------------------
+    def enqueue(self, stream: StandinStream, clock: dict[int, int], run: Callable[[], None]) -> None:
+        """Queue ``run`` (the work's values) on ``stream`` at its tick in ``clock``; it runs when waited for."""
+        self.issued += 1
+        stream.queue.append(Work(clock[stream.sid], dict(clock), run, torch.is_inference_mode_enabled(), self.issued))
+
+    def flush(self, stream: StandinStream, upto: float = float("inf")) -> None:
+        """Run the work queued on ``stream`` up to tick ``upto``, and first the work of other streams it waited for."""
+        with torch._C.DisableTorchFunction():
+            while stream.queue and stream.queue[0].tick <= upto:
+                work = stream.queue[0]
+                for sid, n in work.deps.items():
+                    if sid != stream.sid:
+                        self.flush(self.streams[sid], n)
+                if not stream.queue or stream.queue[0] is not work:
+                    continue
+                stream.queue.popleft()
+                with torch.inference_mode(work.inference):
+                    work.run()
+
+    def flush_to(self, stream: StandinStream) -> None:
+        """Run everything ``stream`` has been ordered after so far: its own queue and what it waited for."""
+        for sid, n in stream.clock.items():
+            self.flush(self.streams[sid], n)
+
+    def external_run(self, stream: StandinStream, duration: float = 20e-6) -> None:
+        """A library's kernels issued on ``stream`` (TensorRT, ONNX Runtime) that read and write device memory at
+        once: the work the stream is ordered after runs first, and they take device time there."""
+        self.flush_to(stream)
+        stream.ready = self.clock.issue("compute", stream.sid, stream.ready, duration)
+
+    def pending(self, since: int = 0) -> int:
+        """How much work issued after the ``since``-th is still queued (not run, not waited for)."""
+        return sum(1 for s in getattr(self, "streams", []) for w in s.queue if w.seq > since)
+
+    def drain(self) -> None:
+        """Run everything queued (the stand-ins are leaving: no work may be lost)."""
+        for s in getattr(self, "streams", []):
+            self.flush(s)
+
+    def host_sync(self, clock: dict[int, int], what: str, until: float | None = None) -> None:
+        """The host waits for the points ``clock`` names: their work runs, and the host waits their device time."""
         if STATE.capture is not None:
             STATE.capture.forbid(what)
         STATE.count("synchronizations")
+        for sid, n in clock.items():
+            self.flush(self.streams[sid], n)
         self.host = _join(self.host, clock)
+        if until is not None:
+            self.clock.wait(until)
 
-    def sync_all(self) -> None:
+    def sync_all(self, what: str = "torch.cuda.synchronize()") -> None:
+        if STATE.capture is not None:
+            STATE.capture.forbid(what)
+        STATE.count("synchronizations")
+        self.drain()
         for s in self.streams:
-            self.host_sync(s.clock, "torch.cuda.synchronize()")
+            self.host = _join(self.host, s.clock)
+        self.clock.wait(max((s.ready for s in self.streams), default=0.0))
 
-    @staticmethod
-    def ordered(a: Use, b: Use) -> bool:
-        return a.clock[a.stream.sid] <= b.clock.get(a.stream.sid, 0)
+    def wait_current(self, what: str) -> None:
+        """A blocking copy or host read on the current stream: the host waits for that stream."""
+        s = self.current
+        self.host_sync(s.clock, what, s.ready)
 
-    def use(self, key: int, op: str, write: bool, stream: StandinStream, clock: dict[int, int]) -> None:
-        STATE.count("stream-order checks")
-        new = Use(op, stream, clock, write)
-        history = self.uses.setdefault(key, [])
-        for old in history:
-            if (old.write or write) and old.stream is not stream and not self.ordered(old, new):
-                STATE.count("stream-order violations")
-                raise RehearsalError(
-                    f"stream order: '{op}' on {stream.name} {'writes' if write else 'reads'} memory that '{old.op}' "
-                    f"on {old.stream.name} {'wrote' if old.write else 'reads'}, and no wait_stream, event or "
-                    f"synchronize orders them (on a GPU the two may overlap: stale or torn data). Fix: "
-                    f"{stream.name}.wait_stream({old.stream.name}) (or an Event recorded there) before the use."
-                )
-        if write:
-            history[:] = [new]
-        else:
-            history[:] = [u for u in history if u.stream is not stream or u.write] + [new]
-
-    def made(self, key: int, stream: StandinStream) -> None:
-        """New memory at ``key`` on ``stream``; memory there before was freed: check its last uses first."""
-        if key in self.origin:
-            self.reused(key)
-        self.origin[key] = stream
-
-    def access(self, func: Any, name: str, args: tuple, kwargs: dict, out: Any, to_host: bool) -> None:
-        self.raise_deferred()
-        stream = self.current
-        if stream is not self.default:
-            self.side_ops.add(name.split(".")[0])
-        clock = stream.tick()
-        written: set[int] = set()
-        for i, arg in enumerate(func._schema.arguments):
-            value = args[i] if i < len(args) else kwargs.get(arg.name)
-            if arg.alias_info is not None and arg.alias_info.is_write and isinstance(value, Rehearsed):
-                written.add(_key(value.elem))
-        inputs = {_key(t.elem) for t in tree_flatten((args, kwargs))[0] if isinstance(t, Rehearsed)}
-        for k in inputs - written:
-            self.use(k, name, False, stream, clock)
-        for k in written:
-            self.use(k, name, True, stream, clock)
-        if not to_host:
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and not isinstance(t, Rehearsed):
-                    k = _key(t)
-                    if k not in inputs and k not in written:
-                        self.made(k, stream)
-                        self.use(k, name, True, stream, clock)
-        else:
-            self.host_sync(stream.clock, f"a host read ({name})")
-
-    def use_tensor(self, t: Rehearsed, op: str, write: bool) -> None:
-        """A use of ``t`` outside the dispatcher (indexing done on the wrapped tensor)."""
-        self.raise_deferred()
-        if STATE.capture is not None and write:
-            STATE.capture.forbid(f"an indexed write ({op}) that the stand-in cannot record")
-        self.use(_key(t.elem), op, write, self.current, self.current.tick())
-
-    def host_to_device(self, t: Rehearsed) -> None:
-        self.raise_deferred()
-        k = _key(t.elem)
-        self.made(k, self.current)
-        self.use(k, "copy host->device", True, self.current, self.current.tick())
-
-    def record_stream(self, key: int, stream: StandinStream) -> None:
-        STATE.count("record_stream calls")
-        self.recorded.setdefault(key, set()).add(stream.sid)
-
-    def freed(self, key: int) -> None:
-        """The last stand-in tensor on the block at ``key`` is gone: the caching allocator returns it to the
-        allocating stream's pool, so check its other-stream uses now (deterministic, whatever address the CPU
-        allocator picks next). Called from a finalizer, where raising is impossible: the violation is raised by the
-        next stand-in operation."""
-        try:
-            self.reused(key)
-        except RehearsalError as exc:
-            STATE.deferred.append(str(exc))
-
-    def reused(self, key: int) -> None:
-        """The block at ``key`` is handed out again: every stream that used it must be done with it, by a wait of
-        the stream that allocated it (or the host) or by ``record_stream``, else the new owner may overwrite
-        data another stream still reads (what the caching allocator risks when ``record_stream`` is missing)."""
-        history, made = self.uses.pop(key, []), self.origin.pop(key, None)
-        recorded = self.recorded.pop(key, set())
-        if made is None:
-            return
-        for u in history:
-            if u.stream is made or u.stream.sid in recorded:
-                continue
-            seen = max(made.clock.get(u.stream.sid, 0), self.host.get(u.stream.sid, 0))
-            if seen < u.clock[u.stream.sid]:
-                STATE.count("stream-order violations")
-                raise RehearsalError(
-                    f"stream order: memory allocated on {made.name} was used on {u.stream.name} ('{u.op}') and then "
-                    f"freed, but {made.name} never waited for that use and no record_stream({u.stream.name}) was "
-                    "called: the caching allocator handed the block to a new tensor while "
-                    f"{u.stream.name} may still use it. Fix: tensor.record_stream({u.stream.name}) where the "
-                    "other stream uses it, or make the allocating stream wait for it."
-                )
-
-    def raise_deferred(self) -> None:
-        if STATE.deferred:
-            message = STATE.deferred.pop(0)
-            STATE.deferred.clear()
-            STATE.count("stream-order violations")
-            raise RehearsalError(message)
+    def query(self, clock: dict[int, int], t: float) -> bool:
+        """A poll: done once the wall clock has passed the point's device time (then its work has run)."""
+        if self.clock.now() < t and not all(self.host.get(k, 0) >= v for k, v in clock.items()):  # still running
+            return False
+        for sid, n in clock.items():
+            self.flush(self.streams[sid], n)
+        self.host = _join(self.host, clock)
+        self.clock.wait(t)
+        return True
 
     def stream_for(self, handle: int) -> StandinStream:
         for s in self.streams:

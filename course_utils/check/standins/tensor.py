@@ -1,19 +1,14 @@
-"""The rehearsal's "CUDA" tensor: a CPU tensor wrapped as ``cuda:0`` that enforces CUDA's placement rule.
+"""The rehearsal's "CUDA" tensor: a CPU tensor wrapped as ``cuda:0``, and the bookkeeping of the stand-in GPU.
 
 :class:`Rehearsed` is a wrapper subclass (``torch.Tensor._make_wrapper_subclass``) whose ``device`` reads
 ``cuda:0``, so Python-level device branches (torchvision's CUDA resize, ``x.is_cuda``, autocast) behave as on a
-GPU, while every operator runs on the wrapped CPU tensor. Each operator is checked before it runs:
+GPU, while every operator runs on the wrapped CPU tensor, later, when something waits for it (:mod:`.dispatch`
+checks and queues each operator; :mod:`.streams` runs the queues). :class:`State` keeps the live stand-in storages
+(``torch.cuda.memory_allocated`` and friends; a total above the stand-in GPU's memory raises
+``torch.OutOfMemoryError``), the counters of what was enforced, and which host tensors are pinned.
 
-* **placement**: a CPU tensor (not a 0-dim scalar) meeting a stand-in CUDA tensor raises CUDA's own
-  "Expected all tensors to be on the same device" error (copies and CPU index tensors are allowed, as on CUDA);
-* **stream order**: every read and write is logged with the stream it was issued on (:mod:`.streams`);
-* **graph capture**: inside a capture, host reads (``.item()``, ``.cpu()``) raise and operators are recorded
-  for replay (:mod:`.graphs`);
-* **memory**: live stand-in storages are counted for ``torch.cuda.memory_allocated`` and friends; a total
-  above the stand-in GPU's memory raises ``torch.OutOfMemoryError``.
-
-Stand-in device pointers (``data_ptr()``) are host addresses plus :data:`DEVICE_TAG`, so a host pointer
-passed where a device pointer is needed (TensorRT, ONNX Runtime IOBinding) is recognised and refused.
+Stand-in device pointers (``data_ptr()``) are host addresses plus :data:`DEVICE_TAG`, so a host pointer passed
+where a device pointer is needed (TensorRT, ONNX Runtime IOBinding, pycuda) is recognised and refused.
 """
 
 from __future__ import annotations
@@ -22,25 +17,10 @@ import weakref
 from typing import Any
 
 import torch
-from torch.utils._pytree import tree_flatten, tree_map
 
 DEVICE_TAG = 1 << 56  # stand-in device addresses: host address + tag (host addresses are below 2**47)
 CUDA = torch.device("cuda", 0)
-# operators that may legally mix a CPU tensor with a CUDA one (copies; CPU index tensors)
-_MIXED_OK = {
-    "copy_",
-    "_to_copy",
-    "_copy_from",
-    "_copy_from_and_resize",
-    "index.Tensor",
-    "index_put_",
-    "index_put",
-    "lift_fresh",
-    "set_.source_Storage_storage_offset",
-    "_index_put_impl_",
-    "_has_compatible_shallow_copy_type",
-    "is_same_size",
-}  # fmt: skip (metadata checks of Module.to)
+DEVICE_COUNT = 1
 
 
 class RehearsalError(RuntimeError):
@@ -48,11 +28,12 @@ class RehearsalError(RuntimeError):
 
 
 class State:
-    """Global bookkeeping of the rehearsal: live storages, counters, the stream model, an active capture."""
+    """Global bookkeeping of the rehearsal: live storages, counters, peak reads, an active capture."""
 
     def __init__(self, total_memory: int) -> None:
         self.total_memory = total_memory
-        self.live: dict[int, list[int]] = {}  # storage ptr -> [refs, nbytes]
+        self.live: dict[int, list[int]] = {}  # storage ptr -> [refs, nbytes, generation]
+        self.generation = 0
         self.allocated = 0
         self.peak = 0
         self.cached = 0  # freed bytes the "caching allocator" keeps until empty_cache()
@@ -60,9 +41,18 @@ class State:
         self.streams: Any = None  # .streams.StreamModel, set by the rehearsal
         self.capture: Any = None  # .graphs.Capture while a CUDA graph is being captured
         self.deferred: list[str] = []  # violations found where raising is impossible (in a finalizer)
+        self.notes: list[str] = []  # what the stand-ins report without failing (printed at the cell's end)
+        self.allocs_since_read = 0  # allocations since the last peak read
+        self.peak_raised = False  # the peak rose since the last read (or was reset)
+        self.peak_read = False  # the peak was read since the last reset
+        self.history: Any = None  # the allocation history while torch.cuda.memory._record_memory_history records
 
     def count(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
+
+    def note(self, text: str) -> None:
+        if text not in self.notes:
+            self.notes.append(text)
 
     # memory -------------------------------------------------------------------------------------------
     def track(self, wrapper: Rehearsed) -> None:
@@ -75,10 +65,17 @@ class State:
                     f"CUDA out of memory. Tried to allocate {nbytes / 2**20:.2f} MiB (rehearsal stand-in GPU: "
                     f"{self.total_memory / 2**30:.2f} GiB total, {self.allocated / 2**20:.2f} MiB allocated)"
                 )
-            entry = self.live[ptr] = [0, nbytes]
+            self.generation += 1
+            entry = self.live[ptr] = [0, nbytes, self.generation]
             self.allocated += nbytes
             self.cached = max(0, self.cached - nbytes)
-            self.peak = max(self.peak, self.allocated)
+            self.allocs_since_read += 1
+            if self.allocated > self.peak:
+                self.peak, self.peak_raised = self.allocated, True
+            if self.history is not None:
+                from course_utils.check.standins.memory import on_event
+
+                on_event("alloc", ptr, nbytes)
         entry[0] += 1
         weakref.finalize(wrapper, self._release, ptr)
 
@@ -91,6 +88,10 @@ class State:
             del self.live[ptr]
             self.allocated -= entry[1]
             self.cached += entry[1]
+            if self.history is not None:
+                from course_utils.check.standins.memory import on_event
+
+                on_event("free_completed", ptr, entry[1])
             if self.streams is not None:  # the caching allocator will hand this block out again: check it now
                 self.streams.freed(ptr)
 
@@ -98,11 +99,29 @@ class State:
         block = 2 * 2**20
         return -(-(self.allocated + self.cached) // block) * block
 
+    def reset_peak(self) -> None:
+        self.peak, self.peak_raised, self.peak_read, self.allocs_since_read = self.allocated, True, False, 0
+
+    def read_peak(self, what: str) -> int:
+        """``max_memory_allocated()`` and friends: a read whose value is a peak an earlier read already saw, after
+        new work allocated memory and without ``reset_peak_memory_stats()``, reports the previous variant's peak."""
+        self.count("peak-memory reads")
+        if self.peak_read and self.allocs_since_read and not self.peak_raised:
+            self.count("peak-memory violations")
+            raise RehearsalError(
+                f"{what} returned {self.peak / 2**20:.2f} MiB, the peak an earlier read already reported: the work "
+                f"since then ({self.allocs_since_read} allocations) stayed below it, so this number is the previous "
+                "variant's peak, not this one's. Fix: torch.cuda.reset_peak_memory_stats() (after a synchronize) "
+                "before each variant (rehearsal stand-in)"
+            )
+        self.peak_read, self.peak_raised, self.allocs_since_read = True, False, 0
+        return self.peak
+
     def host_address(self, ptr: int, nbytes: int) -> tuple[int, int] | None:
         """(host address, storage key) behind stand-in device pointer ``ptr`` when [ptr, ptr+nbytes) is live
         stand-in memory; None for a host pointer or freed memory."""
         host = int(ptr) - DEVICE_TAG
-        for start, (_, size) in self.live.items():
+        for start, (_, size, _gen) in self.live.items():
             if start <= host and host + nbytes <= start + size:
                 return host, start
         return None
@@ -117,6 +136,68 @@ def _key(t: torch.Tensor) -> int:
 
 def wrap(elem: torch.Tensor) -> Rehearsed:
     return Rehearsed(elem)
+
+
+def leaves(obj: Any) -> list:
+    """The leaves of an operator's arguments or results (tuples, lists and dicts of them), in order: a fast
+    ``tree_flatten`` for what the dispatcher passes."""
+    if isinstance(obj, (tuple, list)):
+        return [leaf for o in obj for leaf in leaves(o)]
+    if isinstance(obj, dict):
+        return [leaf for o in obj.values() for leaf in leaves(o)]
+    return [obj]
+
+
+def fmap(fn: Any, obj: Any) -> Any:
+    """``fn`` applied to every leaf, the containers kept (a fast ``tree_map`` for the dispatcher's arguments)."""
+    if isinstance(obj, tuple) and not hasattr(obj, "_fields"):
+        return tuple(fmap(fn, o) for o in obj)
+    if isinstance(obj, list):
+        return [fmap(fn, o) for o in obj]
+    if isinstance(obj, dict):
+        return {k: fmap(fn, v) for k, v in obj.items()}
+    return fn(obj)
+
+
+def unwrap(obj: Any) -> Any:
+    return fmap(lambda t: t.elem if isinstance(t, Rehearsed) else t, obj)
+
+
+def check_index(device: Any, what: str) -> None:
+    """A CUDA device index beyond the stand-in's one GPU raises as CUDA does (``cuda:1``, ``set_device(3)``)."""
+    if device is None:
+        return
+    try:
+        dev = torch.device(device) if not isinstance(device, int) else torch.device("cuda", device)
+    except (RuntimeError, TypeError):
+        return
+    if dev.type == "cuda" and dev.index is not None and not 0 <= dev.index < DEVICE_COUNT:
+        raise RehearsalError(
+            f"CUDA error: invalid device ordinal ({what} asked for cuda:{dev.index}; the rehearsal's stand-in has "
+            f"{DEVICE_COUNT} GPU, cuda:0, as torch.cuda.device_count() says)"
+        )
+
+
+def mark_pinned(t: torch.Tensor) -> torch.Tensor:
+    STATE.count("pinned host buffers")
+    t._rehearsal_pinned = True
+    return t
+
+
+def is_pinned(t: torch.Tensor) -> bool:
+    """Pinned on the stand-in: made by ``pin_memory()``, a pinned factory or loader, or a view of such a tensor."""
+    return bool(getattr(t, "_rehearsal_pinned", False) or getattr(t._base, "_rehearsal_pinned", False))
+
+
+def poison(t: torch.Tensor) -> torch.Tensor:
+    """Fill host memory a copy has not reached yet: NaN, or the largest value for integers (True for bool)."""
+    if t.is_floating_point() or t.is_complex():
+        t.fill_(float("nan"))
+    elif t.dtype == torch.bool:
+        t.fill_(True)
+    else:
+        t.fill_(torch.iinfo(t.dtype).max)
+    return t
 
 
 class Rehearsed(torch.Tensor):
@@ -138,8 +219,17 @@ class Rehearsed(torch.Tensor):
 
     __torch_function__ = torch._C._disabled_torch_function_impl
 
+    def _host_view(self, what: str) -> torch.Tensor:
+        """The wrapped tensor as the host would see it after a blocking copy: the current stream has finished."""
+        if STATE.capture is not None:
+            STATE.capture.forbid(f"a host read ({what})")
+        if STATE.streams is not None:
+            STATE.streams.raise_deferred()
+            STATE.streams.wait_current(f"a host read ({what})")
+        return self.elem
+
     def __repr__(self, *, tensor_contents: Any = None) -> str:
-        return repr(self.elem)[:-1] + ", device='cuda:0')"
+        return repr(self._host_view("printing a CUDA tensor"))[:-1] + ", device='cuda:0')"
 
     def data_ptr(self) -> int:
         return self.elem.data_ptr() + DEVICE_TAG
@@ -171,26 +261,14 @@ class Rehearsed(torch.Tensor):
         return tuple(out.unbind(1)) if as_tuple else out
 
     def __getitem__(self, index: Any) -> torch.Tensor:
-        plain = tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, index)
-        if STATE.streams is not None:
-            STATE.streams.use_tensor(self, "__getitem__", False)
-        out = self.elem[plain]
-        return out if isinstance(out, Rehearsed) else wrap(out)
+        from course_utils.check.standins import copies
+
+        return copies.getitem(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        basic = all(i is None or i is Ellipsis or isinstance(i, (int, slice))
-                    for i in (index if isinstance(index, tuple) else (index,)))  # fmt: skip
-        if basic:
-            view = self[index]
-            if isinstance(value, torch.Tensor):
-                view.copy_(value)
-            else:
-                torch.ops.aten.fill_.Scalar(view, value)
-            return
-        plain = tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, index)
-        if STATE.streams is not None:
-            STATE.streams.use_tensor(self, "__setitem__", True)
-        self.elem[plain] = value.elem if isinstance(value, Rehearsed) else value
+        from course_utils.check.standins import copies
+
+        copies.setitem(self, index, value)
 
     def item(self) -> Any:
         return self.cpu().item()
@@ -221,62 +299,6 @@ class Rehearsed(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        kwargs = kwargs or {}
-        name = func._schema.name.split("::")[-1] + (f".{func._overloadname}" if func._overloadname != "default" else "")
-        base = name.split(".")[0]
-        flat, _ = tree_flatten((args, kwargs))
-        cuda_in = [t for t in flat if isinstance(t, Rehearsed)]
-        cpu_in = [t for t in flat if isinstance(t, torch.Tensor) and not isinstance(t, Rehearsed) and t.dim() > 0]
-        if cpu_in and cuda_in and base not in _MIXED_OK and name not in _MIXED_OK:
-            STATE.count("placement violations")
-            raise RehearsalError(
-                "Expected all tensors to be on the same device, but found at least two devices, cuda:0 and cpu! "
-                f"(when checking argument for {base}; rehearsal stand-in: move the CPU tensor or the module to "
-                "'cuda', or the CUDA one to 'cpu')"
-            )
-        STATE.count("placement checks")
-        to_host = base in {"_local_scalar_dense", "equal", "is_nonzero"}
-        if base in {"_to_copy", "to"}:
-            target = kwargs.get("device") or next((a for a in args[1:] if isinstance(a, (torch.device, str))), None)
-            to_host = target is not None and torch.device(target).type == "cpu"
-        if base == "copy_" and not isinstance(args[0], Rehearsed):
-            to_host = True
-        capture = STATE.capture
-        if capture is not None and to_host:
-            capture.forbid(f"a host read ({base}: .item(), .cpu(), .tolist(), printing)")
-        streams = STATE.streams
-        unwrapped_args = tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, args)
-        unwrapped_kwargs = tree_map(lambda t: t.elem if isinstance(t, Rehearsed) else t, kwargs)
-        if base in {"_to_copy", "to"} and to_host:
-            unwrapped_kwargs = {k: v for k, v in unwrapped_kwargs.items() if k != "non_blocking"}
-        if base == "cudnn_batch_norm":  # CUDA picks cuDNN's kernel for a "cuda" tensor; its CPU twin has 3 outputs
-            func = torch.ops.aten.native_batch_norm.default
-            out = (*func(*unwrapped_args, **unwrapped_kwargs), torch.empty(0, dtype=torch.uint8))
-        else:
-            out = func(*unwrapped_args, **unwrapped_kwargs)
-        if streams is not None and capture is None:  # captured work runs at replay, not now
-            streams.access(func, name, args, kwargs, out, to_host)
-        elif streams is not None:  # memory of the graph's private pool, allocated on the capture stream
-            inputs = {_key(t.elem) for t in tree_flatten((args, kwargs))[0] if isinstance(t, Rehearsed)}
-            for t in tree_flatten(out)[0]:
-                if isinstance(t, torch.Tensor) and _key(t) not in inputs:
-                    streams.made(_key(t), streams.current)
-        if capture is not None:
-            capture.record(func, unwrapped_args, unwrapped_kwargs, out)
-        if to_host:
-            return out
-        return tree_map(lambda t: wrap(t) if isinstance(t, torch.Tensor) and not isinstance(t, Rehearsed) else t, out)
+        from course_utils.check.standins import dispatch
 
-
-def to_standin(t: torch.Tensor, dtype: torch.dtype | None = None, copy: bool = False) -> torch.Tensor:
-    """A CPU tensor copied to the stand-in device (``.cuda()``, ``.to('cuda')``); a stand-in stays as it is."""
-    if isinstance(t, Rehearsed):
-        return t.to(dtype) if dtype is not None else (t.clone() if copy else t)
-    host = t.detach() if isinstance(t, torch.nn.Parameter) or t.requires_grad else t
-    elem = host.to(dtype=dtype or host.dtype, copy=True)
-    out = wrap(elem)
-    if STATE.streams is not None:
-        STATE.streams.host_to_device(out)
-    if STATE.capture is not None:
-        STATE.capture.forbid("a host-to-device copy from CPU memory created outside the graph's static buffers")
-    return out
+        return dispatch.dispatch(func, args, kwargs or {})

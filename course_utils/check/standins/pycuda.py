@@ -19,10 +19,17 @@ simulated on host memory, with CUDA's rules:
   primary one, PyTorch's.
 
 ``FakePycuda.log`` records (call, stream handle, ...) tuples for tests.
+
+With ``device=True`` (the rehearsal, which puts it in ``sys.modules`` when pycuda is not installed) it runs on
+the stand-in GPU: ``mem_alloc`` memory is stand-in CUDA memory (the fake TensorRT accepts its pointers), a pycuda
+stream is a stand-in stream (its ``handle`` is one TensorRT accepts), async copies are queued on it in stream
+order and run when the host waits (a device-to-host copy's buffer holds NaN until ``stream.synchronize()``), and
+``import pycuda.autoinit`` raises: it would make a second CUDA context beside PyTorch's.
 """
 
 from __future__ import annotations
 
+import importlib.abc
 import itertools
 import json
 import sys
@@ -32,6 +39,8 @@ from typing import Any
 
 import numpy as np
 
+from course_utils.check.standins.tensor import RehearsalError
+
 SNAPSHOT = Path(__file__).with_name("pycuda_2026_1_api.json")
 
 
@@ -39,7 +48,7 @@ class PinnedArray(np.ndarray):
     """A page-locked host array (what ``pagelocked_empty`` returns)."""
 
 
-class FakePycudaError(RuntimeError):
+class FakePycudaError(RehearsalError):
     """What real CUDA would reject (or silently get wrong) in a runner."""
 
 
@@ -50,8 +59,18 @@ class DeviceAllocation:
         self._fake = fake
         self._mem = np.full(int(nbytes), 0xA5, dtype=np.uint8)  # device memory starts as garbage
         self.nbytes = int(nbytes)
+        self._tensor = None
+        if fake.device:  # stand-in CUDA memory (cuMemAlloc: no stream): a device pointer TensorRT accepts
+            import torch
+
+            from course_utils.check.standins.tensor import wrap
+
+            self._tensor = wrap(torch.full((int(nbytes),), 0xA5, dtype=torch.uint8))
+            self._mem = self._tensor.elem.numpy()
 
     def __int__(self) -> int:
+        if self._tensor is not None:
+            return int(self._tensor.data_ptr())
         return int(self._mem.ctypes.data)
 
     __index__ = __int__
@@ -86,16 +105,26 @@ class Stream:
 
     def __init__(self, fake: FakePycuda, flags: int = 0) -> None:
         self._fake, self.handle, self._pending = fake, next(Stream._handles), []
+        self._standin = None
+        if fake.device:  # a stand-in stream: the fake TensorRT's execute_async_v3 accepts its handle
+            from course_utils.check.standins.streams import StandinStream
+
+            self._standin = StandinStream(_name=f"pycuda stream {len(fake.streams)}")
+            self.handle = self._standin.cuda_stream
         fake.streams[self.handle] = self
 
     def synchronize(self) -> None:
+        if self._standin is not None:
+            from course_utils.check.standins.streams import MODEL
+
+            MODEL.host_sync(self._standin.clock, "pycuda Stream.synchronize()", self._standin.ready)
         for copy in self._pending:
             copy()
         self._pending.clear()
         self._fake.log.append(("synchronize", self.handle))
 
     def is_done(self) -> bool:
-        return not self._pending
+        return not self._pending and (self._standin is None or not self._standin.queue)
 
     def __getattr__(self, name: str) -> Any:
         _check_name(self._fake, "Stream", name)
@@ -105,7 +134,8 @@ class Stream:
 class FakePycuda:
     """The modules ``pycuda``, ``pycuda.driver``, ``pycuda.autoprimaryctx``, ``pycuda.autoinit``."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: bool = False) -> None:
+        self.device = device
         self.spec = json.loads(SNAPSHOT.read_text())
         self.log: list[tuple] = []
         self.allocations: dict[int, DeviceAllocation] = {}
@@ -154,7 +184,12 @@ class FakePycuda:
             fake._stream(stream, "memcpy_htod_async")
             if host.nbytes > dev.nbytes:
                 raise FakePycudaError(f"memcpy_htod_async: {host.nbytes} bytes into a {dev.nbytes}-byte allocation")
-            dev._mem[: host.nbytes] = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+
+            def land() -> None:  # reads the host buffer when the copy runs, as the copy engine does
+                dev._mem[: host.nbytes] = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+
+            if not fake.queue(stream, dev, write=True, run=land, what="memcpy_htod_async", nbytes=host.nbytes):
+                land()
             fake.log.append(("memcpy_htod_async", stream.handle, int(dev)))
 
         def memcpy_dtoh_async(*args, **kwargs):
@@ -169,7 +204,9 @@ class FakePycuda:
             def land() -> None:
                 host.view(np.uint8).reshape(-1)[:] = dev._mem[: host.nbytes]
 
-            stream._pending.append(land)  # queued: the host buffer is written at synchronize()
+            host.view(np.uint8).fill(0xFF)  # until the copy lands the host sees no result (NaN for floats)
+            if not fake.queue(stream, dev, write=False, run=land, what="memcpy_dtoh_async", nbytes=host.nbytes):
+                stream._pending.append(land)  # queued: the host buffer is written at synchronize()
             fake.log.append(("memcpy_dtoh_async", stream.handle, int(dev)))
 
         def _bind(args, kwargs):
@@ -205,6 +242,21 @@ class FakePycuda:
                 "other stream: pass the runner's cuda.Stream()"
             )
 
+    def queue(self, stream: Stream, dev: DeviceAllocation, write: bool, run: Any, what: str, nbytes: int) -> bool:
+        """On the stand-in GPU: order the copy on the stream and queue it (True); host memory only: False."""
+        if stream._standin is None or dev._tensor is None:
+            return False
+        from course_utils.check.standins.clock import copy_cost
+        from course_utils.check.standins.streams import MODEL
+
+        s = stream._standin
+        clock = s.tick()
+        MODEL.use(dev._tensor.elem.untyped_storage().data_ptr(), f"pycuda {what}", write, s, clock)
+        engine = "h2d" if write else "d2h"
+        s.ready = MODEL.clock.issue(engine, s.sid, s.ready, copy_cost(nbytes, pinned=True))
+        MODEL.enqueue(s, clock, run)
+        return True
+
     def is_device_pointer(self, ptr: int) -> bool:
         return int(ptr) in self.allocations
 
@@ -237,6 +289,10 @@ class FakePycuda:
         self._import = record
         return mods
 
+    def rehearsal_modules(self) -> dict[str, types.ModuleType]:
+        """``sys.modules`` entries for the rehearsal: ``pycuda.autoinit`` is left out (:class:`AutoinitRefused`)."""
+        return {k: v for k, v in self.modules().items() if k != "pycuda.autoinit"}
+
     def install(self, monkeypatch) -> None:
         """Put the fake into ``sys.modules`` (and record which context module is imported)."""
         import builtins
@@ -244,3 +300,16 @@ class FakePycuda:
         for name, mod in self.modules().items():
             monkeypatch.setitem(sys.modules, name, mod)
         monkeypatch.setattr(builtins, "__import__", self._import)
+
+
+class AutoinitRefused(importlib.abc.MetaPathFinder):
+    """In the rehearsal, ``import pycuda.autoinit`` fails: it makes a second CUDA context beside PyTorch's."""
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name == "pycuda.autoinit":
+            raise FakePycudaError(
+                "import pycuda.autoinit creates a second CUDA context beside PyTorch's primary one: its memory, "
+                "pointers and streams are not valid in PyTorch's (TensorRT reports an invalid argument). Import "
+                "pycuda.autoprimaryctx instead (rehearsal stand-in)"
+            )
+        return None
