@@ -92,12 +92,15 @@ with torch.inference_mode():
 # `{"batch_size": b, "ms": measure(lambda: model(x))}`, one per batch size that fit, in order. Three rules:
 # * run the whole sweep under `torch.inference_mode()`;
 # * catch `torch.OutOfMemoryError` around each batch: stop the sweep there and **keep the rows** measured so far;
+#   catch nothing else (not `Exception`, not `RuntimeError`, of which it is a subclass): any other error is a bug
+#   and must reach the caller;
 # * free memory **after leaving the `except` block** (inside it, the exception's traceback still holds the failed
 #   batch and its activations): drop your reference to the batch (`x = None`), `gc.collect()`,
 #   `torch.cuda.empty_cache()` (it does nothing where CUDA never started).
 #
-# The self-check plants an out-of-memory error at a batch size drawn at random, and watches where and when you
-# free memory.
+# The self-check plants an out-of-memory error at a batch size drawn at random (and, in another sweep, an ordinary
+# RuntimeError), runs the sweeps with the inputs on the GPU (the rehearsal's stand-in on a CPU), and watches where
+# and when you free memory.
 
 
 # %%
@@ -171,8 +174,7 @@ for name, (model, make_input, sizes) in models.items():
     base = sweeps[name].iloc[0]
     print(f"{name}: batch 1 takes {base.median_ms:.3f} ms ({base.throughput:,.0f} items/s)")
 table = pd.concat([df.assign(variant=name) for name, df in sweeps.items()], ignore_index=True)
-table["speedup_vs_b1"] = table["throughput"] / table.groupby("variant")["throughput"].transform("first")
-table[["variant", "batch_size", "median_ms", "p90_ms", "throughput", "ms_per_item", "speedup_vs_b1"]].round(3)
+table[["variant", "batch_size", "median_ms", "p90_ms", "throughput", "ms_per_item"]].round(3)
 
 # %%
 _ = cu.plots.batch_curve(
@@ -205,17 +207,36 @@ for name, df in sweeps.items():
             "budget_ms": budget,
             "best_batch": None if best is None else int(best["batch_size"]),
             "best_p90_ms": None if best is None else float(best["p90_ms"]),
-            "best_speedup_vs_b1": None if best is None else float(best["throughput"] / df.iloc[0]["throughput"]),
+            "top_batch": int(df.loc[df["throughput"].idxmax(), "batch_size"]),
         }
     )
 choice = pd.DataFrame(rows)
+
+# The throughput of batch 1, the best batch under the budget and the sweep's fastest, taking turns in rounds
+# (lesson 01): ratios per item, with their intervals.
+gains = {}
+with torch.inference_mode():
+    for r in choice.itertuples():
+        model, make_input, _ = models[r.model]
+        best_b = None if pd.isna(r.best_batch) else int(r.best_batch)
+        batches = sorted({1, int(r.top_batch)} | ({best_b} if best_b is not None else set()))
+        inputs = {b: make_input(b) for b in batches}
+        gains[r.model] = cu.compare(
+            {f"batch {b}": (lambda x=inputs[b], mdl=model: mdl(x)) for b in batches},
+            baseline="batch 1",
+            device=device,
+            items={f"batch {b}": b for b in batches},
+        )
 for r in choice.itertuples():
-    if r.best_batch is None:
+    if pd.isna(r.best_batch):
         print(f"{r.model}: no batch size meets {r.budget_ms:.2f} ms at p90; raise the budget or use a faster model.")
+    elif r.best_batch == 1:
+        print(f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is 1.")
     else:
+        gain = gains[r.model].ratio(f"batch {int(r.best_batch)}")
         print(
-            f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is {r.best_batch} "
-            f"(p90 {r.best_p90_ms:.2f} ms, {r.best_speedup_vs_b1:.2f}x the batch-1 throughput)."
+            f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is {int(r.best_batch)} "
+            f"(p90 {r.best_p90_ms:.2f} ms): {gain.says(f'batch {int(r.best_batch)}', 'batch 1', 'the throughput of')}."
         )
 choice.round(3)
 
@@ -343,22 +364,45 @@ def cudnn_benchmark_effect(model, x, device):
 # %%
 if cu.gpu_section("03.cudnn-benchmark"):
     resnet_gpu = copy.deepcopy(resnet).to("cuda")
-    effect = cudnn_benchmark_effect(resnet_gpu, torch.randn(32, 3, 224, 232, device="cuda"), "cuda")
+    nb, h, w = cu.pick(full=(32, 224, 232), smoke=(4, 64, 72))  # smoke: small enough for the CPU rehearsal
+    effect = cudnn_benchmark_effect(resnet_gpu, torch.randn(nb, 3, h, w, device="cuda"), "cuda")
     display(effect)
-    gain = effect.loc["benchmark=False", "median ms"] / effect.loc["benchmark=True", "median ms"]
-    cost = effect.loc["benchmark=True", "first call ms"] / effect.loc["benchmark=False", "first call ms"]
+    x_plain = torch.randn(nb, 3, h, w, device="cuda")  # the shapes each setting has seen in the cell above
+    x_search = torch.randn(nb, 3, w, h, device="cuda")
+
+    def with_flag(flag, xs):
+        def fn():
+            torch.backends.cudnn.benchmark = flag
+            with torch.inference_mode():
+                resnet_gpu(xs)
+
+        return fn
+
+    old_flag = torch.backends.cudnn.benchmark
+    try:  # the steady states taking turns in rounds; each setting keeps the shape it has seen
+        flag_cmp = cu.compare(
+            {"benchmark=False": with_flag(False, x_plain), "benchmark=True": with_flag(True, x_search)},
+            baseline="benchmark=False",
+            device="cuda",
+            warmup=0,  # both settings ran above already
+            rounds=cu.pick(full=15, smoke=3),  # smoke: few rounds of a full-size ResNet (the rehearsal runs it)
+        )
+    finally:
+        torch.backends.cudnn.benchmark = old_flag
+    gain = flag_cmp.ratio("benchmark=True")
     print(
-        f"benchmark=True: steady state {gain:.2f}x the speed of the heuristic's choice; its first call took "
-        f"{cost:.1f}x as long (the search)."
+        f"steady state: {gain.says('benchmark=True', 'the heuristic choice')}; first calls "
+        f"{effect.loc['benchmark=True', 'first call ms']:.1f} ms with the search vs "
+        f"{effect.loc['benchmark=False', 'first call ms']:.1f} ms without.{cu.modes.standin_label()}"
     )
     cu.record(
         "03",
         "cudnn.benchmark=True",
-        model="resnet18@224x232",
+        model=f"resnet18@{h}x{w}",
         device="cuda",
         dtype="fp32",
-        batch_size=32,
-        median_ms=effect.loc["benchmark=True", "median ms"],
+        batch_size=nb,
+        median_ms=flag_cmp.measurements["benchmark=True"].median_ms,
         speedup_vs_baseline=gain,
     )
 
@@ -410,7 +454,7 @@ limits = pd.DataFrame({"capacity b/service(b), req/s": capacity, "max sustainabl
 display(limits.round(1))
 p_none, p_dyn = list(policies)
 tp_ratio = max_rate[p_dyn] / max_rate[p_none]
-print(f"Dynamic batching sustains {tp_ratio:.2f}x the request rate of no batching on this model and machine.")
+print(f"Simulated: dynamic batching sustains {tp_ratio:.2f}x the request rate of no batching (this run's times).")
 
 # %% [markdown]
 # **Latency where both policies keep up.** The fair comparison is at the highest arrival rate *neither* policy
@@ -472,21 +516,32 @@ cu.exercises.check("03.max-wait", choose_max_wait)
 
 # %%
 for r in choice.itertuples():
-    gain = r.max_throughput / float(sweeps[r.model].iloc[0]["throughput"])
+    if r.top_batch == 1:
+        print(f"1. {r.model}: no batch size beat batch 1 in the sweep: a larger batch only adds latency here.")
+        continue
+    gain = gains[r.model].ratio(f"batch {int(r.top_batch)}")
     print(
-        f"1. {r.model}: the best batch gave {gain:.2f}x the batch-1 throughput; "
-        + ("batching pays a lot here." if gain >= 2 else "little to gain here: a larger batch mostly adds latency.")
+        f"1. {r.model}: {gain.says(f'batch {int(r.top_batch)}', 'batch 1', 'the throughput of')}; "
+        + (
+            "batching pays a lot here."
+            if gain.judge(2.0) == "met"
+            else "not shown to double it here."
+            if gain.judge(2.0) != "missed"
+            else "little to gain here: a larger batch mostly adds latency."
+        )
     )
-mlp_df = sweeps["digits_mlp"]
-per_item = mlp_df["ms_per_item"].iloc[0] / mlp_df["ms_per_item"].min()
-print(
-    f"2. For the tiny MLP one item costs {per_item:.1f}x more time at batch 1 than at its best batch: "
-    + (
-        "most of a batch-1 call is fixed overhead (dispatch, weight reads), the overhead-bound case from lesson 01."
-        if per_item >= 2
-        else "on this run the fixed cost per call did not dominate."
+mlp = choice.set_index("model").loc["digits_mlp"]
+if mlp.top_batch > 1:
+    per_item = gains["digits_mlp"].ratio(f"batch {int(mlp.top_batch)}")  # per item: batch-1 time / batch-b time
+    print(
+        f"2. For the tiny MLP one item at batch {int(mlp.top_batch)} costs {per_item.interval_text} less time than at "
+        "batch 1: "
+        + (
+            "most of a batch-1 call is fixed overhead (dispatch, weight reads), the overhead-bound case from lesson 01."
+            if per_item.judge(2.0) == "met"
+            else "on this run the fixed cost per call was not shown to dominate."
+        )
     )
-)
 print(
     f"3. Dynamic batching sustained {tp_ratio:.2f}x the request rate of no batching; where both kept up, its p99 "
     f"was {'lower' if p99_ratio > 1 else 'higher'} ({fair.loc[p_dyn, 'p99_ms']:.2f} vs "
@@ -513,19 +568,19 @@ for r in choice.itertuples():
         p90_ms=b1.p90_ms,
         throughput=b1.throughput,
     )
-    if r.best_batch is not None:
-        bb = df.loc[r.best_batch]
+    if not pd.isna(r.best_batch) and r.best_batch != 1:
+        bb = df.loc[int(r.best_batch)]
         cu.record(
             "03",
             "best batch under budget",
             model=r.model,
             device=str(device),
             dtype="fp32",
-            batch_size=r.best_batch,
+            batch_size=int(r.best_batch),
             median_ms=bb.median_ms,
             p90_ms=bb.p90_ms,
             throughput=bb.throughput,
-            speedup_vs_baseline=bb.throughput / b1.throughput,
+            speedup_vs_baseline=gains[r.model].ratio(f"batch {int(r.best_batch)}"),
             notes=f"budget {r.budget_ms:.2f} ms p90; knee {r.knee}",
         )
 cu.record(

@@ -22,7 +22,6 @@
 
 # %% tags=["contract"]
 import copy
-import warnings
 
 import pandas as pd
 import torch
@@ -94,8 +93,10 @@ print(f"FP32: accuracy {base_acc:.2%} on {len(x_test)} test images; output dtype
 # 1. **`04.bf16-autocast`**: write `bf16_autocast(model, x)` that runs `model` on `x` under
 #    `torch.autocast(device_type=x.device.type, dtype=torch.bfloat16)` and returns the output as FP32
 #    (`.float()`), leaving the model's weights in FP32. The check builds a random small CNN and input, and
-#    watches every operator your function runs: each convolution and matmul on *your* input must run in BF16 on
-#    the model's weights, and your output must be that forward's output.
+#    watches every operator your function runs, on the CPU and with model and input on the GPU (the rehearsal's
+#    stand-in on a CPU, so `torch.autocast("cpu")` written in shows): each convolution and matmul on *your* input
+#    must run in BF16 on the model's FP32 weights, BatchNorm on FP32 statistics, and your output must be that
+#    forward's output.
 # 2. **`04.channels-last`**: write `to_channels_last(model, x)` returning `(model, x)` both in the
 #    channels_last layout (`.to(memory_format=torch.channels_last)`), in FP32; the check compares the output with
 #    FP32 and inspects every convolution's weight and the layout of the input it receives.
@@ -321,12 +322,14 @@ def precision_grid(
     dtypes=(torch.bfloat16, torch.float16),
     tf32=None,
     memory=None,
-    **measure_kw,
+    **compare_kw,
 ):
     """One row per distinct variant and batch: checked against true FP32 first, then timed.
 
     The baseline is plain FP32 (contiguous, TF32 off). On CUDA (or tf32=True) two TF32 rows are added.
     `memory`: the device's memory module (torch.cuda on a GPU) for each variant's own peak memory.
+    Per batch the checked variants are timed by one `cu.compare` (taking turns in rounds): `speedup` is its
+    ratio to FP32, `low`/`high` its 95% interval, `ratio` the Ratio itself.
     """
     device = torch.device(device)
     tf32 = device.type == "cuda" if tf32 is None else tf32
@@ -342,6 +345,7 @@ def precision_grid(
         set_tf32(False)
         with torch.inference_mode():
             ref = model(x)
+        checked = {}
         for name, run, use_tf32 in plan:
             set_tf32(use_tf32)
             precision = "tf32" if use_tf32 else name.split()[0]
@@ -351,10 +355,29 @@ def precision_grid(
                     memory.synchronize()
                     resident = memory.memory_allocated()  # all model copies, the input, the reference output
                     memory.reset_peak_memory_stats()
-                m = cu.measure(
-                    lambda run=run, x=x: run(x), device=device, batch_size=b, label=f"{name} b{b}", **measure_kw
-                )
+                    run(x)
             peak = None if memory is None else own_peak_mib(run, x, memory, resident)
+            checked[name] = (precision, cmp.max_rel, peak)
+
+        def timed(run, x, use_tf32):
+            def fn():
+                set_tf32(use_tf32)
+                with torch.inference_mode():
+                    run(x)
+
+            return fn
+
+        speed = cu.compare(
+            {name: timed(run, x, use_tf32) for name, run, use_tf32 in plan},
+            baseline="fp32",
+            device=device,
+            batch_size=b,
+            label=f"batch {b}",
+            **compare_kw,
+        )
+        set_tf32(False)
+        for name, (precision, max_rel, peak) in checked.items():
+            m, r = speed.measurements[name], speed.ratios.get(name)
             rows.append(
                 {
                     "variant": name,
@@ -362,27 +385,33 @@ def precision_grid(
                     "precision": precision,
                     "median_ms": m.median_ms,
                     "iqr_ms": m.iqr_ms,
-                    "max_rel_err": cmp.max_rel,
+                    "max_rel_err": max_rel,
                     "peak_MiB": peak,
+                    "speedup": r.estimate if r else 1.0,
+                    "low": r.low if r else 1.0,
+                    "high": r.high if r else 1.0,
+                    "verdict": r.verdict if r else "baseline",
                     "m": m,
+                    "ratio": r,
                 }
             )
-        set_tf32(False)
-    df = pd.DataFrame(rows)
-    base = df[df.variant == "fp32"].set_index("batch")["median_ms"]
-    df["speedup"] = [base[r.batch] / r.median_ms for r in df.itertuples()]
-    return df
+    return pd.DataFrame(rows)
 
 
 # %%
 big = cu.pick(full=256, smoke=32)
 speed_rows = []
-with torch.inference_mode(), warnings.catch_warnings():
-    warnings.simplefilter("ignore", cu.timing.HighSpreadWarning)
+with torch.inference_mode():
     for b in (1, big):
         xb = x_test[:b]
-        for name, run in cnn_variants.items():
-            m = cu.measure(lambda run=run, xb=xb: run(xb), device=device, batch_size=b, label=f"digits CNN {name} b{b}")
+        cnn_cmp = cu.compare(  # the variants take turns in rounds (lesson 01): ratios to FP32 with intervals
+            {name: (lambda run=run, xb=xb: run(xb)) for name, run in cnn_variants.items()},
+            baseline="fp32",
+            device=device,
+            batch_size=b,
+        )
+        for name in cnn_variants:
+            m, r = cnn_cmp.measurements[name], cnn_cmp.ratios.get(name)
             speed_rows.append(
                 {
                     "variant": name,
@@ -390,13 +419,16 @@ with torch.inference_mode(), warnings.catch_warnings():
                     "precision": name.split()[0],
                     "median_ms": m.median_ms,
                     "iqr_ms": m.iqr_ms,
+                    "speedup": r.estimate if r else 1.0,
+                    "low": r.low if r else 1.0,
+                    "high": r.high if r else 1.0,
+                    "verdict": r.verdict if r else "baseline",
                     "m": m,
+                    "ratio": r,
                 }
             )
 cnn_speed = pd.DataFrame(speed_rows)
-cnn_base = cnn_speed[cnn_speed.variant == "fp32"].set_index("batch")["median_ms"]
-cnn_speed["speedup"] = [cnn_base[r.batch] / r.median_ms for r in cnn_speed.itertuples()]
-display(cnn_speed.drop(columns="m").round(3))
+display(cnn_speed.drop(columns=["m", "ratio"]).round(3))
 
 # %%
 resnet, note = cu.models.resnet("resnet18", device=device)
@@ -404,18 +436,16 @@ print(f"ResNet-18: {note}")
 res_batch = cu.pick(full=8, smoke=2) if device.type == "cpu" else cu.pick(full=64, smoke=8)
 res_size = cu.pick(full=96, smoke=64) if device.type == "cpu" else 224
 cpu_dtypes = (torch.bfloat16,) if device.type == "cpu" else (torch.bfloat16, torch.float16)
-with warnings.catch_warnings():
-    warnings.simplefilter("ignore", cu.timing.HighSpreadWarning)
-    res_speed = precision_grid(
-        resnet, device, (1, res_batch), image_size=res_size, dtypes=cpu_dtypes, warmup=1, min_repeats=3, min_time_s=0.05
-    )
-display(res_speed.drop(columns=["m", "peak_MiB"]).round(3))
+res_speed = precision_grid(
+    resnet, device, (1, res_batch), image_size=res_size, dtypes=cpu_dtypes, warmup=1, min_calls=1
+)
+display(res_speed.drop(columns=["m", "ratio", "peak_MiB"]).round(3))
 
 # %%
 for model_name, df in (("digits CNN", cnn_speed), (f"ResNet-18 {res_size}px", res_speed)):
     for b, grp in df[df.variant != "fp32"].groupby("batch"):
         cu.plots.speedup_bars(
-            dict(zip(grp.variant, grp["speedup"], strict=True)),
+            dict(zip(grp.variant, grp["ratio"], strict=True)),
             title=f"{model_name}, batch {b}: speed vs FP32 on {device}",
         )
 
@@ -427,16 +457,12 @@ for model_name, df in (("digits CNN", cnn_speed), (f"ResNet-18 {res_size}px", re
 # %%
 for model_name, df in (("digits CNN", cnn_speed), ("ResNet-18", res_speed)):
     for b, grp in df[df.variant != "fp32"].groupby("batch"):
-        r = grp.sort_values("speedup", ascending=False).iloc[0]
-        verdict = "faster" if r.speedup > 1.05 else "no faster (within 5%)" if r.speedup > 0.95 else "slower"
-        base_m = df[(df.variant == "fp32") & (df.batch == b)].m.iloc[0]
-        if max(r.m.spread, base_m.spread) > cu.timing.HIGH_SPREAD:
-            verdict += f" (unreliable: IQR {max(r.m.spread, base_m.spread):.0%} of the median, the machine was busy)"
-        print(f"{model_name}, batch {b}: best variant '{r.variant}' runs {r.speedup:.2f}x the FP32 speed: {verdict}.")
+        r = grp.sort_values("low", ascending=False).iloc[0]  # the best lower end: the surest gain
+        print(f"{model_name}, batch {b}: best variant {r.ratio.says(repr(r.variant), 'FP32')}.")
 rb = res_speed[res_speed.batch == res_batch].set_index("variant")
 print(
-    f"ResNet-18 batch {res_batch}: BF16 autocast {rb.loc['bf16 autocast', 'speedup']:.2f}x, BF16 cast "
-    f"{rb.loc['bf16 cast', 'speedup']:.2f}x, FP32 channels_last {rb.loc['fp32 channels_last', 'speedup']:.2f}x. "
+    f"ResNet-18 batch {res_batch} vs FP32: BF16 autocast {rb.loc['bf16 autocast', 'ratio']}, BF16 cast "
+    f"{rb.loc['bf16 cast', 'ratio']}, FP32 channels_last {rb.loc['fp32 channels_last', 'ratio']}. "
     f"CPU kernels here: {torch.backends.cpu.get_cpu_capability()}, BF16 instructions: "
     f"{cu.device.capabilities()['cpu_bf16']}"
     + (
@@ -449,10 +475,10 @@ noisy = [r.m.label for df in (cnn_speed, res_speed) for r in df.itertuples() if 
 if noisy:
     print(
         f"Careful: {len(noisy)} timings had a high spread (IQR > {cu.timing.HIGH_SPREAD:.0%} of the median), e.g. "
-        f"{noisy[:3]}: the machine was busy; rerun before trusting a ratio that rests on them."
+        f"{noisy[:3]}: the machine was busy; the intervals above are wide for that reason."
     )
 if "fp16 cast" in rb.index:
-    print(f"FP16 cast on {device.type}: {rb.loc['fp16 cast', 'speedup']:.2f}x the FP32 speed on ResNet-18.")
+    print(f"FP16 cast on {device.type} vs FP32 on ResNet-18: {rb.loc['fp16 cast', 'ratio']}.")
 worst = acc_df[~acc_df.variant.str.startswith("fp32")].sort_values("accuracy").iloc[0]
 print(
     f"Accuracy: the lowest variant is '{worst.variant}' at {worst.accuracy:.2%} vs {base_acc:.2%} in FP32 "
@@ -504,14 +530,14 @@ if cu.gpu_section("04.gpu-precisions"):
             device="cuda",
             dtype=r.precision,
             measurement=r.m,
-            speedup_vs_baseline=r.speedup,
+            speedup_vs_baseline=r.ratio if r.ratio is not None else 1.0,
             error_vs_baseline=r.max_rel_err,
         )
-    display(gpu.drop(columns="m").round(3))
-    large = gpu[gpu.batch == big_gpu].sort_values("speedup", ascending=False).iloc[0]
+    display(gpu.drop(columns=["m", "ratio"]).round(3))
+    large = gpu[(gpu.batch == big_gpu) & (gpu.variant != "fp32")].sort_values("low", ascending=False).iloc[0]
     print(
-        f"Best at batch {big_gpu}: {large.variant}, {large.speedup:.2f}x true FP32 "
-        "(course target for FP16/BF16 at batch 256: >= 2.5x)"
+        f"Best at batch {big_gpu}: {large.variant} vs true FP32: {large.ratio}; course target for FP16/BF16 at "
+        f"batch 256, >= 2.5x: {large.ratio.judge(2.5)}{cu.modes.standin_label()}"
     )
 else:
     cu.results.show_reference("04")
@@ -533,7 +559,7 @@ for model_name, df in (("digits CNN", cnn_speed), ("resnet18", res_speed)):
             device=str(device),
             dtype=r.precision,
             measurement=r.m,
-            speedup_vs_baseline=r.speedup,
+            speedup_vs_baseline=r.ratio if r.ratio is not None else 1.0,
             error_vs_baseline=err,
         )
 print(f"{len(cnn_speed) + len(res_speed)} rows recorded.")

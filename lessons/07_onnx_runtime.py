@@ -210,53 +210,56 @@ print(
 # Batch 1 at every level; the larger batch at the lowest and highest level. Every session above runs with
 # `threads` intra-op threads, the same number PyTorch used for the eager baseline.
 
+
 # %%
-rows = []
-for name, sess in sessions.items():
-    for b, x in xs.items():
-        if b != 1 and name not in ("disable", "all"):
-            continue
-        feed = {"input": x.numpy()}
-        m = cu.measure(
-            lambda sess=sess, feed=feed: sess.run(None, feed),
-            device="cpu",
-            batch_size=b,
-            label=f"ORT {name} b={b}",
-            **timing[b],
-        )
-        rows.append(
-            {
-                "engine": f"ORT {name}",
-                "batch": b,
-                "median_ms": m.median_ms,
-                "speedup_vs_eager": eager[b].median_ms / m.median_ms,
-            }
-        )
-        cu.record(
-            "07",
-            f"ort level {name}",
-            model="resnet18",
-            device="cpu",
-            dtype="fp32",
-            measurement=m,
-            speedup_vs_baseline=eager[b].median_ms / m.median_ms,
-            notes=f"{threads} threads, as eager",
-        )
-for b in xs:
-    rows.append({"engine": "PyTorch eager", "batch": b, "median_ms": eager[b].median_ms, "speedup_vs_eager": 1.0})
+def eager_call(x):
+    def fn():
+        with torch.inference_mode():
+            model(x)
+
+    return fn
+
+
+rows, level_cmp = [], {}
+for b, x in xs.items():
+    feed = {"input": x.numpy()}
+    levels = {n: s for n, s in sessions.items() if b == 1 or n in ("disable", "all")}
+    level_cmp[b] = cu.compare(  # eager and every level take turns in rounds (lesson 01)
+        {"PyTorch eager": eager_call(x)}
+        | {f"ORT {n}": (lambda sess=sess, feed=feed: sess.run(None, feed)) for n, sess in levels.items()},
+        baseline="PyTorch eager",
+        device="cpu",
+        batch_size=b,
+        warmup=timing[b]["warmup"],
+    )
+    for row in level_cmp[b].table().itertuples():
+        r = level_cmp[b].ratios.get(row.variant)
+        rows.append({"engine": row.variant, "batch": b, "median_ms": row.median, "speedup_vs_eager": row.ratio,
+                     "low": row.low, "high": row.high, "verdict": row.verdict, "flags": row.flags, "r": r})  # fmt: skip
+        if r is not None:
+            cu.record(
+                "07",
+                f"ort level {row.variant.removeprefix('ORT ')}",
+                model="resnet18",
+                device="cpu",
+                dtype="fp32",
+                measurement=level_cmp[b].measurements[row.variant],
+                speedup_vs_baseline=r,
+                notes=f"{threads} threads, as eager",
+            )
 speed = pd.DataFrame(rows)
 display(speed.pivot(index="engine", columns="batch", values="median_ms").round(3))
+display(speed.drop(columns="r").round(3))
 
 # %%
 cu.plots.speedup_bars(
-    {f"{r.engine} b={r.batch}": r.speedup_vs_eager for r in speed.itertuples() if r.engine != "PyTorch eager"},
+    {f"{r.engine} b={r.batch}": r.r for r in speed.itertuples() if r.engine != "PyTorch eager"},
     title=f"ONNX Runtime vs PyTorch eager (ResNet-18, CPU, {threads} threads each)",
 )
-b1 = speed[(speed.batch == 1) & (speed.engine != "PyTorch eager")].sort_values("median_ms").iloc[0]
-word = "faster" if b1.speedup_vs_eager > 1 else "slower"
+b1 = speed[(speed.batch == 1) & (speed.engine != "PyTorch eager")].sort_values("low", ascending=False).iloc[0]
 print(
-    f"Headline, equal threads ({threads}): best ORT level at batch 1 is {b1.engine}, {b1.speedup_vs_eager:.2f}x "
-    f"eager ({word}); course target on CPU >= 1.5x (image size {size})."
+    f"Headline, equal threads ({threads}): best ORT level at batch 1 is {b1.engine}: {b1.r} vs eager; course "
+    f"target on CPU, >= 1.5x (image size {size}): {b1.r.judge(1.5)}."
 )
 
 # %% [markdown]
@@ -275,24 +278,23 @@ try:
         so = ort.SessionOptions()
         so.intra_op_num_threads = t
         sess_t = ort.InferenceSession(str(onnx_path), so, providers=["CPUExecutionProvider"])
-        m_ort = cu.measure(
-            lambda s=sess_t: s.run(None, {"input": x1}),
+        torch.set_num_threads(t)  # eager at the same thread count, taking turns with ORT in rounds
+        t_cmp = cu.compare(
+            {"eager": eager_call(xs[1]), "ORT all": lambda s=sess_t: s.run(None, {"input": x1})},
+            baseline="eager",
             device="cpu",
             batch_size=1,
-            label=f"ORT all, {t} threads",
-            **timing[1],
         )
-        torch.set_num_threads(t)
-        with torch.inference_mode():
-            m_eag = cu.measure(
-                lambda: model(xs[1]), device="cpu", batch_size=1, label=f"eager, {t} threads", **timing[1]
-            )
+        m_ort, m_eag, r_t = t_cmp.measurements["ORT all"], t_cmp.measurements["eager"], t_cmp.ratio("ORT all")
         thread_rows.append(
             {
                 "threads": t,
                 "ORT all ms": m_ort.median_ms,
                 "eager ms": m_eag.median_ms,
-                "ORT speed-up": m_eag.median_ms / m_ort.median_ms,
+                "ORT speed-up": r_t.estimate,
+                "low": r_t.low,
+                "high": r_t.high,
+                "r": r_t,
             }
         )
         cu.record(
@@ -302,14 +304,14 @@ try:
             device="cpu",
             dtype="fp32",
             measurement=m_ort,
-            speedup_vs_baseline=m_eag.median_ms / m_ort.median_ms,
+            speedup_vs_baseline=r_t,
             notes=f"baseline: eager with {t} threads",
         )
 finally:
     torch.set_num_threads(threads)
 threads_table = pd.DataFrame(thread_rows).set_index("threads")
 thread_ms = threads_table["ORT all ms"].to_dict()
-display(threads_table)
+display(threads_table.drop(columns="r"))
 
 # %% [markdown]
 # ## Where ORT spends the time: its own profiler
@@ -426,7 +428,7 @@ def cuda_session(path, *, tf32: bool = True, cuda_graph: bool = False, algo_sear
 
 
 # %%
-if cu.gpu_section("07.cuda-provider"):
+if cu.gpu_section("07.cuda-provider", providers=("CUDAExecutionProvider",)):
     ort.preload_dlls()  # CUDA/cuDNN libraries from the pip wheels, after importing torch
     # .to()/.half()/.float() convert a module IN PLACE: every GPU variant is made from a deep copy, so
     # `model_g` keeps FP32 weights for the FP32 reference and `model` stays on the CPU for what follows.
@@ -572,21 +574,23 @@ for b, x in xs.items():
 int8_rows = []
 for b, x in xs.items():
     feed = {"input": x.numpy()}
-    m32 = cu.measure(
-        lambda f=feed: sessions["all"].run(None, f), device="cpu", batch_size=b, label=f"ORT FP32 b={b}", **timing[b]
+    q_cmp = cu.compare(  # FP32 and INT8 sessions taking turns in rounds
+        {"ORT FP32": lambda f=feed: sessions["all"].run(None, f), "ORT INT8": lambda f=feed: sess_int8.run(None, f)},
+        baseline="ORT FP32",
+        device="cpu",
+        batch_size=b,
     )
-    m8 = cu.measure(
-        lambda f=feed: sess_int8.run(None, f), device="cpu", batch_size=b, label=f"ORT INT8 b={b}", **timing[b]
-    )
+    m32, m8, r8 = q_cmp.measurements["ORT FP32"], q_cmp.measurements["ORT INT8"], q_cmp.ratio("ORT INT8")
     cmp = cu.compare_outputs(torch.from_numpy(sess_int8.run(None, feed)[0]), ref[b], "int8")
     int8_rows.append(
         {
             "batch": b,
             "FP32 ms": m32.median_ms,
             "INT8 ms": m8.median_ms,
-            "INT8 speed-up": m32.median_ms / m8.median_ms,
+            "INT8 speed-up": str(r8),
             "cosine": cmp.cosine,
             "max rel": cmp.max_rel,
+            "r": r8,
         }
     )
     cu.record(
@@ -596,7 +600,7 @@ for b, x in xs.items():
         device="cpu",
         dtype="int8",
         measurement=m8,
-        speedup_vs_baseline=m32.median_ms / m8.median_ms,
+        speedup_vs_baseline=r8,
         error_vs_baseline=cmp.max_rel,
         notes=f"vs ORT fp32 level all, {threads} threads; cosine {cmp.cosine:.4f}",
     )
@@ -607,7 +611,7 @@ print(
     f"File size: FP32 {sizes_mib['FP32']:.1f} MiB, INT8 {sizes_mib['INT8']:.1f} MiB. INT8 dot-product "
     f"instructions (VNNI/AMX) on this CPU: {vnni}."
 )
-display(int8_table)
+display(int8_table.drop(columns="r"))
 
 # %% [markdown]
 # ## ORT dynamic INT8 on the digits MLP
@@ -633,10 +637,14 @@ acc = {
     "ORT INT8 (dynamic)": float((run_int8(x_test).argmax(-1) == digits.y_test).float().mean()),
 }
 qb = cu.pick(full=256, smoke=64)
-m_q = {
-    "ORT FP32": cu.measure(lambda: run_fp32(x_test[:qb]), device="cpu", batch_size=qb, label="ORT FP32 MLP"),
-    "ORT INT8 (dynamic)": cu.measure(lambda: run_int8(x_test[:qb]), device="cpu", batch_size=qb, label="ORT INT8 MLP"),
-}
+mlp_cmp = cu.compare(
+    {"ORT FP32": lambda: run_fp32(x_test[:qb]), "ORT INT8 (dynamic)": lambda: run_int8(x_test[:qb])},
+    baseline="ORT FP32",
+    device="cpu",
+    batch_size=qb,
+)
+m_q = mlp_cmp.measurements
+print(f"digits MLP, batch {qb}: {mlp_cmp.ratio('ORT INT8 (dynamic)').says('ORT INT8 (dynamic)', 'ORT FP32')}")
 for k, m in m_q.items():
     cu.record(
         "07",
@@ -645,7 +653,7 @@ for k, m in m_q.items():
         device="cpu",
         dtype="int8" if "INT8" in k else "fp32",
         measurement=m,
-        speedup_vs_baseline=m_q["ORT FP32"].median_ms / m.median_ms,
+        speedup_vs_baseline=mlp_cmp.ratio(k) if k != "ORT FP32" else 1.0,
         error_vs_baseline=acc["ORT FP32"] - acc[k],
         notes=f"accuracy {acc[k]:.4f}",
     )
@@ -697,18 +705,23 @@ with pd.option_context("display.max_colwidth", 200):
 
 # %%
 for b in xs:
-    r = speed[(speed.batch == b) & (speed.engine != "PyTorch eager")].set_index("engine")["speedup_vs_eager"]
+    r = speed[(speed.batch == b) & (speed.engine != "PyTorch eager")].set_index("engine")["r"]
+    best_level = max(r.index, key=lambda k: r[k].low)
     print(
-        f"batch {b}: ORT from {r.min():.2f}x to {r.max():.2f}x eager across levels (best: {r.idxmax()}), "
-        f"{threads} threads each."
+        f"batch {b}, {threads} threads each: "
+        + "; ".join(f"{k} {v}" for k, v in r.items())
+        + f" vs eager (surest gain: {best_level})."
     )
 t_best = min(thread_ms, key=thread_ms.get)
 print(
     f"Fastest ORT thread count at batch 1: {t_best} of {max_threads} logical CPUs "
     f"({thread_ms[t_best]:.2f} ms vs {thread_ms[max(thread_counts)]:.2f} ms with all)."
 )
-eq = threads_table["ORT speed-up"]
-print(f"At equal thread counts ORT is {eq.min():.2f}x to {eq.max():.2f}x eager at batch 1.")
+print(
+    "At equal thread counts, ORT vs eager at batch 1: "
+    + "; ".join(f"{t} thread(s) {r}" for t, r in threads_table["r"].items())
+    + "."
+)
 eager_ms = threads_table["eager ms"]
 if eager_ms.idxmin() != eager_ms.index.max():
     load = os.getloadavg()[0] if hasattr(os, "getloadavg") else float("nan")
@@ -717,13 +730,22 @@ if eager_ms.idxmin() != eager_ms.index.max():
         f"{eager_ms.iloc[-1]:.1f} ms with {eager_ms.index.max()}): the cores were busy (1-minute load "
         f"{load:.1f} on {max_threads} CPUs), and oversubscribed threads wait on each other. "
         "Trust the 1-thread ratio here "
-        f"({threads_table.loc[1, 'ORT speed-up']:.2f}x) more than the all-threads headline."
+        f"({threads_table.loc[1, 'r']}) more than the all-threads headline."
     )
-s8 = int8_table["INT8 speed-up"]
-pays = "pays" if s8.min() > 1.05 else ("does not pay" if s8.max() < 1.05 else "pays only at some batch sizes")
+s8 = int8_table["r"]
+verdicts = {r.verdict for r in s8}
+pays = (
+    "pays"
+    if verdicts == {"faster"}
+    else "does not pay"
+    if "faster" not in verdicts
+    else "pays only at some batch sizes"
+)
 isa = "with" if vnni else "without"
 print(
-    f"Static INT8 runs at {s8.min():.2f}x to {s8.max():.2f}x ORT FP32 (cosine >= {int8_table['cosine'].min():.4f}): "
+    "Static INT8 vs ORT FP32: "
+    + "; ".join(f"batch {b} {r}" for b, r in s8.items())
+    + f" (cosine >= {int8_table['cosine'].min():.4f}): "
     f"it {pays} here, on a CPU {isa} INT8 dot-product instructions (VNNI/AMX). Without them ORT emulates "
     "the INT8 products with wider AVX2 instructions; 4x smaller weights and activations still cut memory "
     "traffic."
@@ -734,7 +756,7 @@ print(
 )
 noisy = [m.label for m in [*eager.values(), *m_q.values()] if m.spread > cu.timing.HIGH_SPREAD]
 if noisy:
-    print(f"Careful: high spread in {', '.join(noisy)}: the machine was busy; rerun before trusting small gaps.")
+    print(f"Careful: high spread in {', '.join(noisy)}: the machine was busy; the intervals above are wide for it.")
 
 # %% [markdown]
 # ## Exercises
@@ -775,10 +797,13 @@ cu.exercises.check("07.fusion", fused_ops)
 # %% [markdown]
 # **07.static-int8.** Static INT8 with your own calibration reader, one convolution kept FP32:
 # `quantize_file(onnx_in, onnx_out, calib, keep_fp32)` hands the quantizer every array in `calib` (one
-# `{"input": array}` per `get_next()`, then `None`) and writes a QDQ model with the node named `keep_fp32`
-# excluded (`nodes_to_exclude`). The check reads the file (Q/DQ pairs, which convolutions carry INT8 weights,
-# the input's scale against the range of the data you were given) and ORT's profile of a run (the INT8
-# `QLinearConv` kernels must be what ran), then compares with FP32.
+# `{"input": array}` per `get_next()`, then `None`) and writes a QDQ model in which the convolution named
+# `keep_fp32` **runs** in FP32. Excluding it (`nodes_to_exclude`) is not enough: with a Q/DQ pair still on its
+# input, ORT fuses DequantizeLinear -> Conv -> QuantizeLinear into an INT8 `QLinearConv`; exclude the node that
+# produces its input too. The check reads the file (Q/DQ pairs, which convolutions carry INT8 weights, every
+# activation's scale against the one the given batches give: each batch holds an extreme no other holds) and
+# ORT's profile of a run (`QLinearConv` for the others, a float convolution for the kept one), then compares with
+# FP32.
 
 
 # %%

@@ -369,7 +369,7 @@ else:
 # *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %%
-if cu.gpu_section("08.fusion", needs=("tensorrt",)) and "fp16" in engines:
+if cu.gpu_section("08.fusion", needs=("tensorrt",), requires={"08.build's fp16 engine": "fp16" in engines}):
     layers = engine_layers(trt, engines["fp16"])
     print(f"ResNet-18 FP16: {int(nodes.loc['resnet18 fp16', 'ONNX nodes'])} ONNX nodes -> {len(layers)} engine layers")
     for layer in layers[:8]:
@@ -409,30 +409,36 @@ def true_fp32():
 
 # %%
 rows = []
-if cu.gpu_section("08.run", needs=("tensorrt",)) and engines:
+if cu.gpu_section("08.run", needs=("tensorrt",), requires={"the engines 08.build makes": bool(engines)}):
     model_g = copy.deepcopy(resnet).cuda().eval()
     stream = torch.cuda.Stream()  # not the default stream: TensorRT would synchronize the device on it
     tol = {name: precision for name, (_, precision, _) in builds.items()}  # compare's tolerance names
+    engine_cmp = {}  # per batch: eager and every engine taking turns in rounds (lesson 01)
     for b in (1, opt_b, max_b):
         x = torch.randn(b, 3, size, size, device="cuda")
         with torch.inference_mode(), true_fp32():
             ref = model_g(x)
-            m = cu.measure(lambda x=x: model_g(x), device="cuda", batch_size=b, label=f"eager b={b}")
-        rows.append({"engine": "torch eager fp32", "batch": b, "median_ms": m.median_ms, "throughput": m.throughput})
+        calls, errs = {"torch eager fp32": lambda x=x: model_g(x)}, {}
         for name, engine in engines.items():
             runner = TrtRunner(trt, engine, stream)
             xin = x.to(runner.dtypes[runner.inputs[0]])
-            cmp = cu.check_outputs(runner(xin).float(), ref, tol[name], label=f"{name} b={b}")
-            m = cu.measure(lambda r=runner, xin=xin: r(xin), device="cuda", batch_size=b, label=f"{name} b={b}")
+            errs[name] = cu.check_outputs(runner(xin).float(), ref, tol[name], label=f"{name} b={b}").max_rel
+            calls[name] = lambda r=runner, xin=xin: r(xin)
+        with torch.inference_mode(), true_fp32():
+            engine_cmp[b] = cu.compare(calls, baseline="torch eager fp32", device="cuda", batch_size=b)
+        for name, m in engine_cmp[b].measurements.items():
             rows.append(
                 {
                     "engine": name,
                     "batch": b,
                     "median_ms": m.median_ms,
                     "throughput": m.throughput,
-                    "max_rel": cmp.max_rel,
+                    "max_rel": errs.get(name),
                 }
             )
+            if name not in errs:
+                continue
+            cmp_err = errs[name]
             cu.record(
                 "08",
                 f"tensorrt {name}",
@@ -440,7 +446,8 @@ if cu.gpu_section("08.run", needs=("tensorrt",)) and engines:
                 device="cuda",
                 dtype=name.split()[0],
                 measurement=m,
-                error_vs_baseline=cmp.max_rel,
+                speedup_vs_baseline=engine_cmp[b].ratio(name),
+                error_vs_baseline=cmp_err,
             )
     trt_table = pd.DataFrame(rows)
     display(trt_table.pivot(index="batch", columns="engine", values="median_ms"))
@@ -527,7 +534,7 @@ class PycudaRunner:
 
 
 # %%
-if cu.gpu_section("08.pycuda", needs=("tensorrt", "pycuda")) and "fp32" in engines:
+if cu.gpu_section("08.pycuda", needs=("tensorrt", "pycuda"), requires={"08.build's fp32 engine": "fp32" in engines}):
     import pycuda.autoprimaryctx  # noqa: F401 - shares PyTorch's primary context
     import pycuda.driver as cuda
 
@@ -561,7 +568,7 @@ else:
 # *Verification: contract-tested by `tests/gpu_contract/test_l08_tensorrt.py`; never executed on a GPU.*
 
 # %%
-if cu.gpu_section("08.profile-error", needs=("tensorrt",)) and "fp16" in engines:
+if cu.gpu_section("08.profile-error", needs=("tensorrt",), requires={"08.build's fp16 engine": "fp16" in engines}):
     try:
         TrtRunner(trt, engines["fp16"], torch.cuda.Stream())(torch.randn(max_b + 1, 3, size, size).cuda().half())
     except onnx_runtime.BadInputError as exc:
@@ -688,7 +695,9 @@ else:
 # the GPU the target names.
 
 # %%
-if cu.gpu_section("08.resnet50-int8", needs=("tensorrt", "modelopt")) and r50_engines:
+if cu.gpu_section(
+    "08.resnet50-int8", needs=("tensorrt", "modelopt"), requires={"08.resnet50's engines": bool(r50_engines)}
+):
     r50_onnx["fp32"] = onnx_runtime.export_onnx(r50, torch.randn(2, 3, 224, 224), work / "resnet50.onnx")
     r50_calib = tensorrt_engines.write_calibration(torch.randn(64, 3, 224, 224), work / "resnet50_calib_random.npy", 64)
     r50_onnx["int8"] = work / "resnet50.int8.onnx"
@@ -787,12 +796,12 @@ else:
 fp32_mib, fp16_mib = nodes.loc["resnet18 fp32", "MiB"], nodes.loc["resnet18 fp16", "MiB"]
 print(f"ResNet-18 ONNX: {fp32_mib:.1f} MiB in FP32, {fp16_mib:.1f} MiB in FP16 ({fp32_mib / fp16_mib:.2f}x smaller).")
 if rows:
-    t = pd.DataFrame(rows).pivot(index="batch", columns="engine", values="median_ms")
-    for b in t.index:
-        print(
-            f"batch {b}: fastest {t.loc[b].idxmin()} ({t.loc[b].min():.3f} ms); FP16 engine "
-            f"{t.loc[b, 'fp32'] / t.loc[b, 'fp16']:.2f}x the true-FP32 engine's speed"
-        )
+    for b, c in engine_cmp.items():
+        fastest = max(c.ratios, key=lambda k: c.ratios[k].low)  # the highest low end: the best case shown
+        line = f"batch {b}: best against eager: {fastest} ({c.ratio(fastest)})"
+        if {"fp16", "fp32"} <= set(c.per_round):
+            line += f"; FP16 engine vs the true-FP32 engine: {c.ratio('fp16', vs='fp32')}"
+        print(line + cu.modes.standin_label())
 _ = cu.record(
     "08",
     "onnx export (build plan)",
@@ -810,8 +819,10 @@ _ = cu.record(
 # 1. **`08.builder`: write the build for a two-input model.** `build(trt, onnx_path, shapes, workspace_bytes,
 #    true_fp32)`: parse the file, give **every** input its `(min, opt, max)` shape from `shapes` in one
 #    optimization profile, set the workspace limit, clear TF32 when `true_fp32` (TensorRT 11 allows TF32
-#    unless told otherwise), and return the serialized plan as bytes. The check reads the plan: which file
-#    it was built from, the profile of each input, the workspace, the TF32 flag; then runs the engine.
+#    unless told otherwise), and return the serialized plan as bytes. The check reads the plan (which file it
+#    was built from, the profile of each input, the workspace) and the config the engine was built with, at the
+#    moment of the build: TF32 cleared on another config or after the build does not count. Then it runs the
+#    engine.
 
 
 # %%
@@ -828,7 +839,8 @@ cu.exercises.check("08.builder", build)
 #    TensorRT's `stream` after the `producer` stream that wrote the inputs, execute on `stream`, order the
 #    `producer` after it (later work reads the outputs), and return `{output name: tensor}`. The check looks
 #    at the engine's own record: the buffers it read and wrote must be the ones you returned, and the stream
-#    waits must come before and after the execution.
+#    waits must come before and after the execution; then it runs your loop once more with the inputs on the GPU
+#    (the rehearsal's stand-in on a CPU), where TensorRT takes device pointers only.
 
 
 # %%
@@ -839,7 +851,9 @@ def run_engine(trt, engine, context, feeds, stream, producer):
 cu.exercises.check("08.runner", run_engine)
 
 # %% [markdown]
-# 3. Choose a profile from observed traffic: (min, opt, max) batch, opt the most frequent batch.
+# 3. Choose a profile from observed traffic: (min, opt, max) batch, opt the most frequent batch, the smaller one
+#    on a tie (`Counter.most_common` and `statistics.mode` keep the first seen). The check draws random traffic,
+#    ties included.
 
 
 # %%
@@ -850,7 +864,8 @@ def profile_from_traffic(batches: list[int]) -> tuple[int, int, int]:
 cu.exercises.check("08.profile", profile_from_traffic)
 
 # %% [markdown]
-# 4. Which fields make a cached engine stale? Compare stored and current metadata (the build settings too).
+# 4. Which fields make a cached engine stale? Compare stored and current metadata (the build settings too), by
+#    value: the stored record is read back from a file. The check draws random metadata with each field changed.
 
 
 # %%

@@ -36,9 +36,16 @@ import torch
 import torchvision.transforms.v2.functional as F
 from IPython.display import display
 from torch.utils.data import DataLoader, Dataset
-from torchcodec.decoders import decode_jpeg
 
 from course_utils.techniques import pipeline
+
+try:
+    from torchcodec.decoders import decode_jpeg
+except ImportError:  # no TorchCodec here (the lent GPU machine has none): the same call on torchvision.io's decoder
+
+    def decode_jpeg(raw, mode="RGB", device="cpu"):
+        return pipeline.decode_jpeg(raw, device)
+
 
 SIZE = cu.pick(full=224, smoke=64)  # model input resolution
 N_IMAGES = cu.pick(full=64, smoke=16)  # the shipped photos, repeated
@@ -126,8 +133,43 @@ for w in WORKERS:
     sweep_rows.append({"num_workers": w, "first batch ms": first * 1000, "images/s": n / total})
 sweep_df = pd.DataFrame(sweep_rows)
 base_ips = float(sweep_df.loc[sweep_df["num_workers"] == 0, "images/s"].iloc[0])
-sweep_df["speed-up vs 0"] = sweep_df["images/s"] / base_ips
 sweep_df
+
+# %% [markdown]
+# One pass per setting says little on a busy machine: the best setting, the main process and (where it exists)
+# the best setting with more workers than cores then run again, taking turns in rounds (lesson 01), for ratios
+# with their intervals.
+
+
+# %%
+def loader_pass(w):
+    """Images/s of one pass over `ds` with `w` workers (start-up included), for cu.comparing.compare_runs."""
+
+    def run():
+        n, t0 = 0, time.perf_counter()
+        for x, _ in DataLoader(ds, batch_size=BATCH, num_workers=w):
+            n += x.shape[0]
+        return n / (time.perf_counter() - t0)
+
+    return run
+
+
+with_workers = sweep_df[sweep_df["num_workers"] > 0]
+best_w = int(with_workers.loc[with_workers["images/s"].idxmax(), "num_workers"])  # the best setting with workers
+over_cores = sweep_df[sweep_df["num_workers"] > CORES]
+best_over = int(over_cores.loc[over_cores["images/s"].idxmax(), "num_workers"]) if len(over_cores) else None
+within = with_workers[with_workers["num_workers"] <= CORES]
+best_within = int(within.loc[within["images/s"].idxmax(), "num_workers"]) if len(within) else best_w
+settings = sorted({0, best_w, best_within} | ({best_over} if best_over is not None else set()))
+workers_cmp = cu.comparing.compare_runs(
+    {f"num_workers={w}": loader_pass(w) for w in settings},
+    baseline="num_workers=0",
+    rounds=cu.pick(full=6, smoke=3),
+    higher_is_better=True,
+    metric="images/s",
+)
+display(workers_cmp.table().round(3))
+print(f"num_workers={best_w} vs 0: {workers_cmp.ratio(f'num_workers={best_w}')} the images/s")
 
 # %% [markdown]
 # ## The first batch: `persistent_workers`
@@ -275,12 +317,11 @@ print(
     f"Time to the first batch: {w0['first batch ms']:.0f} ms in the main process, {wmax['first batch ms']:.0f} ms "
     f"with {int(wmax['num_workers'])} workers (the processes must start first)."
 )
-over = sweep_df[sweep_df["num_workers"] > CORES]
-if len(over):
-    gain = over["images/s"].max() / sweep_df[sweep_df["num_workers"] <= CORES]["images/s"].max()
+if best_over is not None and best_over != best_within:
+    gain = workers_cmp.ratio(f"num_workers={best_over}", vs=f"num_workers={best_within}")
     print(
-        f"More workers than cores reached {gain:.2f}x the best rate with at most {CORES} workers: "
-        + ("no gain, decoding needs cores and there are no more." if gain < 1.05 else "a gain.")
+        f"More workers than cores ({best_over}) vs the best with at most {CORES} ({best_within}): {gain}: "
+        + ("a gain." if gain.verdict == "faster" else "no gain shown: decoding needs cores and there are no more.")
     )
 
 # %% [markdown]
@@ -319,16 +360,32 @@ cu.exercises.check("09.loader", make_fast_loader)
 if cu.gpu_section("09.pin-memory"):
     gpu_model, _ = cu.models.resnet("resnet18", device="cuda")
     mem_ds = torch.utils.data.TensorDataset(torch.stack([ds[i][0] for i in range(N_IMAGES)]), torch.zeros(N_IMAGES))
-    pin_rows = []
+    pin_rows, pin_cmp = [], {}
     for source, data in (("JPEG loader", ds), ("in memory", mem_ds)):
-        for pin in (False, True):
-            loader = DataLoader(data, batch_size=BATCH, num_workers=W if data is ds else 0, pin_memory=pin)
+        loaders = {
+            pin: DataLoader(data, batch_size=BATCH, num_workers=W if data is ds else 0, pin_memory=pin)
+            for pin in (False, True)
+        }
+        for loader in loaders.values():
             images_per_s(loader, gpu_model, "cuda")  # warm-up: cuDNN, the pinned-memory cache
-            pin_rows.append({"source": source, "pin_memory": pin, "images/s": images_per_s(loader, gpu_model, "cuda")})
+        pin_cmp[source] = cu.comparing.compare_runs(  # both settings take turns in rounds
+            {f"pin_memory={p}": (lambda ld=ld: images_per_s(ld, gpu_model, "cuda")) for p, ld in loaders.items()},
+            baseline="pin_memory=False",
+            rounds=cu.pick(full=6, smoke=3),
+            higher_is_better=True,
+            metric="images/s",
+            device="cuda",
+        )
+        for p in (False, True):
+            pin_rows.append({"source": source, "pin_memory": p,
+                             "images/s": pin_cmp[source].measurements[f"pin_memory={p}"].median_ms})  # fmt: skip
     pins = pd.DataFrame(pin_rows).pivot(index="source", columns="pin_memory", values="images/s")
     display(pins)
     for source, r in pins.iterrows():
-        print(f"{source}: pin_memory=True ran at {r[True] / r[False]:.2f}x the rate of pin_memory=False.")
+        ratio = pin_cmp[source].ratio("pin_memory=True")
+        print(
+            f"{source}: {ratio.says('pin_memory=True', 'pin_memory=False', 'the rate of')}" + cu.modes.standin_label()
+        )
         cu.record(
             "09",
             f"gpu end to end pin_memory=True ({source})",
@@ -337,7 +394,7 @@ if cu.gpu_section("09.pin-memory"):
             dtype="fp32",
             batch_size=BATCH,
             throughput=r[True],
-            speedup_vs_baseline=r[True] / r[False],
+            speedup_vs_baseline=pin_cmp[source].ratio("pin_memory=True"),
         )
     stats = torch.cuda.host_memory_stats()
     print(
@@ -400,16 +457,25 @@ print(
 )
 
 if cu.gpu_section("09.uint8-transfer"):
-    rows_u8 = []
+    runs_u8 = {}
     for label, data, prep in (("float32 batches", ds, None), ("uint8 + normalize on GPU", ds_u8, normalize_on_device)):
         loader = DataLoader(data, batch_size=BATCH, num_workers=W, pin_memory=True, persistent_workers=True)
         images_per_s(loader, gpu_model, "cuda", prepare=prep)  # warm-up
-        rows_u8.append({"batches": label, "images/s": images_per_s(loader, gpu_model, "cuda", prepare=prep)})
-        del loader
-    u8 = pd.DataFrame(rows_u8).set_index("batches")
-    display(u8)
-    gain = u8["images/s"].iloc[1] / u8["images/s"].iloc[0]
-    print(f"uint8 transfer + GPU normalization ran at {gain:.2f}x the float32 pipeline's rate.")
+        runs_u8[label] = lambda ld=loader, prep=prep: images_per_s(ld, gpu_model, "cuda", prepare=prep)
+    u8_cmp = cu.comparing.compare_runs(  # the two pipelines take turns in rounds
+        runs_u8,
+        baseline="float32 batches",
+        rounds=cu.pick(full=6, smoke=3),
+        higher_is_better=True,
+        metric="images/s",
+        device="cuda",
+    )
+    del runs_u8, loader  # the persistent workers end with their loaders
+    u8 = u8_cmp.table().set_index("variant")
+    display(u8.round(3))
+    gain = u8_cmp.ratio("uint8 + normalize on GPU")
+    print(f"{gain.says('uint8 transfer + GPU normalization', 'the float32 pipeline', 'the rate of')}"
+          + cu.modes.standin_label())  # fmt: skip
     cu.record(
         "09",
         "gpu uint8 transfer + normalize on GPU",
@@ -417,7 +483,7 @@ if cu.gpu_section("09.uint8-transfer"):
         device="cuda",
         dtype="fp32",
         batch_size=BATCH,
-        throughput=float(u8["images/s"].iloc[1]),
+        throughput=float(u8.loc["uint8 + normalize on GPU", "median"]),
         speedup_vs_baseline=gain,
     )
 else:
@@ -496,8 +562,21 @@ if cu.gpu_section("09.prefetch"):
         return n / (time.perf_counter() - t0)
 
     prefetched_ips()  # warm-up
-    pref = prefetched_ips()
-    print(f"plain pinned loop {plain:.0f} img/s, with the prefetcher {pref:.0f} img/s ({pref / plain:.2f}x)")
+    pf_cmp = cu.comparing.compare_runs(  # the plain loop and the prefetcher take turns in rounds
+        {"plain pinned loop": lambda: images_per_s(pinned, pmodel, "cuda"), "prefetcher": prefetched_ips},
+        baseline="plain pinned loop",
+        rounds=cu.pick(full=6, smoke=3),
+        higher_is_better=True,
+        metric="images/s",
+        device="cuda",
+    )
+    plain = pf_cmp.measurements["plain pinned loop"].median_ms  # for compare_runs: the median of the runs' img/s
+    pref = pf_cmp.measurements["prefetcher"].median_ms
+    print(
+        f"plain pinned loop {plain:.0f} img/s, with the prefetcher {pref:.0f} img/s (medians): "
+        f"{pf_cmp.ratio('prefetcher').says('the prefetcher', 'the plain loop', 'the rate of')}"
+        + cu.modes.standin_label()
+    )
     cu.record(
         "09",
         "gpu prefetcher",
@@ -506,7 +585,7 @@ if cu.gpu_section("09.prefetch"):
         dtype="fp32",
         batch_size=BATCH,
         throughput=pref,
-        speedup_vs_baseline=pref / plain,
+        speedup_vs_baseline=pf_cmp.ratio("prefetcher"),
     )
 else:
     cu.results.show_reference("09", "prefetch")
@@ -561,16 +640,31 @@ raws = [torch.frombuffer(bytearray(Path(PATHS[i % len(PATHS)]).read_bytes()), dt
 # the same code on the CPU: the same kernels as the loader, so the FP32 tolerance holds
 _ = cu.check_outputs(gpu_decode(raws, SIZE, "cpu"), ref_batch, "fp32", label="gpu_decode on cpu vs loader")
 
-if cu.gpu_section("09.gpu-decode"):
+if cu.gpu_section("09.gpu-decode", needs=("torchcodec",)):
     _ = uint8_levels(gpu_decode_u8(raws, SIZE, "cuda"), u8_batch)  # nvJPEG + CUDA resize vs the CPU loader's uint8
     gpu_batch = gpu_decode(raws, SIZE, "cuda")
     m_gpu = cu.measure(lambda: gpu_decode(raws, SIZE, "cuda"), device="cuda", batch_size=BATCH, label="GPU decode")
     print(m_gpu)
-    best_cpu = float(sweep_df["images/s"].max())
-    print(
-        f"GPU decoding: {m_gpu.throughput:.0f} img/s vs the best CPU loader {best_cpu:.0f} img/s "
-        f"({m_gpu.throughput / best_cpu:.1f}x)"
+
+    def gpu_decode_pass():
+        """Images/s decoding as many images as the CPU loader's pass reads, BATCH JPEGs per list."""
+        n, t0 = 0, time.perf_counter()
+        while n < N_IMAGES:
+            gpu_decode(raws, SIZE, "cuda")
+            n += BATCH
+        torch.cuda.synchronize()
+        return n / (time.perf_counter() - t0)
+
+    dec_cmp = cu.comparing.compare_runs(  # the best CPU loader and GPU decoding take turns in rounds
+        {f"CPU loader, num_workers={best_w}": loader_pass(best_w), "GPU decode": gpu_decode_pass},
+        baseline=f"CPU loader, num_workers={best_w}",
+        rounds=cu.pick(full=6, smoke=3),
+        higher_is_better=True,
+        metric="images/s",
+        device="cuda",
     )
+    print(f"{dec_cmp.ratio('GPU decode').says('GPU decoding', 'the best CPU loader', 'the rate of')}"
+          + cu.modes.standin_label())  # fmt: skip
     cu.record(
         "09",
         "gpu decode+preprocess",
@@ -578,7 +672,7 @@ if cu.gpu_section("09.gpu-decode"):
         device="cuda",
         dtype="fp32",
         measurement=m_gpu,
-        speedup_vs_baseline=m_gpu.throughput / best_cpu,
+        speedup_vs_baseline=dec_cmp.ratio("GPU decode"),
     )
 else:
     cu.results.show_reference("09", "gpu decode")
@@ -603,7 +697,7 @@ cu.record(
     dtype="fp32",
     batch_size=BATCH,
     throughput=float(best["images/s"]),
-    speedup_vs_baseline=float(best["speed-up vs 0"]),
+    speedup_vs_baseline=workers_cmp.ratio(f"num_workers={int(best['num_workers'])}") if best["num_workers"] else 1.0,
     notes=f"sweep {list(WORKERS)}",
 )
 _ = cu.record(

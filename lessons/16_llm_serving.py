@@ -684,9 +684,14 @@ NUM_BLOCKS = MAX_SLOTS * -(-MAX_LEN // BLOCK) + 4  # room for a full batch of th
 
 mean_prompt = int(np.mean([len(p) for p in pool]))
 bench = {b: decode_bench(b, mean_prompt, "blocks")[0] for b in (1, MAX_SLOTS)}
-steps_cmp = cu.compare({f"batch {b}": s for b, s in bench.items()}, baseline="batch 1", rounds=cu.pick(full=8, smoke=3))
+steps_cmp = cu.compare(
+    {f"batch {b}": s for b, s in bench.items()},
+    baseline="batch 1",
+    rounds=cu.pick(full=8, smoke=3),
+    items={f"batch {b}": b for b in bench},  # per token: the throughput of a full step against a batch-1 step
+)
 ms1, msB = steps_cmp.measurements["batch 1"].median_ms, steps_cmp.measurements[f"batch {MAX_SLOTS}"].median_ms
-per_step = steps_cmp.ratio(f"batch {MAX_SLOTS}")  # batch-1 time / batch-B time
+per_token = steps_cmp.ratio(f"batch {MAX_SLOTS}")  # tokens/s of a batch-B step / tokens/s of a batch-1 step
 mean_new = 0.75 * SHORT + 0.25 * LONG
 RATE = MAX_SLOTS / (mean_new * msB / 1000)  # requests/s a full batch could serve, prefills not counted
 rng = random.Random(16)
@@ -694,8 +699,7 @@ arrivals = np.cumsum([rng.expovariate(RATE) for _ in range(N_REQUESTS)])
 work = [(rng.randrange(len(pool)), LONG if rng.random() < 0.25 else SHORT) for _ in range(N_REQUESTS)]
 print(
     f"Decode step: {ms1:.0f} ms at batch 1, {msB:.0f} ms at batch {MAX_SLOTS}: a full step makes "
-    f"{MAX_SLOTS * per_step.estimate:.1f}x the tokens per second of a batch-1 step (95% CI "
-    f"{MAX_SLOTS * per_step.low:.1f}-{MAX_SLOTS * per_step.high:.1f}x), for {MAX_SLOTS}x the sequences."
+    f"{per_token.interval_text} the tokens per second of a batch-1 step, for {MAX_SLOTS} times the sequences."
 )
 print(
     f"{N_REQUESTS} requests, Poisson arrivals at {RATE:.2f} requests/s, caps {SHORT} or {LONG} new tokens, "
@@ -1631,8 +1635,7 @@ if cu.gpu_section("16.vllm", needs=("vllm",), why="vLLM needs a CUDA GPU and its
 # %%
 print(
     f"* A decode step for {MAX_SLOTS} sequences took {msB:.0f} ms, for one {ms1:.0f} ms: "
-    f"{MAX_SLOTS * per_step.estimate:.1f}x the tokens for the same weight reads "
-    f"(95% CI {MAX_SLOTS * per_step.low:.1f}-{MAX_SLOTS * per_step.high:.1f})."
+    f"{per_token.interval_text} the tokens per second for the same weight reads."
 )
 co = paired("continuous", "static", "tokens_per_s", True)
 print(
