@@ -65,7 +65,8 @@ def _by_float(v):
 
 
 def test_precisions_reference_passes(capsys):
-    assert verdict("00.precisions", exercises.get("00.precisions").solution) == "accepted"
+    for seed in range(200):
+        assert exercises.verdict("00.precisions", exercises.get("00.precisions").solution, seed=seed) == "accepted"
     assert "On this machine" in capsys.readouterr().out
 
 
@@ -82,6 +83,9 @@ def test_precisions_reference_passes(capsys):
     ],
 )
 def test_precisions_rejects(wrong, message):
+    for seed in range(200):
+        reason = exercises.verdict("00.precisions", wrong, seed=seed)
+        assert message in reason, (seed, reason)
     reason = verdict("00.precisions", wrong)
     assert message in reason, reason
     assert "random case seed" in reason
@@ -166,7 +170,8 @@ def capability_as_string():
 
 
 def test_inventory_reference_passes(capsys):
-    assert verdict("00.inventory", exercises.get("00.inventory").solution) == "accepted"
+    for seed in range(200):
+        assert exercises.verdict("00.inventory", exercises.get("00.inventory").solution, seed=seed) == "accepted"
     assert "On this machine: CUDA" in capsys.readouterr().out
 
 
@@ -184,6 +189,9 @@ def test_inventory_reference_passes(capsys):
     ],
 )
 def test_inventory_rejects(wrong, message):
+    for seed in range(200):
+        reason = exercises.verdict("00.inventory", wrong, seed=seed)
+        assert message in reason, (seed, reason)
     reason = verdict("00.inventory", wrong)
     assert message in reason, reason
 
