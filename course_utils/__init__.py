@@ -3,8 +3,9 @@
 * ``measuring``: ``device``, ``timing`` (``cu.measure``, the timer), ``memory``, ``comparing`` (``cu.compare``:
   every ratio with its interval) and ``intervals``;
 * ``show``: ``plots``, ``results`` (``cu.record``), ``results_file``, ``machine_label``, ``leaderboard``;
-* ``check``: ``compare`` (``cu.check_outputs``), ``exercises`` and ``lesson_exercises``, ``streamcheck``, and
-  ``standins`` (the CPU stand-ins that rehearse GPU sections);
+* ``check``: ``compare`` (``cu.check_outputs``), ``exercises`` and ``lesson_exercises``;
+* ``fakegpu``: the fake GPU of a CPU machine: ``streamcheck`` (lesson 10's recording device module) and ``standins``
+  (the CPU stand-ins that rehearse GPU sections);
 * ``supply``: ``models``, ``data``, ``llm``, ``paths``, ``modes`` (``cu.gpu_section``, ``cu.pick``), ``lesson``,
   ``errors``;
 * ``serve``: ``server_process``, ``server_main``, ``server_guard``, ``server_watch``, ``load_generator``
@@ -30,7 +31,8 @@ from typing import Any
 _ROOMS = {
     "measuring": ("device", "timing", "memory", "comparing", "intervals"),
     "show": ("plots", "results", "results_file", "machine_label", "leaderboard"),
-    "check": ("compare", "exercises", "lesson_exercises", "streamcheck", "standins"),
+    "check": ("compare", "exercises", "lesson_exercises"),
+    "fakegpu": ("streamcheck", "standins"),
     "supply": ("models", "data", "llm", "paths", "modes", "lesson", "errors"),
     "serve": ("server_process", "server_main", "server_guard", "server_watch", "load_generator", "stream_load"),
     "from_lessons": ("l08_tensorrt", "l16_llm_serving",

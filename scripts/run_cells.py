@@ -8,7 +8,7 @@ Cells are the ``# %%`` blocks of the jupytext percent format, executed in order 
 kept for tracebacks). After each cell :func:`course_utils.supply.modes.finish_cell` records the sections entered in it
 as ``completed`` or ``failed`` (or ``not-rehearsable``, for a named GPU-only kernel: that cell stops there and the
 run goes on, as the skipped section's ``else`` branch is not taken). The first failing cell ends the run with exit
-status 1. The rehearsal's rules live in the package (:mod:`course_utils.check.standins.rehearsal`, whole-lesson
+status 1. The rehearsal's rules live in the package (:mod:`course_utils.fakegpu.standins.rehearsal`, whole-lesson
 scope started by ``cu.lesson.start``), so a rehearsal in a Jupyter kernel is the one this runner does.
 
 Where IPython is missing (the lent GPU machine), ``from IPython.display import display`` gets a module
@@ -60,7 +60,7 @@ def _display_shim() -> None:
 
 def run(path: Path, until: str | None = None) -> int:
     """Run ``path`` cell by cell; ``until``: stop after the cell that enters that section (0 if it completed)."""
-    from course_utils.check.standins import rehearsal
+    from course_utils.fakegpu.standins import rehearsal
     from course_utils.supply import modes
 
     _display_shim()

@@ -309,7 +309,7 @@ def test_oom_sweep_reference_and_alternatives_pass():
             assert exercises.verdict("03.oom-sweep", fn, seed=seed) == "accepted", fn.__name__
     assert (
         torch.cuda.is_available() is False
-        or not __import__("course_utils.check.standins.rehearsal", fromlist=["no_real_gpu"]).no_real_gpu()
+        or not __import__("course_utils.fakegpu.standins.rehearsal", fromlist=["no_real_gpu"]).no_real_gpu()
     ), "the stand-in GPU is switched off after the check"
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils.check.standins import rehearsal
+from course_utils.fakegpu.standins import rehearsal
 from course_utils.supply.paths import append_text
 from scripts import gpu_check
 from scripts.gpu_levels import lesson_sections

@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.check.standins import rehearsal
-from course_utils.check.standins.tensor import RehearsalError
+from course_utils.fakegpu.standins import rehearsal
+from course_utils.fakegpu.standins.tensor import RehearsalError
 from course_utils.supply import modes
 from scripts import run_cells
 from scripts.gpu_levels import ROOT
@@ -222,7 +222,7 @@ def test_ort_cuda_provider_options_iobinding_and_graphs(gpu, tmp_path):
 
 
 def test_tensorrt_fake_needs_device_pointers_and_stream_order(gpu, tmp_path):
-    from course_utils.check.standins.tensorrt import fake_from_snapshot
+    from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
 
     trt = fake_from_snapshot(device_pointers=True)
     model, path = _onnx(tmp_path)

@@ -1,7 +1,7 @@
 """The stand-in GPU is asynchronous: queued work, copies that land later, a device clock, and the rules that follow.
 
 Each rule: one right use, and the mistake it exists for (the message names the fix). Device time is modelled
-(course_utils.check.standins.clock), so the verdicts about overlap depend on the operators issued, not on this
+(course_utils.fakegpu.standins.clock), so the verdicts about overlap depend on the operators issued, not on this
 machine's load: the kernels are long enough on the stand-in's clock that launching them never dominates.
 """
 
@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.check.standins import rehearsal
-from course_utils.check.standins.streams import MODEL
-from course_utils.check.standins.tensor import RehearsalError
+from course_utils.fakegpu.standins import rehearsal
+from course_utils.fakegpu.standins.streams import MODEL
+from course_utils.fakegpu.standins.tensor import RehearsalError
 from course_utils.supply import modes
 from scripts import run_cells
 
@@ -81,7 +81,7 @@ def test_a_pinned_host_buffer_is_read_when_the_copy_runs(gpu):
 
 
 def test_non_blocking_from_pageable_memory_is_reported(gpu):
-    from course_utils.check.standins.tensor import STATE
+    from course_utils.fakegpu.standins.tensor import STATE
 
     host = torch.ones(1 << 10)
     assert torch.equal(host.to("cuda", non_blocking=True).cpu(), host)  # synchronous, as on a GPU: reported
@@ -99,7 +99,7 @@ def slow_gpu(gpu, monkeypatch):
     """The stand-in GPU ten times slower: each kernel and copy lasts tens of milliseconds of device time, so a
     scheduling delay of a few milliseconds on a loaded 2-core machine (issuing is host work) cannot turn an
     overlap verdict around."""
-    from course_utils.check.standins import clock
+    from course_utils.fakegpu.standins import clock
 
     for name, rate in list(clock.RATES.items()):
         monkeypatch.setitem(clock.RATES, name, rate / 10)

@@ -1,10 +1,10 @@
-"""Unit tests for course_utils.check.streamcheck: the recording device module finds unordered stream accesses."""
+"""Unit tests for course_utils.fakegpu.streamcheck: the recording device module finds unordered stream accesses."""
 
 from __future__ import annotations
 
 import torch
 
-from course_utils.check.streamcheck import RecordingDevice, describe
+from course_utils.fakegpu.streamcheck import RecordingDevice, describe
 
 
 def test_ordered_and_unordered_accesses():

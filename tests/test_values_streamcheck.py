@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils.check.streamcheck import RecordingDevice
+from course_utils.fakegpu.streamcheck import RecordingDevice
 
 
 def _write_then_read(order: str) -> int:

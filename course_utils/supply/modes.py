@@ -7,7 +7,7 @@
   results folder: ``entered`` when the body starts, then ``completed`` or ``failed`` when its cell ends
   (or ``skipped`` / ``not-rehearsable`` with the reason), so a run reports what really ran.
 * ``COURSE_REHEARSE=1`` (CPU machines): GPU sections run on checked stand-ins
-  (:mod:`course_utils.check.standins.rehearsal`).
+  (:mod:`course_utils.fakegpu.standins.rehearsal`).
 
 Switches are parsed strictly by :func:`switch`: ``1/0, true/false, yes/no, on/off`` (any case, spaces
 ignored) or unset; any other value (``2``, ``smoke``) raises :class:`SettingError` naming the variable, so the
@@ -52,8 +52,8 @@ def switch(name: str) -> bool:
 
 def rehearsing() -> bool:
     """True when ``COURSE_REHEARSE`` is set and this machine has no real CUDA GPU: GPU sections run on the CPU
-    stand-ins (:mod:`course_utils.check.standins.rehearsal`)."""
-    from course_utils.check.standins import rehearsal
+    stand-ins (:mod:`course_utils.fakegpu.standins.rehearsal`)."""
+    from course_utils.fakegpu.standins import rehearsal
 
     return switch("COURSE_REHEARSE") and rehearsal.no_real_gpu()
 
@@ -134,7 +134,7 @@ def begin_lesson() -> None:
     """Called by :func:`course_utils.supply.lesson.start`: with ``COURSE_REHEARSE_SCOPE=lesson`` the rehearsal's
     stand-ins hold for the whole lesson (``pick_device()`` gives "cuda" from the first cell), in a kernel as in
     the cell runner."""
-    from course_utils.check.standins import rehearsal
+    from course_utils.fakegpu.standins import rehearsal
 
     if rehearsing() and rehearsal.whole_lesson():
         rehearsal.pin()
@@ -169,11 +169,11 @@ def gpu_section(
     Entering records ``status: entered``; the section counts as run only when its cell completes
     (:func:`finish_cell`: ``completed``, or ``failed`` with the error's first line). With ``COURSE_REHEARSE=1``
     on a machine without CUDA the body runs on the checked CPU stand-ins of
-    :mod:`course_utils.check.standins.rehearsal`, and the timings it prints are the stand-in's.
+    :mod:`course_utils.fakegpu.standins.rehearsal`, and the timings it prints are the stand-in's.
     """
     import torch
 
-    from course_utils.check.standins import rehearsal, switches
+    from course_utils.fakegpu.standins import rehearsal, switches
 
     _settle_previous()
     rehearse = rehearsing()
@@ -232,10 +232,10 @@ def finish_cell(success: bool, error: BaseException | None = None) -> BaseExcept
     """Decide the sections entered in the cell that just ended: completed, failed (with the error's first line)
     or, in rehearsal, not rehearsable (a named GPU-only kernel). First the section's queued stand-in work runs and
     its global switches (TF32, cuDNN, ...) are compared with their values at entry
-    (:func:`course_utils.check.standins.rehearsal.end_cell`). Returns an error the cell hid (a stream-order
+    (:func:`course_utils.fakegpu.standins.rehearsal.end_cell`). Returns an error the cell hid (a stream-order
     violation found when memory was freed, a switch left changed, an error of queued work) so the caller fails
     the cell with it."""
-    from course_utils.check.standins import rehearsal
+    from course_utils.fakegpu.standins import rehearsal
 
     pending, _PENDING[:] = list(_PENDING), []
     entered = [(p["section"], p.get("switches", {})) for p in pending]

@@ -17,8 +17,8 @@ import pytest
 import torch
 
 from course_utils.check.compare import compare_outputs
-from course_utils.check.standins.pycuda import SNAPSHOT, FakePycuda, FakePycudaError
-from course_utils.check.standins.tensorrt import fake_from_snapshot
+from course_utils.fakegpu.standins.pycuda import SNAPSHOT, FakePycuda, FakePycudaError
+from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
 from course_utils.techniques import onnx_runtime, tensorrt_engines
 
 from . import lesson_code

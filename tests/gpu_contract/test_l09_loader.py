@@ -3,7 +3,7 @@
 ``images_per_s`` (the end-to-end loop the pin-memory and uint8 sections time) runs with a ``pin_memory`` loader
 and the recording device module; ``normalize_on_device`` and ``gpu_decode`` run with ``device="cpu"`` (TorchCodec
 decodes a list on the CPU too) against the data set's own preprocessing; ``DevicePrefetcher`` runs against
-:class:`course_utils.check.streamcheck.RecordingDevice`, which flags unordered stream accesses and missing
+:class:`course_utils.fakegpu.streamcheck.RecordingDevice`, which flags unordered stream accesses and missing
 ``record_stream``.
 """
 
@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchcodec.decoders import decode_jpeg
 
 import course_utils as cu
-from course_utils.check.streamcheck import RecordingDevice, describe
+from course_utils.fakegpu.streamcheck import RecordingDevice, describe
 from course_utils.supply import data
 from course_utils.techniques import pipeline
 from tests.gpu_contract.lesson_code import lesson_namespace, tagged_cells

@@ -20,7 +20,7 @@ import torch
 
 from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import Cases, cases, gpu
-from course_utils.check.standins.rehearsal import RehearsalError
+from course_utils.fakegpu.standins.rehearsal import RehearsalError
 
 CANDIDATES = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0]
 

@@ -197,8 +197,8 @@ def stale_fields(stored: dict | None, here: dict) -> list[str]:
 
 
 def fake_trt():
-    """The fake TensorRT 11.1 (``course_utils.check.standins.tensorrt``): the real API surface, ORT behind it."""
-    from course_utils.check.standins.tensorrt import fake_from_snapshot
+    """The fake TensorRT 11.1 (``course_utils.fakegpu.standins.tensorrt``): the real API surface, ORT behind it."""
+    from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
 
     return fake_from_snapshot()
 
@@ -328,7 +328,7 @@ def _run_on_device(fn: Callable, c: Cases, onnx_path: Any, k: float, width: int,
     import torch
 
     from course_utils.check.lesson_exercises.observe import gpu, on_standin
-    from course_utils.check.standins.tensorrt import fake_from_snapshot
+    from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
 
     with gpu() as device:
         if not on_standin():

@@ -28,7 +28,7 @@ def _check_builder(fn: Callable) -> None:
     import torch
 
     from course_utils.check.lesson_exercises.observe import cases
-    from course_utils.check.standins.tensorrt import PLAN_MAGIC
+    from course_utils.fakegpu.standins.tensorrt import PLAN_MAGIC
 
     with cases("08.builder") as c, tempfile.TemporaryDirectory() as tmp:
         seen = []

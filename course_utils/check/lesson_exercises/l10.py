@@ -3,7 +3,7 @@
 The check draws its case at random per call (number of chunks, their shape, the model's channels; the seed is
 printed on failure) and runs the learner's function twice on the CPU: through the real
 ``torch.get_device_module("cpu")`` (stand-in streams: outputs must match the model's), and through
-:class:`course_utils.check.streamcheck.RecordingDevice`, which records on which stream every copy and kernel was
+:class:`course_utils.fakegpu.streamcheck.RecordingDevice`, which records on which stream every copy and kernel was
 issued and which events and waits order them. The caller's stream has work queued before the call, as in a real
 program. It rejects:
 
@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from course_utils.check.exercises import exercise
 from course_utils.check.lesson_exercises.observe import cases, forbid
-from course_utils.check.streamcheck import FakeEvent, FakeStream, RecordingDevice, describe
+from course_utils.fakegpu.streamcheck import FakeEvent, FakeStream, RecordingDevice, describe
 
 Loop = Callable[[torch.nn.Module, Sequence[torch.Tensor], str], list[torch.Tensor]]
 

@@ -120,7 +120,7 @@ def _check_on(make: Callable[[torch.nn.Module, torch.Tensor], Runner], device: s
 
 def _replays() -> int:
     """Graph replays counted by the rehearsal's stand-in GPU so far (-1 on a real GPU, which counts none here)."""
-    from course_utils.check.standins import rehearsal
+    from course_utils.fakegpu.standins import rehearsal
 
     return rehearsal.checks().get("graph replays", 0) if rehearsal.active() else -1
 

@@ -187,7 +187,7 @@ def gpu() -> Iterator[str]:
     A checker draws a case on it so that code written for one device only (``torch.autocast("cpu")`` hard-coded,
     ``empty_cache`` guarded by ``torch.cuda.is_available()``) is judged where it would run.
     """
-    from course_utils.check.standins import rehearsal
+    from course_utils.fakegpu.standins import rehearsal
 
     if rehearsal.active() or not rehearsal.no_real_gpu():
         yield "cuda"
@@ -201,7 +201,7 @@ def gpu() -> Iterator[str]:
 
 def on_standin() -> bool:
     """True when "cuda" is the rehearsal's CPU stand-in (inside :func:`gpu` on a machine without a GPU)."""
-    from course_utils.check.standins import rehearsal
+    from course_utils.fakegpu.standins import rehearsal
 
     return rehearsal.active() and rehearsal.no_real_gpu()
 

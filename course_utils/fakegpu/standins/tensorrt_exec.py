@@ -14,8 +14,8 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.check.standins.tensorrt_build import PLAN_MAGIC
-from course_utils.check.standins.tensorrt_surface import Dims, EnumMember, FakeObject, HostMemory
+from course_utils.fakegpu.standins.tensorrt_build import PLAN_MAGIC
+from course_utils.fakegpu.standins.tensorrt_surface import Dims, EnumMember, FakeObject, HostMemory
 
 _TRT_TO_NP = {"FLOAT": np.float32, "HALF": np.float16, "INT8": np.int8, "INT32": np.int32, "INT64": np.int64,
               "BOOL": np.bool_, "UINT8": np.uint8}  # fmt: skip
@@ -170,7 +170,7 @@ def run_behaviors(fake: Any) -> dict[str, Any]:
         plan = st(engine)["plan"]
         model = stream = clock = None
         if fake.device_pointers:  # the rehearsal: CUDA pointers and stream order, as on a GPU
-            from course_utils.check.standins.streams import MODEL as model
+            from course_utils.fakegpu.standins.streams import MODEL as model
 
             stream = model.stream_for(stream_handle)
             clock = stream.tick()
@@ -248,7 +248,7 @@ def run_behaviors(fake: Any) -> dict[str, Any]:
 
 def _device(ptr: int, nbytes: int, name: str) -> tuple[int, int]:
     """(host address, storage key) of a stand-in CUDA pointer; a host pointer raises as TensorRT would fail."""
-    from course_utils.check.standins.tensor import STATE
+    from course_utils.fakegpu.standins.tensor import STATE
 
     STATE.count("TensorRT pointer checks")
     found = STATE.host_address(ptr, nbytes)

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.check.standins.tensor import RehearsalError
+from course_utils.fakegpu.standins.tensor import RehearsalError
 
 SNAPSHOT = Path(__file__).with_name("pycuda_2026_1_api.json")
 
@@ -63,7 +63,7 @@ class DeviceAllocation:
         if fake.device:  # stand-in CUDA memory (cuMemAlloc: no stream): a device pointer TensorRT accepts
             import torch
 
-            from course_utils.check.standins.tensor import wrap
+            from course_utils.fakegpu.standins.tensor import wrap
 
             self._tensor = wrap(torch.full((int(nbytes),), 0xA5, dtype=torch.uint8))
             self._mem = self._tensor.elem.numpy()
@@ -107,7 +107,7 @@ class Stream:
         self._fake, self.handle, self._pending = fake, next(Stream._handles), []
         self._standin = None
         if fake.device:  # a stand-in stream: the fake TensorRT's execute_async_v3 accepts its handle
-            from course_utils.check.standins.streams import StandinStream
+            from course_utils.fakegpu.standins.streams import StandinStream
 
             self._standin = StandinStream(_name=f"pycuda stream {len(fake.streams)}")
             self.handle = self._standin.cuda_stream
@@ -115,7 +115,7 @@ class Stream:
 
     def synchronize(self) -> None:
         if self._standin is not None:
-            from course_utils.check.standins.streams import MODEL
+            from course_utils.fakegpu.standins.streams import MODEL
 
             MODEL.host_sync(self._standin.clock, "pycuda Stream.synchronize()", self._standin.ready)
         for copy in self._pending:
@@ -246,8 +246,8 @@ class FakePycuda:
         """On the stand-in GPU: order the copy on the stream and queue it (True); host memory only: False."""
         if stream._standin is None or dev._tensor is None:
             return False
-        from course_utils.check.standins.clock import copy_cost
-        from course_utils.check.standins.streams import MODEL
+        from course_utils.fakegpu.standins.clock import copy_cost
+        from course_utils.fakegpu.standins.streams import MODEL
 
         s = stream._standin
         clock = s.tick()

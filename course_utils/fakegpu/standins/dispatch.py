@@ -23,12 +23,12 @@ from typing import Any
 
 import torch
 
-from course_utils.check.standins import clock as costs
-from course_utils.check.standins import copies
-from course_utils.check.standins.cuda import gpu_only_op
-from course_utils.check.standins.issue import order, place
-from course_utils.check.standins.streams import MODEL
-from course_utils.check.standins.tensor import (
+from course_utils.fakegpu.standins import clock as costs
+from course_utils.fakegpu.standins import copies
+from course_utils.fakegpu.standins.cuda import gpu_only_op
+from course_utils.fakegpu.standins.issue import order, place
+from course_utils.fakegpu.standins.streams import MODEL
+from course_utils.fakegpu.standins.tensor import (
     STATE,
     RehearsalError,
     Rehearsed,

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from course_utils.check.standins.tensor import STATE, mark_pinned
+from course_utils.fakegpu.standins.tensor import STATE, mark_pinned
 
 _POOL: dict[str, Any] = {"free": {}, "stats": {}, "history": None}
 

@@ -3,12 +3,12 @@
 On a machine without CUDA, :func:`course_utils.supply.modes.gpu_section` then returns True and calls
 :func:`activate`: until the cell ends (:func:`cell_done`, called by :func:`course_utils.supply.modes.finish_cell`
 from the cell runner or the IPython hook, so a rehearsal in JupyterLab is the one the tests run), "cuda" means the
-stand-in GPU of :mod:`course_utils.check.standins`:
+stand-in GPU of :mod:`course_utils.fakegpu.standins`:
 
 * ``torch.cuda.*`` answers for one sm_90 stand-in (streams, events, graphs, memory counters, the pinned cache and
   the allocation history); ``cuda:1`` and beyond raise CUDA's "invalid device ordinal";
 * ``.cuda()``, ``.to("cuda")``, ``Module.to("cuda")`` and factories with ``device="cuda"`` make
-  :class:`~course_utils.check.standins.tensor.Rehearsed` tensors; their operators are checked and queued per stream
+  :class:`~course_utils.fakegpu.standins.tensor.Rehearsed` tensors; their operators are checked and queued per stream
   (:mod:`.dispatch`, :mod:`.streams`) on a virtual device clock (:mod:`.clock`);
 * ``onnxruntime.InferenceSession`` with the CUDA provider, ``tensorrt`` (TensorRT 11.1's API, device pointers and
   stream order checked), ``pycuda`` and torchcodec's ``decode_jpeg(device="cuda")`` have stand-ins (the fakes are put
@@ -33,12 +33,12 @@ from typing import Any
 
 import torch
 
-from course_utils.check.standins import cuda as scuda
-from course_utils.check.standins import memory, packages, switches
-from course_utils.check.standins.cuda import GPU_ONLY, NotRehearsable
-from course_utils.check.standins.mode import CudaMode, pin_batch
-from course_utils.check.standins.streams import MODEL
-from course_utils.check.standins.tensor import STATE, RehearsalError, check_index
+from course_utils.fakegpu.standins import cuda as scuda
+from course_utils.fakegpu.standins import memory, packages, switches
+from course_utils.fakegpu.standins.cuda import GPU_ONLY, NotRehearsable
+from course_utils.fakegpu.standins.mode import CudaMode, pin_batch
+from course_utils.fakegpu.standins.streams import MODEL
+from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, check_index
 
 __all__ = ["NotRehearsable", "RehearsalError", "activate", "active", "checks", "deactivate", "no_real_gpu"]
 

@@ -73,7 +73,7 @@ class State:
             if self.allocated > self.peak:
                 self.peak, self.peak_raised = self.allocated, True
             if self.history is not None:
-                from course_utils.check.standins.memory import on_event
+                from course_utils.fakegpu.standins.memory import on_event
 
                 on_event("alloc", ptr, nbytes)
         entry[0] += 1
@@ -89,7 +89,7 @@ class State:
             self.allocated -= entry[1]
             self.cached += entry[1]
             if self.history is not None:
-                from course_utils.check.standins.memory import on_event
+                from course_utils.fakegpu.standins.memory import on_event
 
                 on_event("free_completed", ptr, entry[1])
             if self.streams is not None:  # the caching allocator will hand this block out again: check it now
@@ -261,12 +261,12 @@ class Rehearsed(torch.Tensor):
         return tuple(out.unbind(1)) if as_tuple else out
 
     def __getitem__(self, index: Any) -> torch.Tensor:
-        from course_utils.check.standins import copies
+        from course_utils.fakegpu.standins import copies
 
         return copies.getitem(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        from course_utils.check.standins import copies
+        from course_utils.fakegpu.standins import copies
 
         copies.setitem(self, index, value)
 
@@ -299,6 +299,6 @@ class Rehearsed(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        from course_utils.check.standins import dispatch
+        from course_utils.fakegpu.standins import dispatch
 
         return dispatch.dispatch(func, args, kwargs or {})

@@ -1,6 +1,6 @@
 """The fake TensorRT's API surface: enums, dims, host memory and objects that only have what TensorRT 11.1 has.
 
-Used by :class:`course_utils.check.standins.tensorrt.FakeTRT`: every attribute is looked up in the spec of the
+Used by :class:`course_utils.fakegpu.standins.tensorrt.FakeTRT`: every attribute is looked up in the spec of the
 real bindings; a name that is not there raises ``AttributeError`` (with :data:`REMOVED`'s hint for APIs that
 TensorRT 10 or 11 removed), and calls are checked against the pybind11 signatures.
 """

@@ -8,7 +8,7 @@ Every read and write of stand-in memory is logged with the stream it was issued 
 * memory made on one stream is handed out again (freed, then reused) while another stream's use of it is neither
   waited for nor declared with ``record_stream``.
 
-It extends :mod:`course_utils.check.streamcheck` (which records a device module's calls after the fact) to
+It extends :mod:`course_utils.fakegpu.streamcheck` (which records a device module's calls after the fact) to
 operators on stand-in memory, checked as they are issued. :class:`Ordering` is the base of
 :class:`~.streams.StreamModel`.
 """
@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from course_utils.check.standins.tensor import STATE, RehearsalError
+from course_utils.fakegpu.standins.tensor import STATE, RehearsalError
 
 
 @dataclass

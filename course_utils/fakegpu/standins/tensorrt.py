@@ -16,7 +16,7 @@ CPU, reading and writing the CPU torch tensors whose ``data_ptr()`` were passed 
 (``set_input_shape`` returns False outside them), ``execute_async_v3`` returns False when a tensor has no
 address. ``FakeTRT.calls`` logs every API call for tests to inspect.
 
-With ``device_pointers=True`` (the rehearsal, :mod:`course_utils.check.standins.rehearsal`) it behaves as on a GPU:
+With ``device_pointers=True`` (the rehearsal, :mod:`course_utils.fakegpu.standins.rehearsal`) it behaves as on a GPU:
 ``set_tensor_address`` accepts only stand-in CUDA pointers (``data_ptr()`` of a tensor on the rehearsal's
 "cuda"; a host pointer raises, where real TensorRT would fault), reads and writes through them, and
 ``execute_async_v3(stream)`` needs a CUDA stream handle (``torch.cuda.Stream().cuda_stream``) on which the
@@ -34,10 +34,10 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.check.standins.tensorrt_build import PLAN_MAGIC as PLAN_MAGIC  # re-exported: the plan format
-from course_utils.check.standins.tensorrt_build import build_behaviors
-from course_utils.check.standins.tensorrt_exec import run_behaviors
-from course_utils.check.standins.tensorrt_surface import (
+from course_utils.fakegpu.standins.tensorrt_build import PLAN_MAGIC as PLAN_MAGIC  # re-exported: the plan format
+from course_utils.fakegpu.standins.tensorrt_build import build_behaviors
+from course_utils.fakegpu.standins.tensorrt_exec import run_behaviors
+from course_utils.fakegpu.standins.tensorrt_surface import (
     REMOVED,
     Dims,
     Enum,

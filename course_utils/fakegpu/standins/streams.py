@@ -25,10 +25,10 @@ from typing import Any
 
 import torch
 
-from course_utils.check.standins.clock import DeviceClock
-from course_utils.check.standins.order import Ordering, Use
-from course_utils.check.standins.tensor import STATE, RehearsalError, check_index
-from course_utils.check.streamcheck import _join
+from course_utils.fakegpu.standins.clock import DeviceClock
+from course_utils.fakegpu.standins.order import Ordering, Use
+from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, check_index
+from course_utils.fakegpu.streamcheck import _join
 
 __all__ = ["MODEL", "StandinEvent", "StandinStream", "StreamModel", "Use"]
 

@@ -2,7 +2,7 @@
 
 The parser reads the ONNX file's inputs, outputs and nodes; the builder checks that every dynamic input has a
 profile that agrees with the network's fixed dims, and returns a plan (:data:`PLAN_MAGIC` + JSON holding the ONNX
-model) that :mod:`course_utils.check.standins.tensorrt_exec` runs.
+model) that :mod:`course_utils.fakegpu.standins.tensorrt_exec` runs.
 """
 
 from __future__ import annotations
@@ -11,7 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from course_utils.check.standins.tensorrt_surface import Dims, FakeObject, HostMemory
+from course_utils.fakegpu.standins.tensorrt_surface import Dims, FakeObject, HostMemory
 
 PLAN_MAGIC = b"FAKETRT-PLAN\n"
 

@@ -1,6 +1,6 @@
 """The rehearsal's torch function mode: "cuda" placement (``.to("cuda")``, ``.cuda()``, factories with
 ``device="cuda"``) makes stand-in tensors; pinning makes pinned host tensors (:mod:`.memory`); the rest runs
-unchanged. Installed by :func:`course_utils.check.standins.rehearsal.activate`."""
+unchanged. Installed by :func:`course_utils.fakegpu.standins.rehearsal.activate`."""
 
 from __future__ import annotations
 
@@ -10,10 +10,10 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from course_utils.check.standins import memory
-from course_utils.check.standins.copies import to_device
-from course_utils.check.standins.issue import order, place
-from course_utils.check.standins.tensor import RehearsalError, Rehearsed, check_index, is_pinned, wrap
+from course_utils.fakegpu.standins import memory
+from course_utils.fakegpu.standins.copies import to_device
+from course_utils.fakegpu.standins.issue import order, place
+from course_utils.fakegpu.standins.tensor import RehearsalError, Rehearsed, check_index, is_pinned, wrap
 
 _FACTORIES = {"empty", "zeros", "ones", "full", "rand", "randn", "randint", "randperm", "arange", "linspace", "eye",
               "tensor", "as_tensor", "empty_like", "zeros_like", "ones_like", "full_like", "rand_like",

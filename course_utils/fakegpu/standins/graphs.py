@@ -22,8 +22,8 @@ from typing import Any
 
 import torch
 
-from course_utils.check.standins.streams import MODEL, StandinStream
-from course_utils.check.standins.tensor import STATE, RehearsalError, _key
+from course_utils.fakegpu.standins.streams import MODEL, StandinStream
+from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, _key
 
 _FAMILIES = {
     "matmul": {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "_scaled_mm", "einsum"},
@@ -65,7 +65,7 @@ class Capture:
 
 
 def _replay_ops(ops: list) -> None:
-    from course_utils.check.standins.dispatch import run_into
+    from course_utils.fakegpu.standins.dispatch import run_into
 
     with torch.inference_mode():  # a replay rewrites the graph's memory whatever the caller's grad mode
         for func, args, kwargs, fresh, *_ in ops:

@@ -14,10 +14,10 @@ from collections.abc import Iterator
 from types import SimpleNamespace
 from typing import Any
 
-from course_utils.check.standins import memory
-from course_utils.check.standins.graphs import StandinCUDAGraph, graph
-from course_utils.check.standins.streams import MODEL, StandinEvent, StandinStream
-from course_utils.check.standins.tensor import STATE, RehearsalError, check_index
+from course_utils.fakegpu.standins import memory
+from course_utils.fakegpu.standins.graphs import StandinCUDAGraph, graph
+from course_utils.fakegpu.standins.streams import MODEL, StandinEvent, StandinStream
+from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, check_index
 
 NAME = "rehearsal stand-in (CPU)"
 

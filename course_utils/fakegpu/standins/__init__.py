@@ -1,4 +1,4 @@
 """Stand-ins for GPU software on a CPU machine: the rehearsal's CUDA device (``tensor``, ``streams``, ``graphs``,
 ``cuda``), ONNX Runtime's CUDA provider (``ort``) and TensorRT 11.1 (``tensorrt``). See
-:mod:`course_utils.check.standins.rehearsal` for how a lesson's GPU sections run on them, and ``tensorrt`` for the fake
-TensorRT that the contract tests and exercise 08 also use."""
+:mod:`course_utils.fakegpu.standins.rehearsal` for how a lesson's GPU sections run on them, and ``tensorrt`` for the
+fake TensorRT that the contract tests and exercise 08 also use."""

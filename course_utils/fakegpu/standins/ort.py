@@ -23,9 +23,9 @@ from typing import Any
 
 import numpy as np
 
-from course_utils.check.standins.clock import LAUNCH_S, RATES
-from course_utils.check.standins.streams import MODEL, StandinStream
-from course_utils.check.standins.tensor import STATE, RehearsalError
+from course_utils.fakegpu.standins.clock import LAUNCH_S, RATES
+from course_utils.fakegpu.standins.streams import MODEL, StandinStream
+from course_utils.fakegpu.standins.tensor import STATE, RehearsalError
 
 _BOOL = "bool"
 # ORT 1.31 CUDA provider options (OrtCUDAProviderOptionsV2 and the string options of CUDAExecutionProviderInfo)

@@ -1,8 +1,8 @@
 """The rehearsal's stand-ins for packages and torch entry points: ORT's CUDA provider, TensorRT, pycuda, torchcodec's
 GPU JPEG decoding, the profiler's CUDA activity and ``torch.onnx.export`` of a stand-in model.
 
-Installed by :func:`course_utils.check.standins.rehearsal.activate` through its ``patch`` function, so that
-:func:`~course_utils.check.standins.rehearsal.deactivate` undoes every one.
+Installed by :func:`course_utils.fakegpu.standins.rehearsal.activate` through its ``patch`` function, so that
+:func:`~course_utils.fakegpu.standins.rehearsal.deactivate` undoes every one.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ from typing import Any
 import torch
 from torch.utils._pytree import tree_map
 
-from course_utils.check.standins.streams import MODEL
-from course_utils.check.standins.tensor import STATE, Rehearsed
+from course_utils.fakegpu.standins.streams import MODEL
+from course_utils.fakegpu.standins.tensor import STATE, Rehearsed
 
 
 def profiler_init(real: Any) -> Any:
@@ -65,7 +65,7 @@ def install(patch: Callable[[Any, str, Any], None]) -> list[str]:
     try:
         import onnxruntime as ort
 
-        from course_utils.check.standins.ort import StandinSession
+        from course_utils.fakegpu.standins.ort import StandinSession
 
         real_cls = ort.InferenceSession
 
@@ -83,12 +83,12 @@ def install(patch: Callable[[Any, str, Any], None]) -> list[str]:
         pass
     added = []
     if "tensorrt" not in sys.modules and importlib.util.find_spec("tensorrt") is None:
-        from course_utils.check.standins.tensorrt import fake_from_snapshot
+        from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
 
         sys.modules["tensorrt"] = fake_from_snapshot(device_pointers=True)
         added.append("tensorrt")
     if "pycuda" not in sys.modules and importlib.util.find_spec("pycuda") is None:
-        from course_utils.check.standins.pycuda import AutoinitRefused, FakePycuda
+        from course_utils.fakegpu.standins.pycuda import AutoinitRefused, FakePycuda
 
         modules = FakePycuda(device=True).rehearsal_modules()
         sys.modules.update(modules)
@@ -100,7 +100,7 @@ def install(patch: Callable[[Any, str, Any], None]) -> list[str]:
         def cuda_batch(tensors: list, mode: Any, device: Any) -> list:  # nvJPEG's batch -> CPU decode, wrapped
             STATE.count("GPU JPEG decodes (CPU decode, stand-in output)")
             cpu = [tci._decode_to_mode(tci._decode_jpeg, t, mode, tci._JPEG_NATIVE_OUTPUT_MODES) for t in tensors]
-            from course_utils.check.standins.copies import to_device
+            from course_utils.fakegpu.standins.copies import to_device
 
             return [to_device(t, non_blocking=False) for t in cpu]
 

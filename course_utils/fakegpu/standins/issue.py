@@ -3,8 +3,8 @@ device timeline (:mod:`.clock`). Used for every operator, copy and replay the st
 
 from __future__ import annotations
 
-from course_utils.check.standins.graphs import family
-from course_utils.check.standins.streams import MODEL
+from course_utils.fakegpu.standins.graphs import family
+from course_utils.fakegpu.standins.streams import MODEL
 
 
 def order(name: str, base: str, reads: set[int], writes: set[int], new: set[int]) -> dict[int, int]:

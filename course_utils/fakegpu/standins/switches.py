@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 import torch
 
-from course_utils.check.standins.tensor import STATE, RehearsalError
+from course_utils.fakegpu.standins.tensor import STATE, RehearsalError
 
 READERS: dict[str, Callable[[], object]] = {
     "torch.backends.cuda.matmul.allow_tf32": lambda: torch.backends.cuda.matmul.allow_tf32,
