@@ -60,6 +60,21 @@ def test_simulate_batches_wait_and_fill():
         batching.simulate(np.array([2.0, 1.0]), svc)
 
 
+def test_summary_of_a_known_run():
+    res = batching.SimResult(latencies_ms=np.arange(1.0, 101.0), batch_sizes=np.array([1, 3]), span_ms=50.0)
+    assert res.p50_ms == pytest.approx(50.5) and res.p99_ms == pytest.approx(99.01)
+    assert res.throughput == pytest.approx(100 / 0.05) and res.mean_batch == 2.0
+    # the span runs from the first arrival to the last completion, wherever the clock started
+    late = batching.simulate(np.array([1000.0, 1001.0]), batching.service_time_fn(_sweep()), max_batch_size=1)
+    assert late.span_ms == pytest.approx(22.0) and late.throughput == pytest.approx(2 / 0.022)  # 1000 to 1022 ms
+
+
+def test_capacity_is_requests_per_second_at_the_batch_size():
+    svc = batching.service_time_fn(_sweep())
+    assert batching.capacity(svc, 1) == pytest.approx(1000.0 / 11.0)
+    assert batching.capacity(svc, 16) == pytest.approx(16 * 1000.0 / 26.0)
+
+
 def _rate_sweep(rates, svc, *, max_batch_size, max_wait_ms, n_requests):
     """The loop lesson 03 writes: each rate's arrivals through both policies, one row each."""
     rows = []

@@ -266,6 +266,9 @@ def test_speedup_bars_draw_the_interval():
     grey = ax.patches[1].get_facecolor()
     assert grey[0] == grey[1] == grey[2], "an interval containing 1 is grey: no difference beyond the noise"
     assert [t.get_text() for t in ax.texts] == [" 1.50x (1.30-1.70)", " 1.10x (0.90-1.30)", " 0.80x"]
+    whiskers = [c for c in ax.collections if len(c.get_segments()) == 1]
+    spans = [tuple(np.round(c.get_segments()[0][:, 0], 6)) for c in whiskers]
+    assert spans == [(1.3, 1.7), (0.9, 1.3)], "each whisker spans its interval, low to high"
     assert "95% interval" in ax.get_xlabel()
 
 
@@ -291,3 +294,5 @@ def test_a_difference_below_the_printed_precision_is_not_claimed():
     r = Ratio("v", "b", estimate=0.9999, low=0.9998, high=0.9999, rounds=[])
     assert r.verdict == NO_DIFFERENCE and str(r) == f"{NO_DIFFERENCE} (1.00-1.00x)"
     assert Ratio("v", "b", estimate=1.01, low=1.006, high=1.02, rounds=[]).verdict == "faster"
+    assert Ratio("v", "b", estimate=1.0002, low=1.0001, high=1.0003, rounds=[]).verdict == NO_DIFFERENCE
+    assert Ratio("v", "b", estimate=0.99, low=0.98, high=0.994, rounds=[]).verdict == "slower"

@@ -19,3 +19,5 @@ def test_break_even():
     assert C.break_even_calls(1.0, eager_ms=2.0, compiled_ms=1.0) == 999
     assert C.break_even_calls(1.0, eager_ms=1.0, compiled_ms=2.0) == math.inf
     assert C.break_even_calls(0.0005, eager_ms=1.0, compiled_ms=0.5) == 0.0
+    # 1000 - 0.7 = 999.3 ms extra, 1.3 ms saved per call: 768.7 calls, so the 769th call pays it back
+    assert C.break_even_calls(1.0, eager_ms=2.0, compiled_ms=0.7) == 769

@@ -156,6 +156,15 @@ def test_bad_checksums_line_names_file_and_line(tmp_path):
         data.recorded_checksums(tmp_path / "SHA256SUMS")
 
 
+def test_checksums_in_upper_case_or_binary_mode_are_read(tmp_path):
+    digest, name = data.CHECKSUMS.read_text().splitlines()[0].split(maxsplit=1)
+    (tmp_path / "SHA256SUMS").write_text(f"{digest.upper()} *{name}\n")  # what `sha256sum -b` may write
+    assert data.recorded_checksums(tmp_path / "SHA256SUMS") == {name: digest.lower()}
+    (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+    shutil.copy(data.DATA_DIR / name, tmp_path / name)
+    assert data.verified_path(name, data_dir=tmp_path) == tmp_path / name
+
+
 def test_missing_checksums_file_says_restore_from_git_not_regenerate(tmp_path):
     shutil.copy(data.DATA_DIR / "digits_cnn.pt", tmp_path)
     with pytest.raises(MissingFileError, match="git checkout") as info:

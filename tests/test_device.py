@@ -28,8 +28,35 @@ def test_capabilities_and_table():
     for key in ("cpu", "torch", "device", "cuda_available", "onnxruntime", "tensorrt", "torchao"):
         assert key in caps
     assert caps["cuda_available"] == torch.cuda.is_available()
+    assert caps["torch"] == torch.__version__ and caps["device"] == str(device.pick_device())
+    assert caps["cpu"] == device.cpu_model() and caps["torch_threads"] == torch.get_num_threads()
     table = device.capability_table(caps)
     assert list(table.columns) == ["what", "value"] and len(table) == len(caps)
+    assert list(table["what"]) == list(caps) and list(table["value"]) == [str(v) for v in caps.values()]
+
+
+@pytest.mark.parametrize(
+    "flags, vnni, bf16, amx",
+    [
+        (set(), False, False, False),
+        ({"avx512_vnni"}, True, False, False),
+        ({"avx_vnni"}, True, False, False),  # the AVX2 form of VNNI (Alder Lake and later) counts too
+        ({"avx512_bf16"}, False, True, False),
+        ({"amx_tile"}, False, False, True),  # AMX tiles alone do not say BF16
+        ({"amx_tile", "amx_bf16"}, False, True, True),
+    ],
+)
+def test_cpu_precision_facts_come_from_the_flags(monkeypatch, flags, vnni, bf16, amx):
+    monkeypatch.setattr(device, "cpu_flags", lambda: set(flags))
+    caps = device.capabilities()
+    assert (caps["cpu_avx512_vnni"], caps["cpu_bf16"], caps["cpu_amx"]) == (vnni, bf16, amx)
+
+
+def test_a_missing_backend_says_missing_with_its_error(monkeypatch):
+    real = device.module_status
+    monkeypatch.setattr(device, "module_status", lambda name: (False, "ModuleNotFoundError: x") if name == "pycuda"
+                        else real(name))  # fmt: skip
+    assert device.capabilities()["pycuda"] == "missing (ModuleNotFoundError: x)"
 
 
 def test_module_status_reports_import_error():

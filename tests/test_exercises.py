@@ -121,7 +121,18 @@ def test_random_cases_change_per_call_and_print_their_seed(double_exercise, monk
         with cases("k") as c:
             seen.add(c.randint(0, 10**9))
     assert len(seen) > 1
+    tensors = []
+    for _ in range(3):
+        with cases("k") as c:
+            tensors.append(c.randn(4))
+    assert not torch.equal(tensors[0], tensors[1]) and not torch.equal(tensors[1], tensors[2]), "tensors change too"
+    with cases("k") as c:
+        assert c.randint(5, 5) == 5
     monkeypatch.setenv("COURSE_EXERCISE_SEED", "1234")
+    with cases("k") as c:
+        again = (c.randint(0, 10**9), c.randn(4))
+    with cases("k") as c:
+        assert c.randint(0, 10**9) == again[0] and torch.equal(c.randn(4), again[1]), "a fixed seed repeats the case"
     with pytest.raises(AssertionError, match=r"seed 1234"):
         with cases("k"):
             raise AssertionError("wrong")

@@ -89,6 +89,18 @@ def test_rejects_stale_bn_statistics():
         run_checker(fresh_bn)
 
 
+def test_rejects_a_forgotten_conv_bias(monkeypatch):
+    def no_bias(model, keep):  # right shapes and BatchNorm, conv3's bias left at zero: outputs off by ~0.05
+        new = REF(model, keep)
+        with torch.no_grad():
+            new.features[7].bias.zero_()
+        return new
+
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", "1")  # rows whose outputs move by 0.05 (above 1e-3, below 1e-1)
+    with pytest.raises(AssertionError, match=r"outputs differ .*max abs 0\.05"):
+        run_checker(no_bias)
+
+
 class _LookAlike(nn.Module):
     """Right-shaped pruned layers on display; the forward runs the full model with the dropped channels masked."""
 

@@ -109,6 +109,22 @@ def test_admission_waits_for_free_blocks(model):
     sched.add(b)
     batch = sched.schedule()  # a takes 3 of the 4 blocks; b's 7 tokens need 2: it waits
     assert [(r.rid, n) for r, n in batch] == [(0, 12)] and list(sched.waiting) == [b]
+    kv = engine.PagedKV(model.config, num_blocks=4, block_size=4)
+    sched = engine.Scheduler(model, kv, max_slots=4, token_budget=64)
+    c = engine.Request(2, list(range(3, 7)), 2)
+    for r in (engine.Request(0, list(range(3, 15)), 2), c):
+        sched.add(r)
+    batch = sched.schedule()  # 3 blocks and then c's 4 tokens in the last free one: the pool is used to the end
+    assert [(r.rid, n) for r, n in batch] == [(0, 12), (2, 4)] and not sched.waiting
+
+
+def test_no_more_running_requests_than_slots(model):
+    kv = engine.PagedKV(model.config, num_blocks=32, block_size=4)
+    sched = engine.Scheduler(model, kv, max_slots=2, token_budget=64)
+    for i in range(3):
+        sched.add(engine.Request(i, list(range(3, 6)), 4))
+    batch = sched.schedule()
+    assert [(r.rid, n) for r, n in batch] == [(0, 3), (1, 3)] and [r.rid for r in sched.waiting] == [2]
 
 
 def test_decodes_are_scheduled_before_prompt_chunks(model):

@@ -101,8 +101,27 @@ def test_timeline_records_and_plots() -> None:
     assert tl.busy_overlap_s("a", "b") == pytest.approx(1.0)
     wrapped = tl.wrap("c", lambda v: v + 1)
     assert wrapped(1) == 2 and len(tl.frame()) == 3
-    fig = tl.plot()
-    assert fig is not None
+    fig = tl.plot(title="T", unit="ms")
     import matplotlib.pyplot as plt
 
-    plt.close(fig)
+    try:
+        (ax,) = fig.axes
+        bars = [p.vertices for c in ax.collections for p in c.get_paths()]  # one lane a collection, one bar a path
+        x = [(round(float(v[:, 0].min()), 9), round(float(v[:, 0].max()), 9)) for v in bars]
+        y = [(round(float(v[:, 1].min()), 9), round(float(v[:, 1].max()), 9)) for v in bars]
+        assert x[:2] == [(0.0, 2.0), (1.0, 3.0)], "each bar spans its interval: start to end"
+        assert y == [(-0.4, 0.4), (0.6, 1.4), (1.6, 2.4)], "lanes a, b, c on rows 0, 1, 2"
+        assert [t.get_text() for t in ax.get_yticklabels()] == ["a", "b", "c"], "one row per lane, in order"
+        assert ax.get_xlabel() == "time (ms)" and ax.get_title() == "T"
+    finally:
+        plt.close(fig)
+
+
+def test_busy_overlap_of_disjoint_and_nested_intervals() -> None:
+    tl = pipeline.Timeline()
+    tl.add("a", "a", 0.0, 1.0)
+    tl.add("a", "a", 2.0, 5.0)
+    tl.add("b", "b", 1.0, 2.0)  # touches both of a's intervals, overlaps neither
+    tl.add("b", "b", 3.0, 4.0)  # inside a's second one
+    assert tl.busy_overlap_s("a", "b") == pytest.approx(1.0)
+    assert tl.busy_overlap_s("b", "a") == pytest.approx(1.0)

@@ -81,3 +81,10 @@ def test_pareto_points_labels_and_front():
     front = ax.lines[0]
     assert _xy(front) == ([1.0, 2.0], [0.9, 0.95]), "c is slower and less accurate than b: off the front"
     assert ax.get_xlabel() == "median ms" and ax.get_ylabel() == "accuracy"
+
+
+def test_pareto_front_of_rows_in_any_order():
+    df = pd.DataFrame({"variant": ["c", "a", "d", "b"], "median_ms": [3.0, 1.0, 4.0, 2.0],
+                       "accuracy": [0.93, 0.9, 0.97, 0.95]})  # fmt: skip
+    front = plots.pareto(df).axes[0].lines[0]
+    assert _xy(front) == ([1.0, 2.0, 4.0], [0.9, 0.95, 0.97]), "by latency: a, b, then d (c is dominated by b)"

@@ -20,6 +20,11 @@ def test_param_bytes_halves_on_cast():
     assert prec.param_bytes(model.to(torch.bfloat16)) * 2 == fp32
 
 
+def test_param_bytes_counts_buffers():
+    bn = nn.BatchNorm2d(4)  # weight and bias (parameters), running mean and var and the int64 batch counter (buffers)
+    assert prec.param_bytes(bn) == 4 * 4 * 4 + 8
+
+
 def test_is_channels_last():
     x = torch.rand(2, 3, 4, 4)
     assert not prec.is_channels_last(x)

@@ -69,17 +69,55 @@ def test_sensitivity_and_greedy(tiny):
     sens = quantization.layer_sensitivity(tiny, q, score)
     assert list(sens.table.layer) == ["a", "b", "c"] and (sens.table.cosine > 0.9).all()
     assert count_quantized(tiny) == 0  # swapped back
-    assert len(sens.worst(2)) == 2
     keep, path = quantization.greedy_keep_fp32(tiny, q, sens, score, target=1.01, max_keep=3)
     assert len(keep) == 3 and len(path) == 4 and path.cosine.iloc[-1] == pytest.approx(1.0, abs=1e-6)
     with pytest.raises(CourseError):
         quantization.layer_sensitivity(tiny, q, score, layers=["nope"])
 
 
+COST = {"a": 0.001, "b": 0.05, "c": 0.01}  # the cosine each layer loses in INT8: b the most sensitive, then c
+
+
+def known_score(model):
+    """A score with a known answer: 1 minus the cost of every layer that is INT8 now."""
+    return 1.0 - sum(COST[n] for n, m in model.named_modules() if quantization.is_dynamic_quantized_linear(m))
+
+
+def test_worst_layers_and_greedy_order_on_known_costs(tiny):
+    q = dynamic(tiny)
+    sens = quantization.layer_sensitivity(tiny, q, known_score)
+    assert list(sens.table.cosine) == pytest.approx([0.999, 0.95, 0.99])
+    assert list(sens.table["drop"]) == pytest.approx([0.001, 0.05, 0.01])
+    assert sens.worst(1) == ["b"] and sens.worst(2) == ["b", "c"], "the layers that cost the most, most first"
+    keep, path = quantization.greedy_keep_fp32(tiny, q, sens, known_score, target=0.998)
+    assert keep == ["b", "c"], "the most sensitive layer is kept in FP32 first, and no more than the target needs"
+    assert list(path["last kept"]) == ["-", "b", "c"]
+    assert list(path.cosine) == pytest.approx([1 - 0.061, 1 - 0.011, 1 - 0.001])
+    keep, _ = quantization.greedy_keep_fp32(tiny, q, sens, known_score, target=1.1, max_keep=1)
+    assert keep == ["b"]
+
+
 def test_tensor_bytes_quantized_and_plain():
     assert quantization.tensor_bytes(torch.zeros(10)) == 40
     qt = torch.quantize_per_tensor(torch.zeros(10), 0.1, 0, torch.qint8)
     assert quantization.tensor_bytes(qt) == 10 + 8
+    qc = torch.quantize_per_channel(torch.zeros(4, 3), torch.ones(4, dtype=torch.float64),
+                                    torch.zeros(4, dtype=torch.int64), 0, torch.qint8)  # fmt: skip
+    assert quantization.tensor_bytes(qc) == 12 + 4 * 8 + 4 * 8, "int8 values, then a float64 scale and an int64 zero"
+
+
+def _circle(degrees):
+    rad = torch.tensor(degrees, dtype=torch.float64) * torch.pi / 180
+    return torch.stack([rad.cos(), rad.sin()], dim=1)
+
+
+def test_neighbour_agreement_on_known_neighbours():
+    # reference nearest neighbours (self excluded): 1, 0, 1, 2, 3, 4; the other embedding's: 1, 2, 3, 4, 5, 4
+    ref = _circle([0, 10, 30, 64, 100, 150])
+    emb = _circle([0, 50, 90, 121, 140, 150])
+    got = quantization.neighbour_agreement(emb, ref, k=2)
+    assert got["top1"] == pytest.approx(2 / 6), "rows 0 and 5 keep their nearest neighbour"
+    assert got["topk_overlap"] == pytest.approx(10 / 12), "the 2-nearest sets of rows 2 and 3 share one of two"
 
 
 def test_neighbour_agreement():
@@ -88,7 +126,7 @@ def test_neighbour_agreement():
     same = quantization.neighbour_agreement(e, e, k=3)
     assert same == {"top1": 1.0, "topk_overlap": 1.0}
     other = quantization.neighbour_agreement(torch.randn(10, 8), e, k=3)
-    assert other["topk_overlap"] < 1.0
+    assert other["top1"] < 1.0 and other["topk_overlap"] < 1.0, "unrelated embeddings do not agree"
     with pytest.raises(CourseError):
         quantization.neighbour_agreement(e, e[:5], k=3)
     assert quantization.mean_cosine(e, e) == pytest.approx(1.0)

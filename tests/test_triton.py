@@ -43,6 +43,10 @@ def test_preferred_size_above_maximum_is_caught():
     text = triton_server.make_config("m", INP, OUT, max_batch_size=8, preferred_batch_sizes=(4, 16))
     with pytest.raises(triton_server.TritonConfigError, match="preferred_batch_size 16 exceeds max_batch_size 8"):
         triton_server.validate_config(text)
+    at_max = triton_server.make_config("m", INP, OUT, max_batch_size=8, preferred_batch_sizes=(1, 8))
+    assert list(triton_server.validate_config(at_max).dynamic_batching.preferred_batch_size) == [1, 8], (
+        "both ends allowed: 1 and max_batch_size itself"
+    )
 
 
 @pytest.mark.parametrize(

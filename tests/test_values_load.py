@@ -1,6 +1,7 @@
 """The load generator and the server guard pinned on known answers: percentiles of a known list, open-loop latency
-counted from each request's due time (a client that falls behind a bunched burst against a server with a known
-delay), the body-size limit over many small chunks, and the exact nesting and integer-size boundaries."""
+(and the streaming load's line times) counted from each request's due time (a client that falls behind a bunched
+burst against a server with a known delay), closed-loop latencies that fit in the wall time, the body-size limit
+over many small chunks, and the exact nesting and integer-size boundaries."""
 
 from __future__ import annotations
 
@@ -12,7 +13,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from course_utils.serve import load_generator
+from course_utils.serve import load_generator, stream_load
 from course_utils.serve import server_guard as g
 
 
@@ -104,6 +105,19 @@ def test_closed_loop_counts_every_answer(slow_server):
     r = load_generator.closed_loop(slow_server, [b'{"x": 1}'], n_requests=6, concurrency=2)
     assert r.n_ok == 6 and r.statuses == {200: 6} and len(r.latencies_ms) == 6
     assert min(r.latencies_ms) >= DELAY_S * 1000 * 0.9
+    # each of the 2 clients waits for one answer at a time: its latencies are disjoint parts of the run, so all 6
+    # together fit in 2 x the wall time (counted from the run's start instead, they would add up to ~4 x)
+    assert sum(r.latencies_ms) <= 2 * r.wall_s * 1000 * 1.01, (sum(r.latencies_ms), r.wall_s)
+
+
+def test_streamed_line_times_count_from_the_due_time(slow_server):
+    # as in the open-loop test: all N due at once, each body's encoding blocks the loop BLOCK_S, so no line can be
+    # read before N * BLOCK_S after the due time; counted from each send, the backlog would vanish
+    answers = stream_load.open_loop_stream(slow_server, [SlowBody(x=1)], rate=1e6, n_requests=N, timeout=30)
+    assert len(answers) == N and all(a.ok for a in answers), [a.error for a in answers]
+    assert all(a.lines == [{"ok": 1}] and len(a.times_s) == 1 for a in answers)
+    first = min(a.times_s[0] for a in answers)
+    assert first >= N * BLOCK_S * 0.9, f"the earliest line came {first * 1000:.0f} ms after it was due"
 
 
 # ---------------------------------------------------------------------------------------------- server guard
