@@ -65,6 +65,7 @@ def M(id: str, file: str, old: str, new: str, tests: str | tuple[str, ...], what
 
 
 ISSUE = "issue 22"
+ISSUE32 = "issue 32"
 T_TIMING = ("test_values_timing.py", "test_timing.py")
 T_COMPARE = ("test_values_compare.py", "test_compare.py")
 T_RESULTS = ("test_values_results.py", "test_results.py")
@@ -89,6 +90,25 @@ T_L01 = ("test_values_exercises.py", "test_exercises_l01.py")
 T_L03 = ("test_exercises_l03.py",)  # the batch sweep lives in lesson 03; its checker guards it
 T_MEMORY = ("test_values_memory.py", "test_memory.py")
 T_STREAMS = ("test_values_streamcheck.py", "test_streamcheck.py")
+T_L16 = tuple(
+    f"test_llm_serving.py::{t}"
+    for t in (
+        "test_idle_cached_blocks_are_evicted_least_recently_used_first",
+        "test_admission_waits_for_free_blocks",
+        "test_decodes_are_scheduled_before_prompt_chunks",
+        "test_no_more_running_requests_than_slots",
+    )
+)  # not the server
+T_L12 = tuple(
+    f"test_exercises_l12.py::{t}"
+    for t in (
+        "test_reference_passes",
+        "test_rejects_forgotten_batchnorm",
+        "test_rejects_wrong_linear_columns",
+        "test_rejects_stale_bn_statistics",
+        "test_rejects_a_forgotten_conv_bias",
+    )
+)
 
 # fmt: off
 MUTATIONS: list[Mutation] = [
@@ -248,29 +268,175 @@ MUTATIONS: list[Mutation] = [
       '    if mode == "no_grad":\n        return torch.enable_grad()', T_MEMORY,
       "grad_context('no_grad') leaves autograd on"),
     # ---------------------------------------------------------------------------------- streamcheck
-    M("streams-wait-event-ignored", "check/streamcheck.py",
-      '        self.dev.log.append(("wait_event", self.name, event.name))\n'
-      "        self.clock = _join(self.clock, event.clock)",
-      '        self.dev.log.append(("wait_event", self.name, event.name))', T_STREAMS,
-      "streamcheck: wait_event does not order the waiting stream"),
-    M("streams-read-read-race", "check/streamcheck.py", "if (a.write or b.write) and a.stream is not b.stream",
+    # (the snippets start at "join(": they hold whether the helper is called _join or join; {} joins nothing)
+    M("streams-wait-event-ignored", "fakegpu/streamcheck.py", "join(self.clock, event.clock)", "join(self.clock, {})",
+      T_STREAMS, "streamcheck: wait_event does not order the waiting stream"),
+    M("streams-read-read-race", "fakegpu/streamcheck.py", "if (a.write or b.write) and a.stream is not b.stream",
       "if (a.write and b.write) and a.stream is not b.stream", T_STREAMS,
       "streamcheck: only write-write pairs counted as races"),
-    M("streams-sync-ignored", "check/streamcheck.py",
-      "        self.dev.host = _join(self.dev.host, self.clock)\n\n    def query(self) -> bool:\n"
-      "        return True\n\n\nclass FakeEvent",
-      "        pass\n\n    def query(self) -> bool:\n        return True\n\n\nclass FakeEvent", T_STREAMS,
+    M("streams-sync-ignored", "fakegpu/streamcheck.py",
+      "join(self.dev.host, self.clock)\n\n    def query(self) -> bool:\n        return True\n\n\nclass FakeEvent",
+      "join(self.dev.host, {})\n\n    def query(self) -> bool:\n        return True\n\n\nclass FakeEvent", T_STREAMS,
       "streamcheck: Stream.synchronize orders nothing"),
-    M("streams-event-sync-ignored", "check/streamcheck.py",
-      "        self.dev.host = _join(self.dev.host, self.clock)\n\n    def query(self) -> bool:\n"
-      "        return True\n\n    def elapsed_time",
-      "        pass\n\n    def query(self) -> bool:\n        return True\n\n    def elapsed_time", T_STREAMS,
-      "streamcheck: Event.synchronize orders nothing"),
-    M("streams-wait-stream-ignored", "check/streamcheck.py",
-      '        self.dev.log.append(("wait_stream", self.name, other.name))\n'
-      "        self.clock = _join(self.clock, other.clock)",
-      '        self.dev.log.append(("wait_stream", self.name, other.name))', T_STREAMS,
-      "streamcheck: wait_stream does not order the waiting stream"),
+    M("streams-event-sync-ignored", "fakegpu/streamcheck.py",
+      "join(self.dev.host, self.clock)\n\n    def query(self) -> bool:\n        return True\n\n    def elapsed_time",
+      "join(self.dev.host, {})\n\n    def query(self) -> bool:\n        return True\n\n    def elapsed_time",
+      T_STREAMS, "streamcheck: Event.synchronize orders nothing"),
+    M("streams-wait-stream-ignored", "fakegpu/streamcheck.py", "join(self.clock, other.clock)", "join(self.clock, {})",
+      T_STREAMS, "streamcheck: wait_stream does not order the waiting stream"),
+    # ---------------------------------------------------------------------------------- issue 32: device facts
+    M("device-vnni-needs-both", "measuring/device.py", '"avx512_vnni" in flags or "avx_vnni" in flags',
+      '"avx512_vnni" in flags and "avx_vnni" in flags', "test_device.py", "capabilities: VNNI only when both flags",
+      ISSUE32),
+    M("device-bf16-from-amx-tile", "measuring/device.py", '"cpu_bf16": bool({"avx512_bf16", "amx_bf16"} & flags)',
+      '"cpu_bf16": bool({"avx512_bf16", "amx_tile"} & flags)', "test_device.py",
+      "capabilities: BF16 read from the AMX tile flag, not amx_bf16", ISSUE32),
+    M("device-cache-kb-not-kib", "measuring/device.py", '{"K": 2**10, "M": 2**20, "G": 2**30}',
+      '{"K": 10**3, "M": 10**6, "G": 10**9}', "test_roofs.py", "last_level_cache_bytes: KB/MB, not KiB/MiB",
+      ISSUE32),
+    M("device-cache-smallest", "measuring/device.py", "    return max(sizes) if sizes else None",
+      "    return min(sizes) if sizes else None", "test_roofs.py",
+      "last_level_cache_bytes: the smallest cache level (L1), not the last", ISSUE32),
+    M("device-bandwidth-no-cap", "measuring/device.py", "return int(min(max(multiple * cache, 64 * 2**20), 512 * 2**20))",
+      "return int(max(multiple * cache, 64 * 2**20))", "test_roofs.py",
+      "bandwidth_buffer_bytes: the 512 MiB upper bound dropped", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: intervals
+    M("ratio-met-from-estimate", "measuring/intervals.py", "        if self.low >= target:\n",
+      "        if self.estimate >= target:\n", "test_comparing.py",
+      "Ratio.judge: 'met' from the estimate, not the interval's low end", ISSUE32),
+    M("ratio-resolution-dropped", "measuring/intervals.py", "        if self.low > 1.0 + RESOLUTION:",
+      "        if self.low > 1.0:", "test_comparing.py", "Ratio.verdict: a 1.001x low end claimed as faster",
+      ISSUE32),
+    M("ratio-small-n-confidence", "measuring/intervals.py", "1.0 - 2.0 * 0.5**n", "1.0 - 0.5**n",
+      "test_comparing.py", "median_interval: the whole range's confidence one-sided (97% at 5 rounds)", ISSUE32),
+    M("ratio-within-missed-needs-both", "measuring/intervals.py", "        if self.high < low or self.low > high:",
+      "        if self.high < low and self.low > high:", "test_comparing.py",
+      "Ratio.judge_within: an interval wholly outside the band is 'not shown', never 'missed'", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: compare
+    M("compare-vs-inverted", "measuring/comparing.py",
+      "per = theirs / np.maximum(mine, 1e-12) if lower_better else mine / np.maximum(theirs, 1e-12)",
+      "per = mine / np.maximum(theirs, 1e-12) if lower_better else theirs / np.maximum(mine, 1e-12)",
+      "test_comparing.py", "Comparison.ratio(name, vs=...): the ratio upside down", ISSUE32),
+    M("compare-shared-drift-one-sided", "measuring/comparing.py", "    if abs(drift) <= half_width:",
+      "    if drift <= half_width:", "test_comparing.py",
+      "compare_runs: shared work that got faster under the variant not flagged", ISSUE32),
+    M("compare-items-multiplied", "measuring/comparing.py", "/ per_item[n] for b in blocks[n]]",
+      "* per_item[n] for b in blocks[n]]", "test_comparing.py", "compare(items=...): times per item multiplied",
+      ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: plots, board
+    M("plots-pareto-unsorted", "show/plots.py", "    front = df.sort_values(x)\n", "    front = df\n",
+      "test_plots.py", "pareto: the front computed in the frame's row order, not by latency", ISSUE32),
+    M("plots-whisker-from-zero", "show/plots.py", "xerr=[[v - r.low], [r.high - v]]", "xerr=[[r.low], [r.high]]",
+      "test_comparing.py", "speedup_bars: the whisker drawn from the interval's bounds as lengths", ISSUE32),
+    M("plots-hist-to-max", "show/plots.py", "np.percentile(all_vals, 99.5)", "all_vals.max()", "test_plots.py",
+      "latency_distribution: the bins stretched to the largest outlier", ISSUE32),
+    M("board-oldest-row-wins", "show/leaderboard.py", ".groupby(keys, dropna=False, as_index=False).tail(1)",
+      ".groupby(keys, dropna=False, as_index=False).head(1)", "test_leaderboard.py",
+      "leaderboard: the oldest row of a machine wins, not the newest", ISSUE32),
+    M("board-negative-kept", "show/leaderboard.py", " | (df[col].abs() > limit) | (df[col] < 0)",
+      " | (df[col].abs() > limit)", "test_faults_24.py::test_inf_huge_and_nan_speedups_do_not_top_the_leaderboard",
+      "leaderboard: a negative value kept on the board", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: data
+    M("digits-scaled-by-15", "supply/data.py", "bunch.images / 16.0", "bunch.images / 15.0", "test_data_models.py",
+      "load_digits_split: pixels scaled past 1.0", ISSUE32),
+    M("checksum-case-sensitive", "supply/data.py", '= parts[0].lower()', "= parts[0]", "test_data_models.py",
+      "recorded_checksums: an upper-case digest never matches", ISSUE32),
+    M("checksum-star-kept", "supply/data.py", 'out[parts[1].lstrip("*").strip()]', "out[parts[1].strip()]",
+      "test_data_models.py", "recorded_checksums: sha256sum's binary marker '*' kept in the name", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: quantization
+    M("quant-worst-from-best", "techniques/quantization.py", '.sort_values("cosine").head(n)',
+      '.sort_values("cosine").tail(n)', "test_quant.py",
+      "Sensitivity.worst: the least sensitive layers, not the most", ISSUE32),
+    M("quant-greedy-least-first", "techniques/quantization.py",
+      '    order = list(sensitivity.table.sort_values("cosine")["layer"])',
+      '    order = list(sensitivity.table.sort_values("cosine", ascending=False)["layer"])', "test_quant.py",
+      "greedy_keep_fp32: keeps the least sensitive layer first", ISSUE32),
+    M("quant-knn-self-included", "techniques/quantization.py", '        sim.fill_diagonal_(-float("inf"))\n', "",
+      "test_quant.py", "neighbour_agreement: each row its own nearest neighbour", ISSUE32),
+    M("quant-flag-sign", "techniques/quantization.py", "    drop = (baseline - acc) * 100",
+      "    drop = (acc - baseline) * 100", "test_quant.py", "accuracy_flag: the drop's sign flipped", ISSUE32),
+    M("quant-per-channel-scales-4-bytes", "techniques/quantization.py", "t.q_per_channel_scales().numel() * 8",
+      "t.q_per_channel_scales().numel() * 4", "test_quant.py",
+      "tensor_bytes: per-channel scales counted as float32 (they are float64)", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: pipeline
+    M("timeline-bar-width-is-end", "techniques/pipeline.py", 'zip(g["start"], g["end"] - g["start"], strict=True)',
+      'zip(g["start"], g["end"], strict=True)', "test_pipeline.py",
+      "Timeline.plot: a bar's width is its end time, not its duration", ISSUE32),
+    M("timeline-overlap-min-start", "techniques/pipeline.py", '- max(x["start"], y["start"]))',
+      '- min(x["start"], y["start"]))', "test_pipeline.py", "Timeline.busy_overlap_s: from the earlier start",
+      ISSUE32),
+    M("jpeg-label-not-wrapped", "techniques/pipeline.py", "        return preprocess(img, self.size), i % len(self.paths)",
+      "        return preprocess(img, self.size), i", "test_pipeline.py",
+      "JpegDataset: the label is the index, not the photo it repeats", ISSUE32),
+    M("overlap-bound-n-not-n-1", "techniques/pipeline.py", "prep_s + (n - 1) * max(prep_s, compute_s) + compute_s",
+      "prep_s + n * max(prep_s, compute_s) + compute_s", "test_pipeline.py",
+      "overlap_bound: one item too many at the slow stage's pace", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: batching
+    M("batch-sim-p99-is-p95", "techniques/batching_sim.py", "np.percentile(self.latencies_ms, 99)",
+      "np.percentile(self.latencies_ms, 95)", "test_batching.py", "SimResult.p99_ms is the 95th percentile",
+      ISSUE32),
+    M("batch-sim-span-from-zero", "techniques/batching_sim.py", "span_ms=float(done[-1] - arr[0])",
+      "span_ms=float(done[-1])", "test_batching.py", "simulate: throughput over time since 0, not the first arrival",
+      ISSUE32),
+    M("batch-capacity-one-item", "techniques/batching_sim.py",
+      "    return max_batch_size * 1000.0 / service_ms(max_batch_size)",
+      "    return 1000.0 / service_ms(max_batch_size)", "test_batching.py",
+      "capacity: batches per second, not requests", ISSUE32),
+    M("batch-full-off-by-one", "techniques/batching_sim.py", "        j_full = i + max_batch_size - 1\n",
+      "        j_full = i + max_batch_size\n", "test_batching.py",
+      "simulate: a full batch waits for one request more", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: small techniques
+    M("break-even-floor", "techniques/compilation.py", "    return math.ceil(extra_ms / saved_ms)",
+      "    return math.floor(extra_ms / saved_ms)", "test_compilation.py",
+      "break_even_calls: rounded down (one call short of paying back)", ISSUE32),
+    M("param-bytes-no-buffers", "techniques/precision.py",
+      "    tensors = list(model.parameters()) + list(model.buffers())", "    tensors = list(model.parameters())",
+      "test_precision.py", "param_bytes: BatchNorm's running statistics not counted", ISSUE32),
+    M("triton-preferred-equal-max-refused", "techniques/triton_server.py", "size > cfg.max_batch_size",
+      "size >= cfg.max_batch_size", "test_triton.py",
+      "validate_config: a preferred batch size equal to the maximum refused", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: optimize report
+    M("report-paying-from-estimate", "techniques/optimizing/report.py",
+      "low = [s.ratio.low if s.ratio is not None else s.speedup for s in self.steps]",
+      "low = [s.ratio.estimate if s.ratio is not None else s.speedup for s in self.steps]", "test_optimize_report.py",
+      "OptimizeReport.paying: a speed-up counted from its estimate, not its interval's low end", ISSUE32),
+    M("report-paying-worst-first", "techniques/optimizing/report.py",
+      'return df.sort_values("speedup", ascending=False)', 'return df.sort_values("speedup", ascending=True)',
+      "test_optimize_report.py", "OptimizeReport.paying: the smallest speed-up first", ISSUE32),
+    M("report-cumulative-outside-budget", "techniques/optimizing/report.py",
+      'if r["applied"] and bool(r["within_budget"]) and pd.notna(r["speedup"]):',
+      'if r["applied"] and pd.notna(r["speedup"]):', "test_optimize_report.py",
+      "cumulative_speedup: a variant outside the accuracy budget counts", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: serving, LLMs
+    M("stream-times-from-send", "serve/stream_load.py",
+      "    try:\n        async with client.stream(", "    sent = time.perf_counter()\n    try:\n"
+      "        async with client.stream(", "test_values_load.py",
+      "open_loop_stream: line times counted from the send, not the due time", ISSUE32,
+      more=(("time.perf_counter() - start - answer.due_s", "time.perf_counter() - sent"),)),
+    M("closed-latency-from-start", "serve/load_generator.py", "lat.append((time.perf_counter() - t0) * 1000)",
+      "lat.append((time.perf_counter() - start) * 1000)", "test_values_load.py",
+      "closed_loop: latency counted from the run's start, not the request's", ISSUE32),
+    M("guard-connections-off-by-one", "serve/server_guard.py", "if len(self.connections) > self.max_connections:",
+      "if len(self.connections) >= self.max_connections:", (
+          "test_serving.py::test_slow_client_times_out_and_idle_connections_are_capped",),
+      "server_guard: the connection cap one below its limit", ISSUE32),
+    M("kv-admission-strict", "from_lessons/l16_llm_serving.py", "+ claimed <= self.blocks_free()",
+      "+ claimed < self.blocks_free()", T_L16, "PagedKV.can_append: the last free block never used", ISSUE32),
+    M("kv-slots-off-by-one", "from_lessons/l16_llm_serving.py", "len(self.running) < self.max_slots and budget > 0",
+      "len(self.running) <= self.max_slots and budget > 0", T_L16, "Scheduler: one running request over max_slots",
+      ISSUE32),
+    M("kv-evict-newest", "from_lessons/l16_llm_serving.py", "self.idle.popitem(last=False)",
+      "self.idle.popitem(last=True)", T_L16, "PagedKV: evicts the most recently used cached block", ISSUE32),
+    M("tp-column-slice-by-rank", "from_lessons/l17_beyond_one_device.py",
+      "    return weight[rank * n : (rank + 1) * n].clone()", "    return weight[rank : rank + n].clone()",
+      "test_parallel.py::test_slices_pinned", "column_parallel: rank r's slice starts at row r, not r * n", ISSUE32),
+    # ---------------------------------------------------------------------------------- issue 32: checkers
+    M("l12-silenced-tolerance-loosened", "check/lesson_exercises/l12.py", "        assert err < 1e-3, (",
+      "        assert err < 1e-1, (", T_L12, "12.channel-prune: outputs compared 100x more loosely", ISSUE32),
+    M("cases-tensors-fixed", "check/lesson_exercises/observe.py",
+      "        self.torch_gen = torch.Generator().manual_seed(seed)",
+      "        self.torch_gen = torch.Generator().manual_seed(0)", ("test_exercises.py",),
+      "observe.Cases: the random tensors the same for every seed (a table of answers passes)", ISSUE32),
 ]
 # fmt: on
 

@@ -13,6 +13,9 @@ def test_every_mutation_applies_to_the_current_sources():
     assert len(mutate.MUTATIONS) >= 35
     issue = [m for m in mutate.MUTATIONS if m.source == "issue 22"]
     assert len(issue) >= 15, "every bug issue 22 lists is planted"
+    wider = [m for m in mutate.MUTATIONS if m.source == "issue 32"]
+    assert len(wider) >= 30 and len({m.file for m in wider}) >= 15, "issue 32: planted over many modules"
+    assert len({m.id for m in mutate.MUTATIONS}) == len(mutate.MUTATIONS), "mutation ids are unique"
     assert all(m.file.startswith("course_utils/") and m.tests for m in mutate.MUTATIONS)
 
 
