@@ -24,7 +24,8 @@ from torch.overrides import TorchFunctionMode
 Clock = dict[int, int]
 
 
-def _join(a: Clock, b: Clock) -> Clock:
+def join(a: Clock, b: Clock) -> Clock:
+    """The vector clock that has seen everything ``a`` and ``b`` have seen (their element-wise maximum)."""
     return {k: max(a.get(k, 0), b.get(k, 0)) for k in a.keys() | b.keys()}
 
 
@@ -51,17 +52,17 @@ class FakeStream(torch.Stream):
 
     def tick(self) -> Clock:
         """An operation is issued on this stream: it follows what the host has waited for."""
-        self.clock = _join(self.clock, self.dev.host)
+        self.clock = join(self.clock, self.dev.host)
         self.clock[self.sid] = self.clock.get(self.sid, 0) + 1
         return dict(self.clock)
 
     def wait_stream(self, other: FakeStream) -> None:
         self.dev.log.append(("wait_stream", self.name, other.name))
-        self.clock = _join(self.clock, other.clock)
+        self.clock = join(self.clock, other.clock)
 
     def wait_event(self, event: FakeEvent) -> None:
         self.dev.log.append(("wait_event", self.name, event.name))
-        self.clock = _join(self.clock, event.clock)
+        self.clock = join(self.clock, event.clock)
 
     def record_event(self, event: FakeEvent | None = None) -> FakeEvent:
         event = event or self.dev.Event()
@@ -69,7 +70,7 @@ class FakeStream(torch.Stream):
         return event
 
     def synchronize(self) -> None:
-        self.dev.host = _join(self.dev.host, self.clock)
+        self.dev.host = join(self.dev.host, self.clock)
 
     def query(self) -> bool:
         return True
@@ -92,7 +93,7 @@ class FakeEvent:
         (stream or self.dev.current).wait_event(self)
 
     def synchronize(self) -> None:
-        self.dev.host = _join(self.dev.host, self.clock)
+        self.dev.host = join(self.dev.host, self.clock)
 
     def query(self) -> bool:
         return True
@@ -206,7 +207,7 @@ class RecordingDevice:
 
     def synchronize(self, device: Any = None) -> None:
         for s in self.streams:
-            self.host = _join(self.host, s.clock)
+            self.host = join(self.host, s.clock)
 
     def is_available(self) -> bool:
         return True

@@ -1,4 +1,10 @@
 """Stand-ins for GPU software on a CPU machine: the rehearsal's CUDA device (``tensor``, ``streams``, ``graphs``,
 ``cuda``), ONNX Runtime's CUDA provider (``ort``) and TensorRT 11.1 (``tensorrt``). See
 :mod:`course_utils.fakegpu.standins.rehearsal` for how a lesson's GPU sections run on them, and ``tensorrt`` for the
-fake TensorRT that the contract tests and exercise 08 also use."""
+fake TensorRT that the contract tests and exercise 08 also use.
+
+``tensor`` is the floor of the stand-in GPU; ``dispatch``, ``copies`` and ``memory`` fill its hook slots
+(``tensor.HOOKS``) when they are imported. They are imported here, so the slots are set whichever stand-in a caller
+imports first."""
+
+from course_utils.fakegpu.standins import copies, dispatch, memory  # noqa: F401 - they fill tensor.HOOKS

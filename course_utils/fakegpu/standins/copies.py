@@ -23,11 +23,12 @@ from course_utils.fakegpu.standins import clock as costs
 from course_utils.fakegpu.standins.issue import order, place
 from course_utils.fakegpu.standins.streams import MODEL
 from course_utils.fakegpu.standins.tensor import (
+    HOOKS,
     STATE,
     RehearsalError,
     Rehearsed,
-    _key,
     is_pinned,
+    key_of,
     mark_pinned,
     poison,
     unwrap,
@@ -58,7 +59,7 @@ def to_device(src: torch.Tensor, non_blocking: bool, dst: Rehearsed | None = Non
                    "a pinned buffer while the CPU waits): pin the host tensor for an asynchronous copy")  # fmt: skip
     elif pinned:
         STATE.count("copies from pinned memory")
-    key = {_key(out.elem)}
+    key = {key_of(out.elem)}
     clock = order("copy host->device", "copy_", set(), key if dst is not None else set(), key if dst is None else set())
     place("h2d", costs.copy_cost(host.numel() * host.element_size(), pinned))
     if non_blocking and pinned:
@@ -85,7 +86,7 @@ def to_host(src: Rehearsed, non_blocking: bool, dst: torch.Tensor | None = None,
     asynchronous = non_blocking and is_pinned(dst)
     if non_blocking and not asynchronous:
         STATE.count("non_blocking copies to pageable memory (synchronous)")
-    clock = order("copy device->host", "copy_", {_key(src.elem)}, set(), set())
+    clock = order("copy device->host", "copy_", {key_of(src.elem)}, set(), set())
     place("d2h", costs.copy_cost(src.numel() * src.element_size(), is_pinned(dst)))
     elem = src.elem
     if asynchronous:
@@ -108,11 +109,11 @@ def getitem(t: Rehearsed, index: Any) -> torch.Tensor:
     plain = unwrap(index)
     if not _advanced(index):
         return wrap(t.elem[plain])
-    reads = {_key(t.elem)} | {_key(i.elem) for i in tree_flatten(index)[0] if isinstance(i, Rehearsed)}
+    reads = {key_of(t.elem)} | {key_of(i.elem) for i in tree_flatten(index)[0] if isinstance(i, Rehearsed)}
     order("__getitem__", "index", reads, set(), set())
     MODEL.flush_to(MODEL.current)
     result = t.elem[plain]
-    MODEL.made(_key(result), MODEL.current)
+    MODEL.made(key_of(result), MODEL.current)
     place("compute", costs.LAUNCH_S + result.numel() * result.element_size() / costs.RATES["bandwidth"])
     return wrap(result)
 
@@ -128,8 +129,11 @@ def setitem(t: Rehearsed, index: Any, value: Any) -> None:
         return
     if STATE.capture is not None:
         STATE.capture.forbid("an indexed write (__setitem__ with a tensor index) that the stand-in cannot record")
-    reads = {_key(i.elem) for i in tree_flatten((index, value))[0] if isinstance(i, Rehearsed)}
-    order("__setitem__", "index_put_", reads, {_key(t.elem)}, set())
+    reads = {key_of(i.elem) for i in tree_flatten((index, value))[0] if isinstance(i, Rehearsed)}
+    order("__setitem__", "index_put_", reads, {key_of(t.elem)}, set())
     MODEL.flush_to(MODEL.current)
     t.elem[unwrap(index)] = value.elem if isinstance(value, Rehearsed) else value
     place("compute", costs.LAUNCH_S)
+
+
+HOOKS.getitem, HOOKS.setitem = getitem, setitem  # what Rehearsed's indexing calls (tensor.py sits below this file)

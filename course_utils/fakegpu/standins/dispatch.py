@@ -29,11 +29,12 @@ from course_utils.fakegpu.standins.cuda import gpu_only_op
 from course_utils.fakegpu.standins.issue import order, place
 from course_utils.fakegpu.standins.streams import MODEL
 from course_utils.fakegpu.standins.tensor import (
+    HOOKS,
     STATE,
     RehearsalError,
     Rehearsed,
-    _key,
     fmap,
+    key_of,
     leaves,
     poison,
     unwrap,
@@ -164,7 +165,7 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         if capture is not None:
             capture.forbid(f"a host read ({base}: .item(), .tolist(), bool(), printing)")
         MODEL.wait_current(f"a host read ({base})")
-        order(name, base, {_key(t.elem) for t in flat if isinstance(t, Rehearsed)}, set(), set())
+        order(name, base, {key_of(t.elem) for t in flat if isinstance(t, Rehearsed)}, set(), set())
         return func(*unwrap(args), **unwrap(kwargs))
     rets = func._schema.returns
     if base in _INPLACE_VIEW:  # metadata only: done at once (the wrapper returned carries the new shape)
@@ -187,16 +188,16 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return _at_once(func, run_func, name, base, args, kwargs)
     outs, fresh = _outputs(func, args, kwargs, meta_out, poisoned=capture is not None)
     written = _written(func, args, kwargs)
-    reads = {_key(t.elem) for t in flat if isinstance(t, Rehearsed)}
+    reads = {key_of(t.elem) for t in flat if isinstance(t, Rehearsed)}
     host_args, host_kwargs = _host_args(args), _host_args(_kwargs(kwargs))
     fresh_elems = [(slot, t.elem) for slot, t in fresh]
     if capture is not None:
-        keys = reads | {_key(t.elem) for t in written}
+        keys = reads | {key_of(t.elem) for t in written}
         capture.record(run_func, host_args, host_kwargs, fresh_elems, keys, cost, base)
         for _, t in fresh_elems:
-            MODEL.made(_key(t), MODEL.current)  # memory of the graph's private pool, on the capture stream
+            MODEL.made(key_of(t), MODEL.current)  # memory of the graph's private pool, on the capture stream
         return outs
-    clock = order(name, base, reads, {_key(t.elem) for t in written}, {_key(t) for _, t in fresh_elems})
+    clock = order(name, base, reads, {key_of(t.elem) for t in written}, {key_of(t) for _, t in fresh_elems})
     place("compute", *cost)
     if base not in _ALLOCATE_ONLY:
         MODEL.enqueue(MODEL.current, clock, lambda: run_into(run_func, host_args, host_kwargs, fresh_elems))
@@ -282,10 +283,13 @@ def _at_once(func: Any, run_func: Any, name: str, base: str, args: tuple, kwargs
     STATE.count("operators run at once (the host waited)")
     MODEL.wait_current(f"'{base}' (its output size depends on the data)")
     flat = leaves((args, kwargs))
-    before = {_key(t.elem) for t in flat if isinstance(t, Rehearsed)}
-    written = {_key(t.elem) for t in _written(func, args, kwargs)}
+    before = {key_of(t.elem) for t in flat if isinstance(t, Rehearsed)}
+    written = {key_of(t.elem) for t in _written(func, args, kwargs)}
     out = run_func(*unwrap(args), **_kwargs(unwrap(kwargs)))
-    new = {_key(t) for t in leaves(out) if isinstance(t, torch.Tensor) and _key(t) not in before}
+    new = {key_of(t) for t in leaves(out) if isinstance(t, torch.Tensor) and key_of(t) not in before}
     order(name, base, before, written, new)
     place("compute", costs.LAUNCH_S)
     return fmap(lambda t: wrap(t) if isinstance(t, torch.Tensor) and not isinstance(t, Rehearsed) else t, out)
+
+
+HOOKS.dispatch, HOOKS.run_into = dispatch, run_into  # what tensor.py and graphs.py call (they sit below this file)

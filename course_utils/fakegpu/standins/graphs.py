@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from course_utils.fakegpu.standins.streams import MODEL, StandinStream
-from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, _key
+from course_utils.fakegpu.standins.tensor import HOOKS, STATE, RehearsalError, key_of
 
 _FAMILIES = {
     "matmul": {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "addmv", "mv", "_scaled_mm", "einsum"},
@@ -60,16 +60,14 @@ class Capture:
                base: str) -> None:  # fmt: skip
         self.ops.append((func, args, kwargs, fresh, *cost))
         self.touched |= keys
-        self.made |= {_key(t) for _, t in fresh}
+        self.made |= {key_of(t) for _, t in fresh}
         self.families.add(family(base))
 
 
 def _replay_ops(ops: list) -> None:
-    from course_utils.fakegpu.standins.dispatch import run_into
-
     with torch.inference_mode():  # a replay rewrites the graph's memory whatever the caller's grad mode
         for func, args, kwargs, fresh, *_ in ops:
-            run_into(func, args, kwargs, fresh)
+            HOOKS.run_into(func, args, kwargs, fresh)  # .dispatch.run_into (dispatch.py sits above this file)
 
 
 class StandinCUDAGraph:

@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from course_utils.fakegpu.standins.tensor import STATE, mark_pinned
+from course_utils.fakegpu.standins.tensor import HOOKS, STATE, mark_pinned
 
 _POOL: dict[str, Any] = {"free": {}, "stats": {}, "history": None}
 
@@ -109,3 +109,6 @@ def memory_functions() -> dict[str, Any]:
     """Stand-ins for ``torch.cuda.memory``'s allocator-history tools."""
     return {"_record_memory_history": record_history, "_dump_snapshot": dump_snapshot, "_snapshot": snapshot,
             "memory_snapshot": lambda *a, **k: snapshot()["segments"]}  # fmt: skip
+
+
+HOOKS.on_memory_event = on_event  # what State.track and State._release call (tensor.py sits below this file)

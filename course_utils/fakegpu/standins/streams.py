@@ -28,7 +28,7 @@ import torch
 from course_utils.fakegpu.standins.clock import DeviceClock
 from course_utils.fakegpu.standins.order import Ordering, Use
 from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, check_index
-from course_utils.fakegpu.streamcheck import _join
+from course_utils.fakegpu.streamcheck import join
 
 __all__ = ["MODEL", "StandinEvent", "StandinStream", "StreamModel", "Use"]
 
@@ -64,18 +64,18 @@ class StandinStream:
         return f"<torch.cuda.Stream {self.name} (rehearsal stand-in) cuda_stream={self.cuda_stream:#x}>"
 
     def tick(self) -> dict[int, int]:
-        self.clock = _join(self.clock, MODEL.host)
+        self.clock = join(self.clock, MODEL.host)
         self.clock[self.sid] = self.clock.get(self.sid, 0) + 1
         return dict(self.clock)
 
     def wait_stream(self, stream: StandinStream) -> None:
         STATE.count("stream waits")
-        self.clock = _join(self.clock, stream.clock)
+        self.clock = join(self.clock, stream.clock)
         self.ready = max(self.ready, stream.ready)
 
     def wait_event(self, event: StandinEvent) -> None:
         STATE.count("stream waits")
-        self.clock = _join(self.clock, event.clock)
+        self.clock = join(self.clock, event.clock)
         self.ready = max(self.ready, event.t)
 
     def record_event(self, event: StandinEvent | None = None) -> StandinEvent:
@@ -207,7 +207,7 @@ class StreamModel(Ordering):
         STATE.count("synchronizations")
         for sid, n in clock.items():
             self.flush(self.streams[sid], n)
-        self.host = _join(self.host, clock)
+        self.host = join(self.host, clock)
         if until is not None:
             self.clock.wait(until)
 
@@ -217,7 +217,7 @@ class StreamModel(Ordering):
         STATE.count("synchronizations")
         self.drain()
         for s in self.streams:
-            self.host = _join(self.host, s.clock)
+            self.host = join(self.host, s.clock)
         self.clock.wait(max((s.ready for s in self.streams), default=0.0))
 
     def wait_current(self, what: str) -> None:
@@ -231,7 +231,7 @@ class StreamModel(Ordering):
             return False
         for sid, n in clock.items():
             self.flush(self.streams[sid], n)
-        self.host = _join(self.host, clock)
+        self.host = join(self.host, clock)
         self.clock.wait(t)
         return True
 

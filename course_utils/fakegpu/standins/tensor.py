@@ -9,11 +9,17 @@ checks and queues each operator; :mod:`.streams` runs the queues). :class:`State
 
 Stand-in device pointers (``data_ptr()``) are host addresses plus :data:`DEVICE_TAG`, so a host pointer passed
 where a device pointer is needed (TensorRT, ONNX Runtime IOBinding, pycuda) is recognised and refused.
+
+This file is the floor of the stand-in GPU: it imports none of the files above it. What a tensor needs from them
+(the dispatcher, indexing copies, the memory history, a graph's replay) it calls through :data:`HOOKS`, which those
+files fill in when they are imported; the package's ``__init__`` imports them, so every slot is set before a
+stand-in tensor exists.
 """
 
 from __future__ import annotations
 
 import weakref
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -25,6 +31,19 @@ DEVICE_COUNT = 1
 
 class RehearsalError(RuntimeError):
     """A rule CUDA enforces (or a GPU would silently break) was broken inside a rehearsed GPU section."""
+
+
+class Hooks:
+    """The slots the files above this one fill in when they are imported (see the module doc)."""
+
+    dispatch: Callable[[Any, tuple, dict], Any] | None = None  # .dispatch.dispatch: every operator on a stand-in
+    run_into: Callable[[Any, Any, Any, list], None] | None = None  # .dispatch.run_into: a graph replay's operator
+    getitem: Callable[[Any, Any], torch.Tensor] | None = None  # .copies.getitem: ``t[index]``
+    setitem: Callable[[Any, Any, Any], None] | None = None  # .copies.setitem: ``t[index] = value``
+    on_memory_event: Callable[[str, int, int], None] | None = None  # .memory.on_event: the allocation history
+
+
+HOOKS = Hooks()
 
 
 class State:
@@ -73,9 +92,7 @@ class State:
             if self.allocated > self.peak:
                 self.peak, self.peak_raised = self.allocated, True
             if self.history is not None:
-                from course_utils.fakegpu.standins.memory import on_event
-
-                on_event("alloc", ptr, nbytes)
+                HOOKS.on_memory_event("alloc", ptr, nbytes)
         entry[0] += 1
         weakref.finalize(wrapper, self._release, ptr)
 
@@ -89,9 +106,7 @@ class State:
             self.allocated -= entry[1]
             self.cached += entry[1]
             if self.history is not None:
-                from course_utils.fakegpu.standins.memory import on_event
-
-                on_event("free_completed", ptr, entry[1])
+                HOOKS.on_memory_event("free_completed", ptr, entry[1])
             if self.streams is not None:  # the caching allocator will hand this block out again: check it now
                 self.streams.freed(ptr)
 
@@ -130,7 +145,8 @@ class State:
 STATE = State(total_memory=16 * 2**30)
 
 
-def _key(t: torch.Tensor) -> int:
+def key_of(t: torch.Tensor) -> int:
+    """The key of ``t``'s memory in the stand-in's bookkeeping: its storage's address."""
     return t.untyped_storage().data_ptr()
 
 
@@ -243,7 +259,7 @@ class Rehearsed(torch.Tensor):
         return self
 
     def record_stream(self, stream: Any) -> None:
-        STATE.streams.record_stream(_key(self.elem), stream)
+        STATE.streams.record_stream(key_of(self.elem), stream)
 
     def pin_memory(self, *args: Any) -> Rehearsed:
         raise RuntimeError("cannot pin 'torch.cuda.FloatTensor' only dense CPU tensors can be pinned")
@@ -261,14 +277,10 @@ class Rehearsed(torch.Tensor):
         return tuple(out.unbind(1)) if as_tuple else out
 
     def __getitem__(self, index: Any) -> torch.Tensor:
-        from course_utils.fakegpu.standins import copies
-
-        return copies.getitem(self, index)
+        return HOOKS.getitem(self, index)
 
     def __setitem__(self, index: Any, value: Any) -> None:
-        from course_utils.fakegpu.standins import copies
-
-        copies.setitem(self, index, value)
+        HOOKS.setitem(self, index, value)
 
     def item(self) -> Any:
         return self.cpu().item()
@@ -299,6 +311,4 @@ class Rehearsed(torch.Tensor):
 
     @classmethod
     def __torch_dispatch__(cls, func, types, args=(), kwargs=None):  # noqa: ANN001
-        from course_utils.fakegpu.standins import dispatch
-
-        return dispatch.dispatch(func, args, kwargs or {})
+        return HOOKS.dispatch(func, args, kwargs or {})

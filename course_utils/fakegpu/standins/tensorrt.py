@@ -45,7 +45,7 @@ from course_utils.fakegpu.standins.tensorrt_surface import (
     FakeClass,
     FakeObject,
     HostMemory,
-    _norm,
+    norm_type,
 )
 
 
@@ -106,14 +106,14 @@ class FakeTRT(types.ModuleType):
         return value
 
     def enum_for(self, typ: str) -> str | None:
-        t = _norm(typ)
+        t = norm_type(typ)
         for name in self.enums:
             if name == t or name.endswith("." + t):
                 return name
         return None
 
     def class_for(self, typ: str) -> str | None:
-        t = _norm(typ)
+        t = norm_type(typ)
         classes = self.spec["classes"]
         if t in classes:
             return t
@@ -123,7 +123,7 @@ class FakeTRT(types.ModuleType):
 
     def accepts(self, typ: str, value: Any) -> bool:
         """Does pybind11 accept ``value`` for a parameter of type ``typ``? (the casters' main rules)"""
-        t = _norm(typ)
+        t = norm_type(typ)
         if t.startswith("typing.Optional[") and value is None:
             return True
         t = re.sub(r"^typing\.Optional\[(.*)\]$", r"\1", t)
@@ -186,7 +186,7 @@ class FakeTRT(types.ModuleType):
         return self.default(sigs[0]["returns"])
 
     def default(self, typ: str):
-        t = _norm(typ)
+        t = norm_type(typ)
         if t == "None":
             return None
         if t == "bool":

@@ -27,7 +27,7 @@ REMOVED = {
 }
 
 
-def _norm(t: str) -> str:
+def norm_type(t: str) -> str:
     """A spec type name without C++ namespaces (``nvinfer1::v_1_0::IGpuAllocator`` -> ``IGpuAllocator``)."""
     return t.split("::")[-1].strip()
 
