@@ -5,11 +5,12 @@
     ... python -m scripts.run_cells 10_streams.py --until 10.streams   (stop after that section's cell)
 
 Cells are the ``# %%`` blocks of the jupytext percent format, executed in order in one namespace (line numbers
-kept for tracebacks). After each cell :func:`course_utils.supply.modes.finish_cell` records the sections entered in it
-as ``completed`` or ``failed`` (or ``not-rehearsable``, for a named GPU-only kernel: that cell stops there and the
-run goes on, as the skipped section's ``else`` branch is not taken). The first failing cell ends the run with exit
-status 1. The rehearsal's rules live in the package (:mod:`course_utils.fakegpu.standins.rehearsal`, whole-lesson
-scope started by ``cu.lesson.start``), so a rehearsal in a Jupyter kernel is the one this runner does.
+kept for tracebacks). After each cell :func:`course_utils.sections.gpu_sections.finish_cell` records the sections
+entered in it as ``completed`` or ``failed`` (or ``not-rehearsable``, for a named GPU-only kernel: that cell stops
+there and the run goes on, as the skipped section's ``else`` branch is not taken). The first failing cell ends the
+run with exit status 1. The rehearsal's rules live in the package
+(:mod:`course_utils.fakegpu.standins.rehearsal`, whole-lesson scope started by ``cu.lesson.start``), so a rehearsal
+in a Jupyter kernel is the one this runner does.
 
 Where IPython is missing (the lent GPU machine), ``from IPython.display import display`` gets a module
 ``IPython.display`` whose ``display`` prints; no ``IPython`` module is made, so libraries that look for IPython
@@ -61,33 +62,33 @@ def _display_shim() -> None:
 def run(path: Path, until: str | None = None) -> int:
     """Run ``path`` cell by cell; ``until``: stop after the cell that enters that section (0 if it completed)."""
     from course_utils.fakegpu.standins import rehearsal
-    from course_utils.supply import modes
+    from course_utils.sections import gpu_sections
 
     _display_shim()
-    modes._HOOKS["cells"] = True
+    gpu_sections._HOOKS["cells"] = True
     namespace = {"__name__": "__main__", "__file__": str(path)}
     argv, sys.argv = sys.argv, [str(path)]
     try:
-        return _run(path, until, namespace, modes, rehearsal)
+        return _run(path, until, namespace, gpu_sections, rehearsal)
     finally:
         sys.argv = argv
 
 
-def _run(path: Path, until: str | None, namespace: dict, modes: Any, rehearsal: Any) -> int:
+def _run(path: Path, until: str | None, namespace: dict, gpu_sections: Any, rehearsal: Any) -> int:
     for start, source in cells(path.read_text()):
         code = compile("\n" * (start - 1) + source, str(path), "exec")
         try:
             exec(code, namespace)  # noqa: S102 - the lesson itself, as a kernel runs it
         except rehearsal.NotRehearsable as exc:
-            modes.finish_cell(False, exc)
+            gpu_sections.finish_cell(False, exc)
             print(f"⏭  not rehearsable (cell at line {start}): {exc}")
             continue
         except BaseException as exc:  # noqa: BLE001 - record, report, stop like a failing notebook
-            modes.finish_cell(False, exc)
+            gpu_sections.finish_cell(False, exc)
             traceback.print_exc()
             print(f"cell at line {start} of {path.name} failed: {type(exc).__name__}: {exc}", file=sys.stderr)
             return 1
-        hidden = modes.finish_cell(True)
+        hidden = gpu_sections.finish_cell(True)
         if hidden is not None:
             print(f"cell at line {start} of {path.name} failed: {type(hidden).__name__}: {hidden}", file=sys.stderr)
             return 1

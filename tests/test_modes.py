@@ -4,6 +4,7 @@ import warnings
 import pytest
 import torch
 
+from course_utils.sections import gpu_sections
 from course_utils.supply import modes
 from course_utils.supply.errors import CourseError, GPURequiredError, SettingError
 
@@ -18,7 +19,7 @@ def test_pick_follows_smoke(monkeypatch):
 def test_gpu_section_skips_and_records(capsys):
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
-    assert modes.gpu_section("99.test") is False
+    assert gpu_sections.gpu_section("99.test") is False
     assert "skipped" in capsys.readouterr().out
     rows = modes.read_sections()
     assert rows[-1]["section"] == "99.test" and rows[-1]["ran"] is False and rows[-1]["kind"] == "gpu"
@@ -30,16 +31,16 @@ def test_gpu_section_strict_raises(monkeypatch):
     monkeypatch.setenv("COURSE_STRICT_GPU", "1")
     assert modes.is_strict_gpu()
     with pytest.raises(GPURequiredError, match="99.strict.*no CUDA GPU"):
-        modes.gpu_section("99.strict")
+        gpu_sections.gpu_section("99.strict")
 
 
 def test_missing_modules_and_needs(monkeypatch):
     assert modes.missing_modules(["torch", "surely_not_a_module_xyz"]) == ["surely_not_a_module_xyz"]
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
-    assert modes.gpu_section("99.needs", needs=("surely_not_a_module_xyz",)) is False
+    assert gpu_sections.gpu_section("99.needs", needs=("surely_not_a_module_xyz",)) is False
     assert "surely_not_a_module_xyz" in modes.read_sections()[-1]["reason"]
-    assert modes.gpu_section("99.ok") is True
+    assert gpu_sections.gpu_section("99.ok") is True
 
 
 def test_opt_in_section(monkeypatch):
@@ -134,22 +135,24 @@ def test_section_record_survives_concurrent_writers():
 
 def _write_sections(i: int) -> None:
     for k in range(50):
-        modes._record(f"99.p{i}.{k}", False, "x" * 5000, "gpu")
+        modes.record_section(f"99.p{i}.{k}", False, "x" * 5000, "gpu")
 
 
 @pytest.mark.skipif(__import__("torch").cuda.is_available(), reason="rehearsal runs where there is no GPU")
 def test_a_section_whose_body_cannot_run_is_skipped_not_completed(monkeypatch, capsys):
     monkeypatch.setenv("COURSE_REHEARSE", "1")
-    monkeypatch.setattr(modes, "_HOOKS", {"cells": True})
-    assert not modes.gpu_section("99.needs-engine", requires={"08.build's fp16 engine": False, "a model": True})
-    assert not modes.gpu_section("99.trt-provider", providers=("TensorrtExecutionProvider",))
+    monkeypatch.setattr(gpu_sections, "_HOOKS", {"cells": True})
+    assert not gpu_sections.gpu_section("99.needs-engine", requires={"08.build's fp16 engine": False, "a model": True})
+    assert not gpu_sections.gpu_section("99.trt-provider", providers=("TensorrtExecutionProvider",))
     rows = {r["section"]: r for r in modes.read_sections()}
     assert rows["99.needs-engine"]["status"] == "skipped" and not rows["99.needs-engine"]["ran"]
     assert rows["99.needs-engine"]["reason"].startswith("needs 08.build's fp16 engine, which the cells above")
     assert rows["99.trt-provider"]["status"] == "not-rehearsable"
     assert "ONNX Runtime here has no TensorrtExecutionProvider" in rows["99.trt-provider"]["reason"]
-    assert modes.gpu_section("99.cuda-provider", providers=("CUDAExecutionProvider",))  # the stand-in provides it
-    assert modes.finish_cell(True) is None
+    assert gpu_sections.gpu_section(
+        "99.cuda-provider", providers=("CUDAExecutionProvider",)
+    )  # the stand-in provides it
+    assert gpu_sections.finish_cell(True) is None
     assert modes.read_sections()[-1]["status"] == "completed"
     assert "every timing it prints is the stand-in's" in capsys.readouterr().out
 

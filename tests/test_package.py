@@ -16,7 +16,8 @@ def test_every_module_is_listed():
             if p.suffix == ".py" and p.stem != "__init__" or p.is_dir() and (p / "__init__.py").exists():
                 found[p.stem] = f"course_utils.{room.name}.{p.stem}"
     assert found == cu._MODULES
-    assert set(cu._ROOMS) == {"measuring", "show", "check", "fakegpu", "supply", "serve", "techniques", "from_lessons"}
+    rooms = {"measuring", "show", "check", "fakegpu", "supply", "sections", "serve", "techniques", "from_lessons"}
+    assert set(cu._ROOMS) == rooms
 
 
 def test_shortcuts_resolve(monkeypatch):

@@ -15,6 +15,7 @@ import torch
 
 from course_utils.fakegpu.standins import rehearsal
 from course_utils.fakegpu.standins.tensor import RehearsalError
+from course_utils.sections import gpu_sections
 from course_utils.supply import modes
 from scripts import run_cells
 from scripts.gpu_levels import ROOT
@@ -256,7 +257,7 @@ def test_tensorrt_fake_needs_device_pointers_and_stream_order(gpu, tmp_path):
 
 def test_section_records_completion_and_failure(monkeypatch, tmp_path, capsys):
     monkeypatch.setenv("COURSE_REHEARSE", "1")
-    monkeypatch.setattr(modes, "_HOOKS", {})
+    monkeypatch.setattr(gpu_sections, "_HOOKS", {})
     lesson = tmp_path / "50_demo.py"
     lesson.write_text(
         "# %%\nimport torch\nimport course_utils as cu\n"
@@ -281,7 +282,7 @@ def test_section_records_completion_and_failure(monkeypatch, tmp_path, capsys):
 def test_a_gap_of_the_stand_in_fails_the_section(monkeypatch, tmp_path):
     """A call the stand-ins do not model is a failure to fix in the stand-ins, never "not rehearsable"."""
     monkeypatch.setenv("COURSE_REHEARSE", "1")
-    monkeypatch.setattr(modes, "_HOOKS", {})
+    monkeypatch.setattr(gpu_sections, "_HOOKS", {})
     lesson = tmp_path / "51_gap.py"
     lesson.write_text("# %%\nimport torch\nimport course_utils as cu\n"
                       "# %%\nif cu.gpu_section('51.gap'):\n    torch.cuda.get_rng_state()\n")  # fmt: skip
@@ -313,15 +314,15 @@ def test_every_gpu_section_body_lies_within_one_cell(lesson):
 
 def test_plain_script_run_settles_sections_at_the_next_one(monkeypatch, tmp_path):
     """Without the cell runner, reaching the next section means the previous body completed."""
-    monkeypatch.setattr(modes, "_HOOKS", {"installed": True})  # no atexit/excepthook inside pytest
+    monkeypatch.setattr(gpu_sections, "_HOOKS", {"installed": True})  # no atexit/excepthook inside pytest
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
-    assert modes.gpu_section("99.first") and modes.gpu_section("99.second")
+    assert gpu_sections.gpu_section("99.first") and gpu_sections.gpu_section("99.second")
     rows = [json.loads(line) for line in modes.sections_file().read_text().splitlines()]
     assert [(r["section"], r["status"]) for r in rows] == [
         ("99.first", "entered"),
         ("99.first", "completed"),
         ("99.second", "entered"),
     ]
-    modes.finish_cell(False, ValueError("boom\nmore"))
+    gpu_sections.finish_cell(False, ValueError("boom\nmore"))
     assert modes.read_sections()[-1] == {**modes.read_sections()[-1], "status": "failed", "reason": "ValueError: boom"}

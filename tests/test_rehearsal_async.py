@@ -17,6 +17,7 @@ import torch
 from course_utils.fakegpu.standins import rehearsal
 from course_utils.fakegpu.standins.streams import MODEL
 from course_utils.fakegpu.standins.tensor import RehearsalError
+from course_utils.sections import gpu_sections
 from course_utils.supply import modes
 from scripts import run_cells
 
@@ -305,7 +306,7 @@ def test_pycuda_stand_in_copies_are_asynchronous(gpu):
 
 def test_a_switch_left_changed_fails_its_section(monkeypatch, tmp_path):
     monkeypatch.setenv("COURSE_REHEARSE", "1")
-    monkeypatch.setattr(modes, "_HOOKS", {})
+    monkeypatch.setattr(gpu_sections, "_HOOKS", {})
     lesson = tmp_path / "52_switch.py"
     lesson.write_text(
         "# %%\nimport torch\nimport course_utils as cu\n"

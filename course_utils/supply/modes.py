@@ -1,13 +1,15 @@
-"""Run modes: smoke sizes, strict GPU mode, and the record of GPU-only sections.
+"""Run modes: smoke sizes, strict GPU mode, the rehearsal switch, and the record of GPU-only sections.
 
 * ``COURSE_SMOKE=1`` shrinks sizes and repeats so that the tests run fast (``make test`` sets it).
 * ``COURSE_STRICT_GPU=1`` turns every skipped GPU-only section into a :class:`GPURequiredError`,
   so a run on a CUDA test machine cannot pass by skipping.
-* Every GPU-only section calls :func:`gpu_section`; the outcome is appended to ``sections.jsonl`` in the
-  results folder: ``entered`` when the body starts, then ``completed`` or ``failed`` when its cell ends
-  (or ``skipped`` / ``not-rehearsable`` with the reason), so a run reports what really ran.
+* Every GPU-only section calls :func:`course_utils.sections.gpu_sections.gpu_section` (``cu.gpu_section``),
+  whose life cycle lives a room above, with the fake GPU; the outcome is appended here
+  (:func:`record_section`) to ``sections.jsonl`` in the results folder: ``entered`` when the body starts, then
+  ``completed`` or ``failed`` when its cell ends (or ``skipped`` / ``not-rehearsable`` with the reason), so a run
+  reports what really ran; :func:`read_sections` reads it back.
 * ``COURSE_REHEARSE=1`` (CPU machines): GPU sections run on checked stand-ins
-  (:mod:`course_utils.fakegpu.standins.rehearsal`).
+  (:mod:`course_utils.fakegpu.standins.rehearsal`); :func:`rehearsing` says whether they do.
 
 Switches are parsed strictly by :func:`switch`: ``1/0, true/false, yes/no, on/off`` (any case, spaces
 ignored) or unset; any other value (``2``, ``smoke``) raises :class:`SettingError` naming the variable, so the
@@ -16,7 +18,6 @@ mode a run reports is always the mode it used.
 
 from __future__ import annotations
 
-import atexit
 import importlib.util
 import json
 import os
@@ -26,7 +27,7 @@ import warnings
 from pathlib import Path
 from typing import TypeVar
 
-from course_utils.supply.errors import GPURequiredError, SettingError
+from course_utils.supply.errors import SettingError
 from course_utils.supply.paths import append_text, results_dir
 
 T = TypeVar("T")
@@ -50,12 +51,19 @@ def switch(name: str) -> bool:
     )
 
 
+def no_real_gpu() -> bool:
+    """True when this machine has no real CUDA GPU (asked of torch's C layer, even while the stand-ins answer
+    ``torch.cuda.is_available()``). COURSE_REHEARSE is read by :func:`rehearsing`."""
+    import torch
+
+    count = getattr(torch._C, "_cuda_getDeviceCount", None)
+    return not (count and count() > 0)
+
+
 def rehearsing() -> bool:
     """True when ``COURSE_REHEARSE`` is set and this machine has no real CUDA GPU: GPU sections run on the CPU
     stand-ins (:mod:`course_utils.fakegpu.standins.rehearsal`)."""
-    from course_utils.fakegpu.standins import rehearsal
-
-    return switch("COURSE_REHEARSE") and rehearsal.no_real_gpu()
+    return switch("COURSE_REHEARSE") and no_real_gpu()
 
 
 def is_smoke() -> bool:
@@ -89,11 +97,10 @@ def sections_file() -> Path:
 
 
 _RUN = f"{os.getpid()}-{int(time.time() * 1000)}"  # groups the rows of one process (entered -> completed)
-_PENDING: list[dict] = []  # sections entered whose cell has not finished yet
-_HOOKS: dict[str, bool] = {}
 
 
-def _record(section: str, ran: bool, reason: str, kind: str, path: Path | None = None, **extra: object) -> dict:
+def record_section(section: str, ran: bool, reason: str, kind: str, path: Path | None = None, **extra: object) -> dict:
+    """Append one row of the section record (``kind``: ``gpu`` or ``opt-in``; ``extra``: status, mode, ...)."""
     row = {"section": section, "ran": ran, "reason": reason, "kind": kind, "time": time.time(), "run": _RUN, **extra}
     append_text(path or sections_file(), json.dumps(row) + "\n")
     return row
@@ -130,163 +137,6 @@ def standin_label() -> str:
     return ""
 
 
-def begin_lesson() -> None:
-    """Called by :func:`course_utils.supply.lesson.start`: with ``COURSE_REHEARSE_SCOPE=lesson`` the rehearsal's
-    stand-ins hold for the whole lesson (``pick_device()`` gives "cuda" from the first cell), in a kernel as in
-    the cell runner."""
-    from course_utils.fakegpu.standins import rehearsal
-
-    if rehearsing() and rehearsal.whole_lesson():
-        rehearsal.pin()
-
-
-def _ort_providers() -> list[str]:
-    try:
-        import onnxruntime
-    except ImportError:
-        return []
-    return list(onnxruntime.get_available_providers())
-
-
-def gpu_section(
-    section: str,
-    *,
-    needs: tuple[str, ...] = (),
-    providers: tuple[str, ...] = (),
-    requires: dict[str, bool] | None = None,
-    why: str = "",
-) -> bool:
-    """Enter a GPU-only section: True if it can run here, else print the reason and return False.
-
-    Use it as ``if gpu_section("08.build-fp16", needs=("tensorrt",)):`` around the GPU-only code, the whole
-    body inside one cell, the call alone as the ``if``'s condition. ``needs`` lists Python modules the section
-    imports besides torch; ``providers`` ONNX Runtime execution providers it needs (``"CUDAExecutionProvider"``:
-    the CPU build of onnxruntime has none); ``requires`` what earlier cells must have produced, described
-    (``{"the fp16 engine of 08.build": "fp16" in engines}``): a section whose body cannot run is skipped with the
-    reason, never recorded as completed. In strict GPU mode a section that cannot run raises
-    :class:`GPURequiredError` naming the section and what is missing.
-
-    Entering records ``status: entered``; the section counts as run only when its cell completes
-    (:func:`finish_cell`: ``completed``, or ``failed`` with the error's first line). With ``COURSE_REHEARSE=1``
-    on a machine without CUDA the body runs on the checked CPU stand-ins of
-    :mod:`course_utils.fakegpu.standins.rehearsal`, and the timings it prints are the stand-in's.
-    """
-    import torch
-
-    from course_utils.fakegpu.standins import rehearsal, switches
-
-    _settle_previous()
-    rehearse = rehearsing()
-    problems = []
-    if not torch.cuda.is_available() and not rehearse:
-        problems.append("no CUDA GPU (torch.cuda.is_available() is False)")
-    missing = [m for m in missing_modules(needs) if not (rehearse and rehearsal.provided(m))]
-    if rehearse and section in rehearsal.NOT_REHEARSABLE:
-        problems.append(rehearsal.NOT_REHEARSABLE[section])
-    if missing:
-        hint = " (install the GPU extras: run `make setup` on a CUDA machine)"
-        problems.append("missing Python package(s): " + ", ".join(missing) + hint)
-    absent = [p for p in providers if not (rehearse and p == "CUDAExecutionProvider") and p not in _ort_providers()]
-    if absent:
-        build = "is the CPU build" if _ort_providers() else "is missing"
-        problems.append(f"ONNX Runtime here has no {', '.join(absent)} (onnxruntime {build}: install onnxruntime-gpu)")
-    unmet = [what for what, ok in (requires or {}).items() if not ok]
-    if unmet and not problems:
-        reason = "needs " + "; ".join(unmet) + ", which the cells above did not produce here"
-        _record(section, False, reason, "gpu", status="skipped", mode="rehearsal" if rehearse else "gpu")
-        print(f"⏭  GPU-only section '{section}' skipped: {reason}.")
-        return False
-    if problems:
-        reason = "; ".join(problems)
-        if rehearse:
-            _record(section, False, f"not rehearsable: {reason}", "gpu", status="not-rehearsable", mode="rehearsal")
-            print(f"⏭  GPU-only section '{section}' not rehearsed: {reason}.")
-            return False
-        _record(section, False, reason, "gpu", status="skipped", mode="cpu")
-        if is_strict_gpu():
-            raise GPURequiredError(
-                f"strict GPU mode (COURSE_STRICT_GPU=1): section '{section}' needs a GPU but cannot run: {reason}"
-            )
-        print(f"⏭  GPU-only section '{section}' skipped: {reason}." + (f" {why}" if why else ""))
-        return False
-    if rehearse:
-        rehearsal.activate()
-        rehearsal.enter(section)
-    mode = "rehearsal" if rehearse else "gpu"
-    device = torch.cuda.get_device_name(0)
-    path = sections_file()
-    _record(section, False, "", "gpu", path, status="entered", mode=mode, device=device)
-    _PENDING.append({"section": section, "mode": mode, "device": device, "path": path,
-                     "switches": switches.snapshot()})  # fmt: skip
-    _install_hooks()
-    if rehearse:
-        print(f"▶  GPU-only section '{section}' runs on the rehearsal's CPU stand-in of a GPU (COURSE_REHEARSE=1): "
-              "CUDA's rules are checked; every timing it prints is the stand-in's (a CPU computing, a modelled GPU "
-              "clock), not a GPU measurement, and judges nothing.")  # fmt: skip
-    else:
-        print(f"▶  GPU-only section '{section}' runs on {device}.")
-    return True
-
-
-def finish_cell(success: bool, error: BaseException | None = None) -> BaseException | None:
-    """Decide the sections entered in the cell that just ended: completed, failed (with the error's first line)
-    or, in rehearsal, not rehearsable (a named GPU-only kernel). First the section's queued stand-in work runs and
-    its global switches (TF32, cuDNN, ...) are compared with their values at entry
-    (:func:`course_utils.fakegpu.standins.rehearsal.end_cell`). Returns an error the cell hid (a stream-order
-    violation found when memory was freed, a switch left changed, an error of queued work) so the caller fails
-    the cell with it."""
-    from course_utils.fakegpu.standins import rehearsal
-
-    pending, _PENDING[:] = list(_PENDING), []
-    entered = [(p["section"], p.get("switches", {})) for p in pending]
-    success, error, hidden, checks = rehearsal.end_cell(success, error, entered)
-    for p in pending:
-        extra = {"mode": p["mode"], "device": p["device"], "checks": checks}
-        if success:
-            _record(p["section"], True, "", "gpu", p["path"], status="completed", **extra)
-        elif isinstance(error, rehearsal.NotRehearsable):
-            first = (str(error).strip().splitlines() or [""])[0][:300]
-            _record(p["section"], False, f"not rehearsable: {first}", "gpu", p["path"], status="not-rehearsable",
-                    **extra)  # fmt: skip
-        else:
-            reason = rehearsal.failure(error, p["mode"] == "rehearsal")
-            _record(p["section"], False, reason, "gpu", p["path"], status="failed", **extra)
-    return hidden
-
-
-def _settle_previous() -> None:
-    """A plain ``python lesson.py`` run has no cell boundaries: reaching the next section means the previous
-    one's body completed (sections are one cell each; tests/test_rehearsal.py checks it)."""
-    if _PENDING and not _HOOKS.get("cells"):
-        finish_cell(True)
-
-
-def _install_hooks() -> None:
-    """Completion hooks: IPython's post_run_cell in a kernel; sys.excepthook + atexit for a plain script.
-    The cell runner (scripts/run_cells.py) calls :func:`finish_cell` itself and sets ``_HOOKS["cells"]``."""
-    if _HOOKS.get("installed") or _HOOKS.get("cells"):
-        return
-    _HOOKS["installed"] = True
-    try:
-        from IPython import get_ipython
-
-        ip = get_ipython()
-    except ImportError:
-        ip = None
-    if ip is not None:
-        _HOOKS["cells"] = True
-        ip.events.register("post_run_cell", lambda result: finish_cell(result.success, result.error_in_exec))
-        return
-    previous = sys.excepthook
-
-    def hook(kind: type, value: BaseException, tb: object) -> None:
-        finish_cell(False, value)
-        previous(kind, value, tb)
-
-    sys.excepthook = hook
-    atexit.register(lambda: _PENDING and finish_cell(True))
-
-
 def outcomes(rows: list[dict]) -> list[dict]:
     """The last row of each section in each run (entered -> completed/failed), in order of first appearance."""
     last: dict[tuple, dict] = {}
@@ -303,9 +153,9 @@ def opt_in_section(section: str, env_var: str, why: str) -> bool:
     Tests never set it; the skip is recorded with kind ``opt-in`` so it is not mistaken for a failure.
     """
     if switch(env_var):
-        _record(section, True, "", "opt-in")
+        record_section(section, True, "", "opt-in")
         return True
-    _record(section, False, f"opt-in: set {env_var}=1 to run it", "opt-in")
+    record_section(section, False, f"opt-in: set {env_var}=1 to run it", "opt-in")
     print(f"⏭  Opt-in section '{section}' not run: {why} Set {env_var}=1 to run it.")
     return False
 

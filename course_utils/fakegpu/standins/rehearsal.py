@@ -1,9 +1,9 @@
 """Rehearsal mode (``COURSE_REHEARSE=1``): GPU-only sections executed on a CPU machine, on checked stand-ins.
 
-On a machine without CUDA, :func:`course_utils.supply.modes.gpu_section` then returns True and calls
-:func:`activate`: until the cell ends (:func:`cell_done`, called by :func:`course_utils.supply.modes.finish_cell`
-from the cell runner or the IPython hook, so a rehearsal in JupyterLab is the one the tests run), "cuda" means the
-stand-in GPU of :mod:`course_utils.fakegpu.standins`:
+On a machine without CUDA, :func:`course_utils.sections.gpu_sections.gpu_section` then returns True and calls
+:func:`activate`: until the cell ends (:func:`cell_done`, called by
+:func:`course_utils.sections.gpu_sections.finish_cell` from the cell runner or the IPython hook, so a rehearsal in
+JupyterLab is the one the tests run), "cuda" means the stand-in GPU of :mod:`course_utils.fakegpu.standins`:
 
 * ``torch.cuda.*`` answers for one sm_90 stand-in (streams, events, graphs, memory counters, the pinned cache and
   the allocation history); ``cuda:1`` and beyond raise CUDA's "invalid device ordinal";
@@ -19,8 +19,8 @@ stand-in GPU of :mod:`course_utils.fakegpu.standins`:
   that start other processes on the GPU); any other error fails the section, a gap of the stand-in included.
 
 ``COURSE_REHEARSE_SCOPE=lesson`` keeps the stand-ins for the whole lesson (``pick_device()`` gives "cuda" from the
-first cell, as on a GPU machine); :func:`course_utils.supply.modes.begin_lesson` starts it. :func:`checks` reports
-what the stand-ins enforced (counts), which the section record keeps.
+first cell, as on a GPU machine); :func:`course_utils.sections.gpu_sections.begin_lesson` starts it.
+:func:`checks` reports what the stand-ins enforced (counts), which the section record keeps.
 """
 
 from __future__ import annotations
@@ -39,6 +39,7 @@ from course_utils.fakegpu.standins.cuda import GPU_ONLY, NotRehearsable
 from course_utils.fakegpu.standins.mode import CudaMode, pin_batch
 from course_utils.fakegpu.standins.streams import MODEL
 from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, check_index
+from course_utils.supply.modes import no_real_gpu  # re-exported: the machine has no real CUDA GPU
 
 __all__ = ["NotRehearsable", "RehearsalError", "activate", "active", "checks", "deactivate", "no_real_gpu"]
 
@@ -64,13 +65,6 @@ DELIBERATE = {
 }
 MEMORY_MIB = 1024  # the stand-in GPU's memory (small, so that OOM sweeps stop early on a CPU)
 _PROVIDED = {"tensorrt", "pycuda"}  # packages the rehearsal provides stand-ins for (checked by gpu_section's needs=)
-
-
-def no_real_gpu() -> bool:
-    """True when this machine has no real CUDA GPU (asked of torch's C layer, even while the stand-ins answer
-    ``torch.cuda.is_available()``). COURSE_REHEARSE is read by :func:`course_utils.supply.modes.rehearsing`."""
-    count = getattr(torch._C, "_cuda_getDeviceCount", None)
-    return not (count and count() > 0)
 
 
 def active() -> bool:

@@ -132,7 +132,7 @@ def tensorrt(model: nn.Module, example: torch.Tensor, dev: torch.device, max_bat
     The profile's maximum covers the batching step; a larger batch (an accuracy probe over a whole test set)
     runs in chunks of that maximum, so every batch optimize() is asked to run stays inside the profile.
     """
-    from course_utils.supply.modes import gpu_section
+    from course_utils.sections.gpu_sections import gpu_section
 
     if not gpu_section("14.optimize-tensorrt", needs=("tensorrt", "onnx", "onnxscript")):
         raise Skip("GPU-only: needs a CUDA GPU and the tensorrt package (see the printed reason)")

@@ -8,8 +8,9 @@ import numpy as np
 import torch
 
 from course_utils.measuring.device import describe, pick_device
+from course_utils.sections.gpu_sections import begin_lesson
 from course_utils.show.results import results_dir
-from course_utils.supply.modes import begin_lesson, is_smoke, is_strict_gpu
+from course_utils.supply.modes import is_smoke, is_strict_gpu
 
 
 def start(lesson: str, title: str, *, seed: int = 0) -> torch.device:
