@@ -18,7 +18,9 @@
   ``l17_beyond_one_device``: lesson 17's rank processes and the tasks they run);
 * ``techniques``: code a later lesson reuses after its own lesson wrote it out: ``onnx_runtime`` (07),
   ``tensorrt_engines`` (08), ``profiling`` (02), ``batching_sim`` (03), ``pipeline`` (09), ``precision`` (04),
-  ``quantization`` (05), ``compilation`` (06), ``pruning`` (12), ``triton_server`` (13), ``optimize`` (14).
+  ``quantization`` (05), ``compilation`` (06), ``pruning`` (12), ``triton_server`` (13);
+* ``capstone``: lesson 14's ``optimize`` (``optimize()``: every technique tried on any model) and its parts,
+  ``optimizing``.
 
 Lessons write ``import course_utils as cu`` and use ``cu.<module>`` (``cu.timing``, ``cu.onnx_runtime``): every
 module is reachable by its own name and loads on first use (``cu.plots`` imports matplotlib only when a lesson
@@ -41,7 +43,8 @@ _ROOMS = {
     "from_lessons": ("l08_tensorrt", "l16_llm_serving",
                      "l17_beyond_one_device"),  # generated from lesson cells tagged export (make notebooks)
     "techniques": ("onnx_runtime", "tensorrt_engines", "profiling", "batching_sim", "pipeline", "precision",
-                   "quantization", "compilation", "pruning", "triton_server", "optimize", "optimizing"),
+                   "quantization", "compilation", "pruning", "triton_server"),
+    "capstone": ("optimize", "optimizing"),
 }  # fmt: skip
 #: cu.<name> -> the module's full name
 _MODULES = {name: f"{__name__}.{room}.{name}" for room, names in _ROOMS.items() for name in names}

@@ -34,9 +34,9 @@ from IPython.display import display
 from torch.profiler import ProfilerActivity, profile, record_function, schedule
 
 import course_utils as cu
+from course_utils.capstone.optimize import TECHNIQUES, decision_guide, optimize
 from course_utils.show import leaderboard
 from course_utils.techniques import onnx_runtime
-from course_utils.techniques.optimize import TECHNIQUES, decision_guide, optimize
 
 device = cu.lesson.start("14", "Capstone")
 ort = onnx_runtime.require_onnxruntime()  # `import onnxruntime`, or a course error naming the fix if it cannot load
@@ -417,7 +417,7 @@ for _, r in dropped.iterrows():
 
 # %% [markdown]
 # ## 9. The cross-check: `optimize()`
-# The course's pipeline runs the same families of techniques automatically (`course_utils.techniques.optimize`), with
+# The course's pipeline runs the same families of techniques automatically (`course_utils.capstone.optimize`), with
 # the same checks. It is the second opinion, not the lesson: if it finds something faster than your best
 # stack, look at what it did differently. In smoke mode (the tests) `torch.compile` is left out, and a
 # technique that fails stops the run instead of becoming a "failed" row.

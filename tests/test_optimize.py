@@ -8,8 +8,8 @@ import pytest
 import torch
 from torch import nn
 
+from course_utils.capstone import optimize as opt
 from course_utils.supply.errors import CourseError
-from course_utils.techniques import optimize as opt
 
 
 class Conv1dNet(nn.Module):

@@ -3,8 +3,8 @@ end, within the accuracy budget, best first), the best-so-far line, and the guid
 
 from __future__ import annotations
 
+from course_utils.capstone.optimizing.report import OptimizeReport, Step, cumulative_speedup, decision_guide
 from course_utils.measuring.intervals import Ratio
-from course_utils.techniques.optimizing.report import OptimizeReport, Step, cumulative_speedup, decision_guide
 
 
 def _timed(name: str, speedup: float, interval: tuple[float, float] | None, *, within: bool = True) -> Step:

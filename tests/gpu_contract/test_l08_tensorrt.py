@@ -184,10 +184,10 @@ def test_optimize_engine_step_runs_against_the_fake(fake, monkeypatch):
     Its accuracy probe calls the variant on more rows than the profile's maximum batch: the runner must cover
     every batch it is asked to run (issue 13).
     """
+    from course_utils.capstone import optimize
     from course_utils.sections import gpu_sections
     from course_utils.supply.data import load_digits_split
     from course_utils.supply.models import load_digits_model
-    from course_utils.techniques import optimize
 
     monkeypatch.setitem(sys.modules, "tensorrt", fake)
     monkeypatch.setattr(gpu_sections, "gpu_section", lambda *a, **k: True)

@@ -13,9 +13,9 @@ import pytest
 import torch
 from torch import nn
 
+from course_utils.capstone.optimizing import techniques
 from course_utils.check.compare import compare_outputs
 from course_utils.techniques import onnx_runtime
-from course_utils.techniques.optimizing import techniques
 from tests.gpu_contract.lesson_code import lesson_namespace, lesson_path
 
 COVERS: dict[str, str] = {}  # lesson 14's only GPU section, 14.optimize-tensorrt, is covered in test_l08_tensorrt.py

@@ -1,4 +1,4 @@
-"""What :func:`course_utils.techniques.optimize.optimize` returns, and how to read it: the table, the plot, the guide.
+"""What :func:`course_utils.capstone.optimize.optimize` returns, and how to read it: the table, the plot, the guide.
 
 :class:`Step` is one row (a technique, whether it ran, why not, what it measured); :class:`OptimizeReport`
 holds the rows with ``df``, ``plot()`` and ``record()``; :func:`decision_guide` turns a report into "on this

@@ -7,7 +7,7 @@ baseline's (:func:`course_utils.check.compare.compare_outputs`, tolerance per pr
 held to the TF32 tolerance, since cuDNN convolutions run TF32 by default) and its accuracy is checked against a
 budget; only a variant that computes the same thing is timed. What does not apply here, or whose package
 does not import, is skipped with the reason. The result is an
-:class:`~course_utils.techniques.optimizing.report.OptimizeReport`.
+:class:`~course_utils.capstone.optimizing.report.OptimizeReport`.
 
 Errors: with ``on_error="raise"`` a technique that fails stops the run with its exception (the tests and smoke
 runs do this, so a broken technique cannot hide as a row); with ``"record"`` it becomes a ``failed: ...`` row
@@ -26,21 +26,21 @@ from typing import Any
 import torch
 from torch import nn
 
+from course_utils.capstone.optimizing.report import COLUMNS, OptimizeReport, Step, cumulative_speedup, decision_guide
+from course_utils.capstone.optimizing.techniques import LINEAR_HEAVY_SHARE, linear_share
+from course_utils.capstone.optimizing.techniques import Skip as _Skip
+from course_utils.capstone.optimizing.techniques import Variant as _Variant
+from course_utils.capstone.optimizing.techniques import batching as _batching
+from course_utils.capstone.optimizing.techniques import compile_model as _compile
+from course_utils.capstone.optimizing.techniques import int8 as _int8
+from course_utils.capstone.optimizing.techniques import onnxruntime as _onnxruntime
+from course_utils.capstone.optimizing.techniques import precision as _precision
+from course_utils.capstone.optimizing.techniques import tensorrt as _tensorrt
 from course_utils.check.compare import compare_outputs
 from course_utils.measuring.comparing import compare
 from course_utils.measuring.device import synchronize
 from course_utils.measuring.timing import measure
 from course_utils.supply.errors import CourseError
-from course_utils.techniques.optimizing.report import COLUMNS, OptimizeReport, Step, cumulative_speedup, decision_guide
-from course_utils.techniques.optimizing.techniques import LINEAR_HEAVY_SHARE, linear_share
-from course_utils.techniques.optimizing.techniques import Skip as _Skip
-from course_utils.techniques.optimizing.techniques import Variant as _Variant
-from course_utils.techniques.optimizing.techniques import batching as _batching
-from course_utils.techniques.optimizing.techniques import compile_model as _compile
-from course_utils.techniques.optimizing.techniques import int8 as _int8
-from course_utils.techniques.optimizing.techniques import onnxruntime as _onnxruntime
-from course_utils.techniques.optimizing.techniques import precision as _precision
-from course_utils.techniques.optimizing.techniques import tensorrt as _tensorrt
 
 __all__ = ["COLUMNS", "LINEAR_HEAVY_SHARE", "TECHNIQUES", "OptimizeInputError", "OptimizeReport", "Step",
            "cumulative_speedup", "decision_guide", "linear_share", "optimize"]  # fmt: skip

@@ -1,4 +1,4 @@
-"""The techniques :func:`course_utils.techniques.optimize.optimize` tries, each the calls a lesson wrote out,
+"""The techniques :func:`course_utils.capstone.optimize.optimize` tries, each the calls a lesson wrote out,
 wrapped for reuse.
 
 Each builder returns a list of :class:`Variant` (a runnable version of the model with its precision, set-up

@@ -1,2 +1,0 @@
-"""The parts of :mod:`course_utils.techniques.optimize`: ``report`` (the table, plot and guide) and ``techniques`` (the
-lessons' techniques wrapped for reuse). Import from :mod:`course_utils.techniques.optimize`."""
