@@ -88,10 +88,10 @@ def exercise(
 
 
 def _load_all() -> None:
-    from course_utils.check import lesson_exercises
-
-    for mod in pkgutil.iter_modules(lesson_exercises.__path__):
-        importlib.import_module(f"{lesson_exercises.__name__}.{mod.name}")
+    """Import every lesson's exercise module, found in the folder beside this file: they import this module to
+    register their exercises (a room above it), so it loads them by name and never imports them itself."""
+    for mod in pkgutil.iter_modules([str(Path(__file__).with_name("lesson_exercises"))]):
+        importlib.import_module(f"{__package__}.lesson_exercises.{mod.name}")
 
 
 def registry() -> dict[str, Exercise]:
