@@ -226,6 +226,19 @@ cu.record("00", "sanity matmul", model=f"matmul{n}", device=str(device), dtype="
 print(f"That is {2 * n**3 / (m.median_ms / 1000) / 1e9:.1f} GFLOP/s on {raw['torch threads (intra-op)']} threads.")
 
 # %% [markdown]
+# ## What surprised us
+# Printed from this run: how far apart the timings of one and the same matrix product were. One timing is a
+# sample, not the answer, which is why every later lesson reports medians, spreads and intervals.
+
+# %%
+fastest, slowest = min(m.times_ms), max(m.times_ms)
+print(
+    f"The same {n}x{n} product, timed {m.n} times: fastest {fastest:.3f} ms, slowest {slowest:.3f} ms, median "
+    f"{m.median_ms:.3f} ms, 10th to 90th percentile {m.p10_ms:.3f} to {m.p90_ms:.3f} ms. A single timing could "
+    f"have been any of these."
+)
+
+# %% [markdown]
 # ## Exercise
 # **00.precisions.** NVIDIA GPUs are identified by their compute capability `(major, minor)`, which
 # `torch.cuda.get_device_capability()` returns. Reduced-precision tensor-core formats arrived generation by

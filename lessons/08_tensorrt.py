@@ -631,7 +631,7 @@ else:
 
 # %% [markdown]
 # ## Step 10: ResNet-50: batch-1 latency and large-batch throughput (GPU)
-# The course's GPU targets (COURSE.md) are about ResNet-50: batch-1 latency (best engine ≤ 0.35 ms) and
+# The course sets two GPU targets for ResNet-50: batch-1 latency (best engine ≤ 0.35 ms) and
 # INT8 throughput at large batch (on an H200: ≥ 70% of MLPerf v4.1's 94.6k images/s per GPU). One profile
 # cannot serve both: an engine's kernels are tuned for the profile's `opt` shape, so batch 1 on an engine
 # tuned for batch 256 runs batch-256 tactics on one image. Two profiles, two engines: **latency**
@@ -640,7 +640,7 @@ else:
 
 
 # %% tags=["contract"]
-R50_INT8_TARGET = {"gpu": "H200", "reference_img_s": 94_600.0, "fraction": 0.70}  # COURSE.md, MLPerf v4.1
+R50_INT8_TARGET = {"gpu": "H200", "reference_img_s": 94_600.0, "fraction": 0.70}  # the course's target (MLPerf v4.1)
 
 
 def r50_profiles(big: int) -> dict:
@@ -652,7 +652,7 @@ def r50_profiles(big: int) -> dict:
 
 
 def target_verdict(images_per_s: float, gpu_name: str, target: dict = R50_INT8_TARGET) -> str:
-    """The measured throughput against COURSE.md's target, which is set for one GPU model (matched by token)."""
+    """The measured throughput against the course's target, which is set for one GPU model (matched by token)."""
     need = target["fraction"] * target["reference_img_s"]
     line = f"measured {images_per_s:,.0f} images/s vs target {need:,.0f} ({target['fraction']:.0%} of MLPerf's "
     line += f"{target['reference_img_s']:,.0f} on an {target['gpu']})"
@@ -691,7 +691,7 @@ else:
 # **INT8 throughput, against the target.** The same ModelOpt command as Step 9 writes a Q/DQ copy of the
 # ResNet-50 FP32 export (calibrated here on random images: the weights are random too unless ImageNet weights
 # are in your torch cache, so the accuracy of this engine means nothing; its speed does), then a throughput
-# engine and a latency engine are built from it. The verdict line compares with COURSE.md's target only on
+# engine and a latency engine are built from it. The verdict line compares with the course's target only on
 # the GPU the target names.
 
 # %%

@@ -301,6 +301,24 @@ _ = cu.record(
 )
 
 # %% [markdown]
+# ## What surprised us
+# Printed from this run: how much of the time that overlap can save at best the prefetching thread saved
+# (medians of the runs above), and for how long the two stages were really busy at the same time.
+
+# %%
+for _, r in res.iterrows():
+    t = int(r["torch threads"])
+    possible = r["sequential s"] - r["best case s"]  # the most a two-stage overlap can save
+    saved = r["sequential s"] - r["overlapped s"]
+    together = timelines[t].busy_overlap_s("prepare (thread)", "compute (main)")
+    print(
+        f"threads={t}: overlap could save at most {possible:.2f} s of {r['sequential s']:.2f} s; the medians differ "
+        f"by {saved:.2f} s (overlapped vs sequential: {r['r']}); both stages were busy together for "
+        f"{together:.2f} s of the last run."
+        + (" Overlap lost time here: the stages competed for the same cores." if r["r"].verdict == "slower" else "")
+    )
+
+# %% [markdown]
 # ## Exercise: the event-ordered double-buffer loop
 # The side-stream prefetch allocates a new device tensor per chunk. A serving loop reuses **two preallocated
 # device buffers** instead: while the model reads buffer `i % 2`, the next chunk is copied into the other one.

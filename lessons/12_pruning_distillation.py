@@ -587,6 +587,7 @@ cu.exercises.check("12.rebuild-conv3", rebuild_conv3)
 # %% [markdown]
 # ## Summary rows
 # Each row carries the device its model ran on (the CPU here, even on a GPU machine).
+# Next: **13 · Serving with dynamic batching**: the model behind an HTTP server, under load.
 
 # %%
 cu.record("12", "baseline", model="digits CNN", dtype="fp32", measurement=m_base, speedup_vs_baseline=1.0)

@@ -495,6 +495,33 @@ own_rows = sum(len(pd.read_csv(f)) for f in own)
 print(f"Pooled {len(pooled)} rows from {pooled['source'].nunique()} good file(s); this machine has {own_rows}.")
 
 # %% [markdown]
+# ## What surprised us
+# Printed from this run: how many of the techniques paid on this model and machine, which one cost the most
+# before its first result (the first call: export, compilation, calibration), and whether the automatic
+# pipeline agreed with your stack.
+
+# %%
+tried = [r for r in stack[1:] if r["ratio"] is not None]
+kept_steps = [r["step"] for r in tried if r["kept"]]
+print(
+    f"1. Of {len(tried)} timed steps, {len(kept_steps)} paid and were kept"
+    + (f" ({', '.join(kept_steps)})" if kept_steps else "")
+    + ": a technique that helps on one model and machine is no law."
+)
+costly = max(stack[1:], key=lambda r: r["first_call_s"] or 0.0)
+print(
+    f"2. The costliest first call: {costly['step']}, {costly['first_call_s']:.2f} s before its first output, "
+    f"against {stack[0]['first_call_s']:.2f} s for the eager baseline (warm from the reference run): a server "
+    "pays it at every start."
+)
+if not auto_best.empty:
+    agree = a["technique"].lower() in best["step"].lower()
+    print(
+        f"3. optimize() picked {a['technique']}, your stack {best['step']}: "
+        + ("they agree." if agree else "they differ (other steps, other rounds: compare their intervals above).")
+    )
+
+# %% [markdown]
 # ## Exercises
 # **14.stack.** Profile first, then stack three techniques yourself. Write `stacked(model, example)` returning
 # `(prof, run)`: `prof` is the `torch.profiler.profile` you ran around `model(example)` **before** changing
@@ -534,3 +561,4 @@ cu.exercises.check("14.pick", pick_technique)
 # baseline before it was timed and kept only when it paid; `optimize()` gave the second opinion, and the
 # leaderboard shows how the answer changes with the machine. For a workshop: `make course` runs every
 # notebook headless and renders the same leaderboard into `build/course/index.html`.
+# Next: **15 · LLM decoding**, where the model is a language model and the bottleneck is one token at a time.

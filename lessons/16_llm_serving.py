@@ -1696,6 +1696,7 @@ cu.exercises.check("16.verify", verify)
 # Rows for this machine's results: the three schedulers under the same load, reading the blocks in place,
 # paged vs contiguous memory, prefix caching, and the best speculative setting where the draft fits and the
 # losing one. Each ratio is recorded with its interval.
+# Next: **17 · Beyond one device**: tensor, pipeline and data parallelism.
 
 # %%
 for name in POLICIES:
@@ -1736,4 +1737,4 @@ for label, k, r in (("draft fits", best_k, best), ("draft misses", worst_k, wors
         speedup_vs_baseline=r,
         notes=f"k={k}, identical to greedy",
     )
-print("Recorded. This is the last lesson: compare your machine's rows with `cu.leaderboard`.")
+print("Recorded. Next: 17 · Beyond one device, the same model split over several ranks.")

@@ -19,7 +19,7 @@ from .lesson_code import lesson_namespace, lesson_path
 
 COVERS = {
     "08.resnet50-int8": "r50_profiles (a latency engine tuned at batch 1 beside the throughput one) and "
-    "target_verdict (measured images/s vs COURSE.md's H200 target, matched by GPU model token); the ModelOpt "
+    "target_verdict (measured images/s vs the course's H200 target, matched by GPU model token); the ModelOpt "
     "command is the one test_l08_modelopt.py parses",
 }
 
