@@ -73,6 +73,25 @@ def export_path(root: Path, text: Path) -> Path:
     return root / EXPORT_DIR / f"l{text.stem}.py"
 
 
+PROVENANCE = '# Defined in {lesson}, section "{section}"'
+
+
+def with_provenance(source: str, lesson: str, section: str) -> str:
+    """``source`` with a line above each top-level function and class naming the lesson and section that wrote it
+    (as d2l's "Defined in file"), so a reader of the exported module finds the cell the learner read."""
+    import ast
+
+    lines = source.splitlines()
+    tops = [
+        min([n.lineno, *(d.lineno for d in n.decorator_list)])
+        for n in ast.parse(source).body
+        if isinstance(n, ast.FunctionDef | ast.AsyncFunctionDef | ast.ClassDef)
+    ]
+    for lineno in sorted(tops, reverse=True):
+        lines.insert(lineno - 1, PROVENANCE.format(lesson=lesson, section=section))
+    return "\n".join(lines)
+
+
 def exported_source(text: Path) -> str | None:
     """The module made of a lesson's cells tagged ``export`` (None when it has none).
 
@@ -82,7 +101,14 @@ def exported_source(text: Path) -> str | None:
     import jupytext
 
     nb = jupytext.read(text)
-    cells = [c.source.strip() for c in nb.cells if c.cell_type == "code" and EXPORT_TAG in c.metadata.get("tags", [])]
+    cells, section = [], "the top of the lesson"
+    for c in nb.cells:
+        if c.cell_type == "markdown":
+            heading = next((ln[3:].strip() for ln in c.source.splitlines() if ln.startswith("## ")), None)
+            title = next((ln[2:].strip() for ln in c.source.splitlines() if ln.startswith("# ")), None)
+            section = heading or (title if section == "the top of the lesson" and title else section)
+        elif EXPORT_TAG in c.metadata.get("tags", []):
+            cells.append(with_provenance(c.source.strip(), f"lessons/{text.name}", section))
     if not cells:
         return None
     head = (

@@ -16,6 +16,7 @@ from course_utils.techniques import (
 )
 
 
+# Defined in lessons/08_tensorrt.py, section "Step 2: the builder, written out"
 def build_engine(
     trt,
     onnx_path,
@@ -63,6 +64,7 @@ def build_engine(
     return bytes(plan)
 
 
+# Defined in lessons/08_tensorrt.py, section "Step 3: the engine cache, written out"
 def load_or_build(trt, runtime, onnx_path, profile, cache_dir, platform, precision, **settings):
     """A cached engine if its metadata match this machine and these settings, else a freshly built one."""
     meta = tensorrt_engines.engine_metadata(
@@ -110,6 +112,7 @@ TORCH_DTYPES = {
 }
 
 
+# Defined in lessons/08_tensorrt.py, section "Step 4: the runner, written out"
 class TrtRunner:
     """Run a one-input engine with torch tensors as its buffers, on ``stream`` (a torch.cuda.Stream())."""
 
@@ -145,6 +148,7 @@ class TrtRunner:
         return outs[self.outputs[0]]
 
 
+# Defined in lessons/08_tensorrt.py, section "Step 4: the runner, written out"
 def engine_layers(trt, engine):
     """The engine's layers as TensorRT fused them (engine inspector, JSON format)."""
     info = engine.create_engine_inspector().get_engine_information(trt.LayerInformationFormat.JSON)

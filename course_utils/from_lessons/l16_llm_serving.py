@@ -9,6 +9,7 @@ import copy  # noqa: E402 - each exported cell carries its own imports (course_u
 import course_utils as cu  # noqa: E402
 
 
+# Defined in lessons/16_llm_serving.py, section "16 · Serving LLMs"
 def serving_model(layers=None):
     """(model, tokenizer or None): SmolLM2-135M-Instruct (FP32), or its random stand-in where the file is missing.
 
@@ -32,6 +33,7 @@ import torch  # noqa: E402
 from course_utils.supply.errors import CourseError  # noqa: E402
 
 
+# Defined in lessons/16_llm_serving.py, section "The engine: a paged KV cache"
 class PagedKV:
     """A paged KV cache: one pool of fixed-size blocks, a block table per sequence, reference-counted blocks.
 
@@ -176,6 +178,7 @@ import torch.nn.functional as F  # noqa: E402
 from transformers.models.llama.modeling_llama import apply_rotary_pos_emb  # noqa: E402
 
 
+# Defined in lessons/16_llm_serving.py, section "The forward pass: packed tokens, attention that reads the blocks"
 def visible(kv, batch, attention="blocks"):
     """(key index, mask): which keys each new token of `batch` ((sequence id, new tokens) pairs) may attend to.
 
@@ -204,6 +207,7 @@ def visible(kv, batch, attention="blocks"):
     return index, mask
 
 
+# Defined in lessons/16_llm_serving.py, section "The forward pass: packed tokens, attention that reads the blocks"
 @torch.inference_mode()
 def forward(model, kv, batch, *, attention="blocks", all_logits=False):
     """One engine pass over a packed batch of (sequence id, new token ids) pairs.
@@ -243,6 +247,7 @@ from dataclasses import dataclass, field  # noqa: E402
 from course_utils.supply.errors import CourseError  # noqa: E402, F811
 
 
+# Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
 @dataclass
 class Request:
     rid: int
@@ -265,6 +270,7 @@ class Request:
         return len(self.out) >= self.max_new or (bool(self.out) and self.out[-1] == self.eos)
 
 
+# Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
 class Scheduler:
     """Continuous batching over a paged KV cache, one engine step at a time (see the text above)."""
 
@@ -352,6 +358,7 @@ class Scheduler:
         return made
 
 
+# Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
 def serve(scheduler, requests, trace=None):
     """Feed `requests` to the scheduler at their arrival times (open loop); yield (request, token, seconds since
     the start) for every token the moment its step ends: a stream. `trace` gets one row per step."""

@@ -23,16 +23,19 @@ import torch.nn.functional as F  # noqa: E402
 STATE = {}  # inside a rank process: its rank, the process groups, the weights it holds
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Ranks: processes that talk through `torch.distributed`"
 class RankError(RuntimeError):
     """A rank failed or died; the world was stopped."""
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Ranks: processes that talk through `torch.distributed`"
 def _watch_parent(parent_pid):
     while os.getppid() == parent_pid:  # the notebook is gone (even killed with SIGKILL): leave at once
         time.sleep(0.5)
     os._exit(1)
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Ranks: processes that talk through `torch.distributed`"
 def rank_main(rank, world_size, init_method, backend, inbox, outbox, parent_pid, timeout_s=120.0):
     """One rank process: join the process group, then run the tasks the parent sends until told to stop."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on the loopback interface only
@@ -69,6 +72,7 @@ def rank_main(rank, world_size, init_method, backend, inbox, outbox, parent_pid,
         dist.destroy_process_group()
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Ranks: processes that talk through `torch.distributed`"
 @contextlib.contextmanager
 def _ranks_skip_main():
     """While starting ranks: `spawn` would re-run a plain script's top level (the whole lesson) in every rank;
@@ -86,6 +90,7 @@ def _ranks_skip_main():
         main.__dict__.update(saved)
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Ranks: processes that talk through `torch.distributed`"
 class World:
     """`size` rank processes joined in one process group; `run(task, ...)` runs a module-level function on them.
 
@@ -165,18 +170,21 @@ class World:
         self.close(graceful=kind is None)
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def column_parallel(weight, rank, p):
     """This rank's slice of a column-parallel layer: its block of output features (rows of torch's weight)."""
     n = weight.shape[0] // p
     return weight[rank * n : (rank + 1) * n].clone()
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def row_parallel(weight, rank, p):
     """This rank's slice of a row-parallel layer: its block of input features (columns of torch's weight)."""
     n = weight.shape[1] // p
     return weight[:, rank * n : (rank + 1) * n].contiguous()
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def shape_of(config):
     """What the ranks need to know of a Llama config (plain numbers: no transformers import in the ranks)."""
     rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
@@ -188,6 +196,7 @@ def shape_of(config):
     }
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def load_shards(path, shape, sizes, name, whole_on_every_rank=False):
     """Read the full weights (memory-mapped) and keep this rank's slices for every split size in `sizes`.
 
@@ -230,6 +239,7 @@ def load_shards(path, shape, sizes, name, whole_on_every_rank=False):
     return sum(t.numel() * t.element_size() for layer in kept[min(kept)]["layers"] for t in layer.values())
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 class Comm:
     """The collectives of tensor parallelism over `group`, timed; `enabled=False` skips them (compute-only runs)."""
 
@@ -259,6 +269,7 @@ class Comm:
         return int(best[1])
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def rotary(inv_freq, positions, dev):
     """Llama's rotary position embedding (lesson 15): cos and sin of position x frequency, shape (1, T, head_dim)."""
     freqs = positions.float()[:, :, None] * inv_freq[None, None, :]
@@ -266,6 +277,7 @@ def rotary(inv_freq, positions, dev):
     return emb.cos().to(dev), emb.sin().to(dev)
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def apply_rotary(q, k, cos, sin):
     def rotate_half(x):
         return torch.cat([-x[..., x.shape[-1] // 2 :], x[..., : x.shape[-1] // 2]], dim=-1)
@@ -274,11 +286,13 @@ def apply_rotary(q, k, cos, sin):
     return q * cos + rotate_half(q) * sin, k * cos + rotate_half(k) * sin
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def rms_norm(x, weight, eps):
     x32 = x.float()
     return weight * (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)).to(x.dtype)
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def tp_layer(h, w, cache, cos, sin, comm, eps, head_dim):
     """One decoder layer on this rank's slices: its heads, its MLP features; one all-reduce per block."""
     b, t, _ = h.shape
@@ -299,6 +313,7 @@ def tp_layer(h, w, cache, cos, sin, comm, eps, head_dim):
     return h + comm.all_reduce(F.linear(m, w["down"]))  # row-parallel, block 2: one more all-reduce
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def tp_generate(name, p, prompt, n_new, communicate=True):
     """Greedy decoding on this rank's slices of the p-way split: tokens, and per step its ms and comm ms."""
     model = STATE["models"][name][p]
@@ -325,15 +340,18 @@ def tp_generate(name, p, prompt, n_new, communicate=True):
     return {"tokens": out, "step_ms": step_ms, "comm_ms": comm_ms, "calls_per_step": comm.calls / max(n_new, 1)}
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def set_threads(n):
     torch.set_num_threads(n)
     return torch.get_num_threads()
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def drop(name):
     STATE.get("models", {}).pop(name, None)
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def allreduce_sweep(p, sizes, reps):
     """Median seconds of one all_reduce of `n` float32 values over the first p ranks, for each n in `sizes`."""
     group, dev, out = STATE["groups"][p], STATE["device"], []
@@ -351,6 +369,7 @@ def allreduce_sweep(p, sizes, reps):
     return out
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def start_replica(name):
     """Serve greedy decoding with this rank's whole model over HTTP on 127.0.0.1 (a free port), in a thread.
 
@@ -379,12 +398,14 @@ def start_replica(name):
     return server.server_address[1]
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def stop_replica():
     server = STATE.pop("replica")
     server.shutdown()
     server.server_close()
 
 
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def pp_forward(name, p, tokens, m):
     """Stage `rank` of a p-stage pipeline: its block of whole layers, over `tokens` (B, T) in m micro-batches.
 
