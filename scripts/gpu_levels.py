@@ -18,7 +18,7 @@ rehearsal`` in the records folder (``--records DIR``, default ``$COURSE_RESULTS_
 ``build/test-results``). ``python -m scripts.gpu_levels --write --records DIR`` rewrites README's table between
 its markers; ``tests/after_run/test_run_record.py`` regenerates it from the test run's own records and fails
 when README differs. Sections are found as ``gpu_section("NN.slug", ...)`` calls in ``lessons/*.py`` and in
-``course_utils`` (``modes.py``, which defines ``gpu_section``, is skipped).
+``course_utils`` (``sections/gpu_sections.py``, which defines ``gpu_section``, is skipped).
 """
 
 from __future__ import annotations
@@ -46,7 +46,9 @@ class Level:
 def lesson_sections(root: Path = ROOT) -> dict[str, str]:
     """Every GPU-only section key -> the file that enters it (literal keys only; else ValueError)."""
     found: dict[str, str] = {}
-    package = [p for p in sorted((root / "course_utils").rglob("*.py")) if p.name != "modes.py"]
+    package = [
+        p for p in sorted((root / "course_utils").rglob("*.py")) if p.name not in {"modes.py", "gpu_sections.py"}
+    ]
     for path in sorted((root / "lessons").glob("[0-9][0-9]_*.py")) + package:
         text = path.read_text()
         calls = [m for m in re.finditer(r"gpu_section\(", text) if not text[: m.start()].endswith("def ")]
