@@ -17,3 +17,17 @@ def _isolated_results(tmp_path, monkeypatch):
         return  # the after-run checks read the run's results folder
     monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path / "results"))
     monkeypatch.delenv("COURSE_STRICT_GPU", raising=False)
+
+
+@pytest.fixture
+def gpu():
+    """The rehearsal's stand-in GPU for one test: ``torch.cuda`` while it is active, switched off afterwards."""
+    import torch
+
+    from course_utils.fakegpu.standins import rehearsal
+
+    rehearsal.activate()
+    try:
+        yield torch.cuda
+    finally:
+        rehearsal.deactivate()

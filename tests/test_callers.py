@@ -167,7 +167,6 @@ def test_the_finder_finds_a_planted_dead_function(tmp_path, monkeypatch):
     )
     (pkg / "sweepy.py").write_text("def knee():\n    pass\n")
     (tmp_path / "scripts" / "s.py").write_text("knee = 3  # a variable of the same name, not a call of sweepy.knee\n")
-    monkeypatch.setattr(__import__(__name__), "ROOT", tmp_path, raising=False)
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
     monkeypatch.setitem(globals(), "PACKAGE", pkg)
     assert sorted(dead_names()) == ["a.py:dead", "sub/b.py:Lonely", "sub/b.py:sol2", "sweepy.py:knee"]

@@ -23,15 +23,6 @@ from scripts.gpu_levels import ROOT
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")
 
 
-@pytest.fixture
-def gpu():
-    rehearsal.activate()
-    try:
-        yield torch.cuda
-    finally:
-        rehearsal.deactivate()
-
-
 def test_cuda_reads_as_a_gpu_and_goes_away(gpu):
     x = torch.ones(3, device="cuda")
     assert x.is_cuda and x.device == torch.device("cuda", 0) and gpu.is_available()

@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.fakegpu.standins import rehearsal
 from course_utils.fakegpu.standins.streams import MODEL
 from course_utils.fakegpu.standins.tensor import RehearsalError
 from course_utils.sections import gpu_sections
@@ -22,15 +21,6 @@ from course_utils.supply import modes
 from scripts import run_cells
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")
-
-
-@pytest.fixture
-def gpu():
-    rehearsal.activate()
-    try:
-        yield torch.cuda
-    finally:
-        rehearsal.deactivate()
 
 
 def test_work_is_queued_until_something_waits_for_it(gpu):
