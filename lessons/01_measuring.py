@@ -407,7 +407,7 @@ _ = cu.plots.latency_distribution({"steady state": good.times_ms}, title=f"{n}²
 
 # %% [markdown]
 # ## 6. Comparing two variants: a ratio and its interval
-# "B is 1.4x faster than A" from one timing of A, then one of B, measures the machine as much as the code: a
+# "B is faster than A" from one timing of A, then one of B, measures the machine as much as the code: a
 # browser tab or a test run that starts halfway makes B look slower. Every ratio in this course comes from
 # `cu.compare`: the variants take turns in **rounds** (a fresh random order each round), each round gives one
 # ratio (A's time / B's time: above 1 means B is faster), and the result is the median of the rounds with its

@@ -78,6 +78,20 @@ def compare_models(models: dict, x, **kw):
         )
 
 
+def with_timings(rows: list[dict], cmp, names) -> pd.DataFrame:
+    """``rows`` as a table with each model's timing from ``cmp`` (a ``cu.compare`` result): its measurement ``m``,
+    its Ratio ``r`` against the baseline, the median, and the ratio's estimate, interval and verdict as columns."""
+    df = pd.DataFrame(rows)
+    df["m"] = [cmp.measurements[k] for k in names]
+    df["r"] = [cmp.ratio(k) for k in names]
+    df["median_ms"] = [m.median_ms for m in df.m]
+    df["speedup"] = [r.estimate for r in df.r]
+    df["low"] = [r.low for r in df.r]
+    df["high"] = [r.high for r in df.r]
+    df["verdict"] = [r.verdict for r in df.r]
+    return df
+
+
 def is_ffn(mod: torch.nn.Module, name: str) -> bool:
     """A transformer block's feed-forward Linear: ``intermediate.dense`` or the block's ``output.dense``.
 
@@ -153,13 +167,7 @@ for s in sparsities:
         }
     )
 unstr_cmp = compare_models({"dense": teacher} | pruned, x_bench)  # every sparsity taking turns with the dense model
-unstructured = pd.DataFrame(rows)
-unstructured["m"] = [unstr_cmp.measurements[k] for k in pruned]
-unstructured["r"] = [unstr_cmp.ratio(k) for k in pruned]
-unstructured["median_ms"] = [m.median_ms for m in unstructured.m]
-unstructured["speedup"] = [r.estimate for r in unstructured.r]
-unstructured["interval"] = [f"{r.low:.2f}-{r.high:.2f}" for r in unstructured.r]
-unstructured["verdict"] = [r.verdict for r in unstructured.r]
+unstructured = with_timings(rows, unstr_cmp, pruned)
 display(unstructured.drop(columns=["m", "r"]).round(4))
 
 # %%
@@ -289,13 +297,7 @@ for frac in keep_fractions:
         }
     )
 struct_cmp = compare_models({"dense": teacher} | smalls, x_bench)  # the pruned models taking turns with the dense
-structured = pd.DataFrame(rows)
-structured["m"] = [struct_cmp.measurements[k] for k in smalls]
-structured["r"] = [struct_cmp.ratio(k) for k in smalls]
-structured["median_ms"] = [m.median_ms for m in structured.m]
-structured["speedup"] = [r.estimate for r in structured.r]
-structured["low"] = [r.low for r in structured.r]
-structured["high"] = [r.high for r in structured.r]
+structured = with_timings(rows, struct_cmp, smalls)
 for _, r in structured.iterrows():
     pareto_rows.append(
         {
