@@ -19,6 +19,15 @@ def test_reference_passes(key):
     assert verdict(key, exercises.get(key).solution) == "accepted"
 
 
+def test_torchao_mlp_reference_passes_on_200_seeds():
+    bad = {
+        s: v
+        for s in range(200)
+        if (v := verdict("05.torchao-mlp", exercises.get("05.torchao-mlp").solution, seed=s)) != "accepted"
+    }
+    assert not bad, bad
+
+
 def test_pt2e_alternatives_pass():
     assert verdict("05.pt2e", concatenated, seed=4) == "accepted"
     assert verdict("05.pt2e", reversed_order, seed=5) == "accepted"
@@ -105,6 +114,9 @@ TORCHAO_WRONG = [
 
 @pytest.mark.parametrize("fn, reason", TORCHAO_WRONG, ids=[f.__name__ for f, _ in TORCHAO_WRONG])
 def test_torchao_mlp_rejects(fn, reason):
+    for seed in range(200):
+        msg = verdict("05.torchao-mlp", fn, seed=seed)
+        assert re.search(reason, msg), (seed, msg)
     msg = verdict("05.torchao-mlp", fn)
     assert re.search(reason, msg), msg
     assert "random case seed" in msg
@@ -112,8 +124,9 @@ def test_torchao_mlp_rejects(fn, reason):
 
 def test_torchao_mlp_rejects_hard_coded_layer_names():
     # each call asks for two different layers to keep (drawn at random): a fixed name fails one of them
-    for _ in range(3):
-        assert "must stay FP32" in verdict("05.torchao-mlp", hard_coded_names)
+    for seed in range(200):
+        msg = verdict("05.torchao-mlp", hard_coded_names, seed=seed)
+        assert "must stay FP32" in msg, (seed, msg)
 
 
 # ------------------------------------------------------------------ 05.pt2e
