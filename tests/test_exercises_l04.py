@@ -246,5 +246,14 @@ def contiguous_after(m, x):
     ],
 )
 def test_channels_last_rejects(wrong, message):
+    for seed in SWEEP:
+        got = exercises.verdict("04.channels-last", wrong, seed=seed)
+        assert message in got, (seed, got)
     got = reason("04.channels-last", wrong)
     assert message in got and "random case seed" in got, got
+
+
+def test_channels_last_reference_passes_on_200_seeds():
+    ref = exercises.get("04.channels-last").solution
+    bad = {s: v for s in SWEEP if (v := exercises.verdict("04.channels-last", ref, seed=s)) != "accepted"}
+    assert not bad, bad
