@@ -204,6 +204,18 @@ def test_wrong_stacks_are_rejected(fn, message):
     assert message in got, got
 
 
+@pytest.mark.parametrize(
+    ("fn", "message"),
+    [(_variant(prof=False), "profile first"), (lambda model, example: (None, None), "profile first")],
+    ids=["no-profile", "no-model"],
+)
+def test_wrong_stacks_without_a_profile_are_rejected_on_200_seeds(fn, message):
+    # caught before anything runs (about 17 ms a call); the other mistakes and the reference cost 20-200 ms a call
+    for seed in range(200):
+        got = exercises.verdict("14.stack", fn, seed=seed)
+        assert message in got, (seed, got)
+
+
 def test_the_seed_is_printed_on_failure():
     assert "random case seed" in verdict(_variant(fold=False))
 
