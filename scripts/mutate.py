@@ -66,12 +66,29 @@ def M(id: str, file: str, old: str, new: str, tests: str | tuple[str, ...], what
 
 ISSUE = "issue 22"
 ISSUE32 = "issue 32"
-T_TIMING = ("test_values_timing.py", "test_timing.py")
-T_COMPARE = ("test_values_compare.py", "test_compare.py")
-T_RESULTS = ("test_values_results.py", "test_results.py")
-T_LOAD = ("test_values_load.py",)
-T_PATHS = ("test_values_results.py", "test_paths.py")
-T_ENGINES = ("test_values_engines.py",)
+T_TIMING = ("test_timing.py",)
+T_COMPARE = ("test_compare.py",)
+T_RESULTS = ("test_results.py",)
+T_LOAD = tuple(  # the load generator's and the guard's pinned tests, not the server starts (slow)
+    f"test_serving.py::{t}"
+    for t in (
+        "test_load_result_percentiles_of_a_known_list",
+        "test_open_loop_latency_counts_from_the_due_time",
+        "test_open_loop_refuses_beyond_max_in_flight",
+        "test_closed_loop_counts_every_answer",
+        "test_streamed_line_times_count_from_the_due_time",
+        "test_body_limit_is_on_the_total_over_many_small_chunks",
+        "test_declared_length_is_refused_before_reading_only_above_the_limit",
+        "test_nesting_limit_exact_boundary",
+        "test_integer_digits_exact_boundary",
+    )
+)
+T_PATHS = ("test_results.py", "test_paths.py")
+T_ENGINES = ("test_tensorrt_engines.py",)
+T_L01_TIMER = (
+    "test_exercises_l01.py::test_timer_checker_names_each_mistake",
+    "test_exercises_l01.py::test_timer_checker_accepts_the_correct_timer",
+)
 T_EX = (  # the machinery's tests, not every reference solution (slow)
     *(
         f"test_exercises.py::{t}"
@@ -84,12 +101,12 @@ T_EX = (  # the machinery's tests, not every reference solution (slow)
             "test_random_cases_change_per_call_and_print_their_seed",
         )
     ),
-    "test_values_exercises.py",
+    *T_L01_TIMER,
 )
-T_L01 = ("test_values_exercises.py", "test_exercises_l01.py")
+T_L01 = ("test_exercises_l01.py",)
 T_L03 = ("test_exercises_l03.py",)  # the batch sweep lives in lesson 03; its checker guards it
-T_MEMORY = ("test_values_memory.py", "test_memory.py")
-T_STREAMS = ("test_values_streamcheck.py", "test_streamcheck.py")
+T_MEMORY = ("test_memory.py",)
+T_STREAMS = ("test_streamcheck.py",)
 T_L16 = tuple(
     f"test_llm_serving.py::{t}"
     for t in (
@@ -230,7 +247,10 @@ MUTATIONS: list[Mutation] = [
       "            if not (0 < a and b <= c):", T_ENGINES, "Profile: min > opt accepted"),
     # ---------------------------------------------------------------------------------- code moved in the restructure
     M("install-id-ignores-machine", "show/machine_label.py", "if len(fields) == 2 and fields[1] == mine:",
-      "if len(fields) == 2:", ("test_faults_24.py",), "install_id: a cloned VM keeps its image's id"),
+      "if len(fields) == 2:", (
+          "test_results.py::test_cloned_vms_with_the_same_install_id_file_get_distinct_labels",
+          "test_results.py::test_install_id_is_renewed_when_the_machine_changes_and_kept_otherwise",
+      ), "install_id: a cloned VM keeps its image's id"),
     M("dead-worker-unnoticed", "serve/server_watch.py", "gone = [pid for pid in pids if not pid_alive(pid)]",
       "gone = []", ("test_serving.py::test_a_dead_model_worker_fails_requests_fast_naming_the_log",),
       "WorkerWatch: a dead model worker is never noticed (requests wait for the client timeout)"),
@@ -334,7 +354,7 @@ MUTATIONS: list[Mutation] = [
       ".groupby(keys, dropna=False, as_index=False).head(1)", "test_leaderboard.py",
       "leaderboard: the oldest row of a machine wins, not the newest", ISSUE32),
     M("board-negative-kept", "show/leaderboard.py", " | (df[col].abs() > limit) | (df[col] < 0)",
-      " | (df[col].abs() > limit)", "test_faults_24.py::test_inf_huge_and_nan_speedups_do_not_top_the_leaderboard",
+      " | (df[col].abs() > limit)", "test_leaderboard.py::test_inf_huge_and_nan_speedups_do_not_top_the_leaderboard",
       "leaderboard: a negative value kept on the board", ISSUE32),
     # ---------------------------------------------------------------------------------- issue 32: data
     M("digits-scaled-by-15", "supply/data.py", "bunch.images / 16.0", "bunch.images / 15.0", "test_data_models.py",
@@ -410,11 +430,11 @@ MUTATIONS: list[Mutation] = [
     # ---------------------------------------------------------------------------------- issue 32: serving, LLMs
     M("stream-times-from-send", "serve/stream_load.py",
       "    try:\n        async with client.stream(", "    sent = time.perf_counter()\n    try:\n"
-      "        async with client.stream(", "test_values_load.py",
+      "        async with client.stream(", "test_serving.py::test_streamed_line_times_count_from_the_due_time",
       "open_loop_stream: line times counted from the send, not the due time", ISSUE32,
       more=(("time.perf_counter() - start - answer.due_s", "time.perf_counter() - sent"),)),
     M("closed-latency-from-start", "serve/load_generator.py", "lat.append((time.perf_counter() - t0) * 1000)",
-      "lat.append((time.perf_counter() - start) * 1000)", "test_values_load.py",
+      "lat.append((time.perf_counter() - start) * 1000)", "test_serving.py::test_closed_loop_counts_every_answer",
       "closed_loop: latency counted from the run's start, not the request's", ISSUE32),
     M("guard-connections-off-by-one", "serve/server_guard.py", "if len(self.connections) > self.max_connections:",
       "if len(self.connections) >= self.max_connections:", (

@@ -1,4 +1,4 @@
-"""Writers of one results file killed at random, for tests/test_values_results.py (run as a script).
+"""Writers of one results file killed at random, for tests/test_results.py (run as a script).
 
 ``python -m tests.results_writers FOLDER DONE ROUNDS SEED``: each round forks 4 processes that call
 ``results.record`` in a loop (rows with long quoted notes: commas, quotes, newlines, non-ASCII) and kills them

@@ -1,10 +1,27 @@
+"""The shipped data and models (course_utils.supply.data and models): the fixed digits split, the shipped models'
+accuracy, checksums and weights files.
+
+Shipped-data oddities (issue 24): stray JPEGs, a changed photo, a data file linked to /dev/zero or a FIFO (and the
+checksums script on a FIFO), and the torch weights cache (torch.hub's folder, an unreadable TORCH_HOME, an
+unreadable weights file)."""
+
+from __future__ import annotations
+
+import os
 import shutil
+from pathlib import Path
 
 import pytest
 import torch
 
 from course_utils.supply import data, models
-from course_utils.supply.errors import BadArgumentError, ChecksumError, CourseError, MissingFileError, WeightsFileError
+from course_utils.supply.errors import (
+    BadArgumentError,
+    ChecksumError,
+    CourseError,
+    MissingFileError,
+    WeightsFileError,
+)
 
 
 def test_digits_split_is_fixed_and_shaped():
@@ -201,3 +218,149 @@ def test_checksums_command_exits_1_naming_the_fix(tmp_path, monkeypatch, capsys)
     assert checksums.main([]) == 1 and "--accept NAME" in capsys.readouterr().err
     assert checksums.main(["--accept", "a.txt"]) == 0
     assert data.recorded_checksums(tmp_path / "SHA256SUMS")["a.txt"] == data.sha256(tmp_path / "a.txt")
+
+
+@pytest.fixture
+def data_copy(tmp_path, monkeypatch) -> Path:
+    """A copy of data/images and SHA256SUMS, used by the data module in place of the shipped folder."""
+    import shutil
+
+    folder = tmp_path / "data"
+    shutil.copytree(data.DATA_DIR / "images", folder / "images")
+    shutil.copy(data.DATA_DIR / "SHA256SUMS", folder / "SHA256SUMS")
+    monkeypatch.setattr(data, "DATA_DIR", folder)
+    return folder
+
+
+def test_stray_jpegs_are_ignored_with_a_note_naming_them(data_copy):
+    shipped = [p.name for p in data.jpeg_paths()]
+    (data_copy / "images" / "my_cat.jpg").write_bytes(b"\xff\xd8\xff my own photo")
+    (data_copy / "images" / f"._{shipped[0]}").write_bytes(b"\x00\x05\x16\x07 AppleDouble")
+    with pytest.warns(UserWarning, match=r"ignored 2 file\(s\) .*(\._|my_cat).*SHA256SUMS") as caught:
+        again = [p.name for p in data.jpeg_paths()]
+    assert again == shipped
+    assert "my_cat.jpg" in str(caught[0].message) and f"._{shipped[0]}" in str(caught[0].message)
+
+
+def test_a_changed_shipped_photo_still_fails_its_checksum(data_copy):
+    victim = sorted((data_copy / "images").glob("*.jpg"))[0]
+    victim.write_bytes(victim.read_bytes()[:-10])
+    with pytest.raises(ChecksumError, match=victim.name):
+        data.jpeg_paths()
+
+
+def _finishes(fn, seconds: float = 10.0):
+    """Run ``fn`` in a thread; (finished, exception or result)."""
+    import threading
+
+    box: dict = {}
+
+    def target():
+        try:
+            box["value"] = fn()
+        except BaseException as exc:  # noqa: BLE001 - handed back to the test
+            box["value"] = exc
+
+    t = threading.Thread(target=target, daemon=True)
+    t.start()
+    t.join(seconds)
+    return not t.is_alive(), box.get("value")
+
+
+def _sums(folder: Path, name: str) -> None:
+    (folder / "SHA256SUMS").write_text(f"{'0' * 64}  {name}\n")
+
+
+def test_a_data_file_linked_to_dev_zero_stops_with_a_clear_error(tmp_path):
+    _sums(tmp_path, "digits_cnn.pt")
+    (tmp_path / "digits_cnn.pt").symlink_to("/dev/zero")
+    done, out = _finishes(lambda: data.verified_path("digits_cnn.pt", data_dir=tmp_path))
+    assert done, "the checksum read of a link to /dev/zero did not stop"
+    assert isinstance(out, ChecksumError) and "a character device" in str(out) and "/dev/zero" in str(out)
+    assert "git checkout -- " in str(out)
+
+
+def test_a_data_file_that_is_a_fifo_stops_with_a_clear_error(tmp_path):
+    _sums(tmp_path, "digits_cnn.pt")
+    fifo = tmp_path / "digits_cnn.pt"
+    os.mkfifo(fifo)
+    try:
+        done, out = _finishes(lambda: data.verified_path("digits_cnn.pt", data_dir=tmp_path))
+    finally:
+        try:  # unblock a reader left waiting by a broken implementation
+            os.close(os.open(fifo, os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    assert done, "the checksum read of a FIFO did not stop"
+    assert isinstance(out, ChecksumError) and "a FIFO" in str(out)
+
+
+def test_the_checksums_script_names_a_fifo_instead_of_dropping_it(tmp_path):
+    from scripts import checksums
+
+    _sums(tmp_path, "a.txt")
+    (tmp_path / "a.txt").write_text("x")
+    os.mkfifo(tmp_path / "b.txt")
+    try:
+        done, out = _finishes(lambda: checksums.write_checksums(tmp_path))
+    finally:
+        try:
+            os.close(os.open(tmp_path / "b.txt", os.O_WRONLY | os.O_NONBLOCK))
+        except OSError:
+            pass
+    assert done and isinstance(out, ChecksumError) and "b.txt" in str(out) and "FIFO" in str(out)
+
+
+def test_torch_cache_follows_torch_hub_get_dir(monkeypatch, tmp_path):
+    monkeypatch.delenv("TORCH_HOME", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert models.torch_cache_dir() == Path(torch.hub.get_dir()) / "checkpoints"
+    assert models.torch_cache_dir() == tmp_path / "xdg" / "torch" / "hub" / "checkpoints"
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.setenv("TORCH_HOME", "~/th")
+    assert models.torch_cache_dir() == tmp_path / "home" / "th" / "hub" / "checkpoints"
+
+
+def test_unreadable_torch_home_falls_back_to_random_weights_with_a_note(monkeypatch, tmp_path):
+    home = tmp_path / "th"
+    (home / "hub" / "checkpoints").mkdir(parents=True)
+    monkeypatch.setenv("TORCH_HOME", str(home))
+    if os.geteuid() == 0:  # root reads through permissions: make the cache folder refuse like a locked one
+        real = Path.is_file
+
+        def locked(self):
+            if str(self).startswith(str(home)):
+                raise PermissionError(13, "Permission denied", str(self))
+            return real(self)
+
+        monkeypatch.setattr(Path, "is_file", locked)
+    else:
+        home.chmod(0)
+    try:
+        model, note = models.resnet("resnet18")
+    finally:
+        home.chmod(0o700)
+    assert not model.training
+    assert "random weights" in note and "cannot be read" in note and "PermissionError" in note
+
+
+def test_an_unreadable_weights_file_is_called_unreadable_not_a_pickle(tmp_path):
+    unreadable = tmp_path / "resnet18.pth"
+    unreadable.mkdir()  # a folder where the file should be: unreadable for root too
+    with pytest.raises(WeightsFileError) as info:
+        models.load_weights(unreadable, fix="copy a good one there.")
+    msg = str(info.value)
+    assert "unreadable" in msg and "IsADirectoryError" in msg and "pickle" not in msg and "copy a good one" in msg
+    if os.geteuid() != 0:
+        locked = tmp_path / "locked.pth"
+        torch.save({"w": torch.zeros(1)}, locked)
+        locked.chmod(0)
+        with pytest.raises(WeightsFileError, match="unreadable .*PermissionError"):
+            models.load_weights(locked, fix="x")
+
+
+def test_a_pickle_is_still_called_unsafe(tmp_path):
+    bad = tmp_path / "evil.pth"
+    torch.save({"w": torch.zeros(1), "f": print}, bad)
+    with pytest.raises(WeightsFileError, match="safe loader refused"):
+        models.load_weights(bad, fix="x")

@@ -1,13 +1,19 @@
-"""The leaderboard pools several machines' result files; a malformed file is skipped, nothing else lost."""
+"""The leaderboard pools several machines' result files; a malformed file is skipped, nothing else lost.
+
+Implausible values (inf, huge and NaN speedups) do not top the leaderboard (issue 24)."""
 
 from __future__ import annotations
 
+import csv
+import io
 import json
 import warnings
+from pathlib import Path
 
 import pandas as pd
 import pytest
 
+from course_utils.show import leaderboard, results
 from course_utils.show import leaderboard as lb
 from course_utils.show.results import COLUMNS
 from course_utils.supply.errors import BadArgumentError
@@ -134,3 +140,41 @@ def test_labels_keep_identical_images_apart():
     old = pd.Series({"gpu": "", "cpu": "Xeon", "machine": "lab-01_Xeon", "mode": "smoke"})
     assert lb._label(a) != lb._label(b) and lb._label(a) == "Xeon [lab-01 #0a1b2c]"
     assert lb._label(old) == "Xeon [lab-01] (smoke)"
+
+
+def _board_file(tmp_path: Path, speedups: list[str]) -> Path:
+    folder = tmp_path / "board"
+    folder.mkdir()
+    rows = []
+    for i, s in enumerate(speedups):
+        row = dict.fromkeys(results.COLUMNS, "")
+        row.update(
+            lesson="14",
+            technique=f"t{i}",
+            model="m",
+            dtype="fp32",
+            batch_size="1",
+            median_ms="1.0",
+            speedup_vs_baseline=s,
+            machine=f"host_cpu_{i:06x}",
+            cpu="cpu",
+            time="2026-12-01T10:00",
+        )
+        rows.append(row)
+    out = io.StringIO()
+    w = csv.DictWriter(out, fieldnames=results.COLUMNS, lineterminator="\n")
+    w.writeheader()
+    w.writerows(rows)
+    (folder / "a.csv").write_text(out.getvalue())
+    return folder
+
+
+def test_inf_huge_and_nan_speedups_do_not_top_the_leaderboard(tmp_path):
+    folder = _board_file(tmp_path, ["inf", "1e308", "NaN", "2.5", "-3", "1.5"])
+    with pytest.warns(UserWarning) as caught:
+        df = leaderboard.load(folder, include_reference=False)
+    text = " ".join(str(w.message) for w in caught)
+    assert "dropped 3 speedup_vs_baseline value(s)" in text and "t0 = inf" in text and "t1 = 1e+308" in text
+    assert "column 'speedup_vs_baseline' holds 'nan'" in text
+    best = leaderboard.best_technique(df, "14")
+    assert best["speedup_vs_baseline"].max() == 2.5 and len(df) == 6  # rows kept, the bad values dropped

@@ -32,7 +32,7 @@ def test_one_mutation_is_caught_and_the_copy_is_restored():
         "fp32-tolerance-100x-fast",
         "course_utils/check/compare.py",
         (('"fp32": {"max_rel": 1e-4,', '"fp32": {"max_rel": 1e-2,'),),
-        ("tests/test_values_compare.py::test_tolerance_values_are_the_documented_ones",),
+        ("tests/test_compare.py::test_tolerance_values_are_the_documented_ones",),
         "compare: the FP32 tolerance loosened 100x",
     )
     work = mutate.make_copy()

@@ -1,4 +1,7 @@
-"""One place for paths: COURSE_RESULTS_DIR read the same way from any folder; no modes <-> results cycle."""
+"""One place for paths: COURSE_RESULTS_DIR read the same way from any folder; no modes <-> results cycle.
+
+Unusable COURSE_RESULTS_DIR values are refused before any folder is made, the error for an unwritable folder does
+not suggest that folder, and reading results needs no write access (issue 24)."""
 
 from __future__ import annotations
 
@@ -10,8 +13,8 @@ from pathlib import Path
 import pytest
 
 import course_utils
-from course_utils.show import results
-from course_utils.supply import paths
+from course_utils.show import leaderboard, results
+from course_utils.supply import data, paths
 from course_utils.supply.errors import CourseError, SettingError
 
 PACKAGE = Path(course_utils.__file__).parent
@@ -139,7 +142,6 @@ def test_one_repo_root_for_the_package():
     assert not extra, f"{extra} compute the repository root: use `from course_utils.supply.paths import REPO_ROOT`"
     assert "supply/paths.py" in computing
     assert results.REPO_ROOT is paths.REPO_ROOT
-    from course_utils.supply import data
 
     assert data.DATA_DIR == paths.DATA_DIR == paths.REPO_ROOT / "data"
 
@@ -149,3 +151,50 @@ def test_append_text_ends_a_torn_last_line_first(tmp_path):
     f.write_text("h\n1\n2-torn")
     paths.append_text(f, lambda empty: ("h\n" if empty else "") + "3\n")
     assert f.read_text().splitlines() == ["h", "1", "2-torn", "3"]
+
+
+@pytest.mark.parametrize(
+    "value, words",
+    [
+        ("$SCRATCH_NOT_SET_24/results", "$SCRATCH_NOT_SET_24, which is not set"),
+        ("${SCRATCH_NOT_SET_24}/results", "$SCRATCH_NOT_SET_24, which is not set"),
+        ("~nosuchuser24/results", "'~nosuchuser24' names no user"),
+        ("file:///tmp/course-results", "a URL, not a path: set a plain path such as '/tmp/course-results'"),
+        ("'/tmp/course results'", "quote characters"),
+        ('"/tmp/course results"', "quote characters"),
+    ],
+)
+def test_unusable_results_dir_values_are_refused_before_any_folder_is_made(monkeypatch, value, words):
+    monkeypatch.delenv("SCRATCH_NOT_SET_24", raising=False)
+    before = set(paths.REPO_ROOT.iterdir())
+    monkeypatch.setenv("COURSE_RESULTS_DIR", value)
+    with pytest.raises(SettingError, match="COURSE_RESULTS_DIR") as info:
+        results.record("99", "t", median_ms=1.0)
+    assert words in str(info.value)
+    assert set(paths.REPO_ROOT.iterdir()) == before, "a folder was created inside the checkout"
+
+
+def test_the_error_for_an_unwritable_folder_does_not_suggest_that_folder(monkeypatch, tmp_path):
+    home = tmp_path / "home"
+    home.mkdir()
+    (home / "course-results").write_text("a file where the folder should be")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.setenv("COURSE_RESULTS_DIR", "~/course-results")
+    with pytest.raises(SettingError) as info:
+        paths.results_dir()
+    message = str(info.value)
+    assert "=~/course-results`" not in message and "export COURSE_RESULTS_DIR=" in message
+
+
+def test_reading_results_needs_no_write_access(monkeypatch, tmp_path):
+    folder = tmp_path / "ro"
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(folder))
+    results.record("14", "baseline", median_ms=1.0)
+    paths._writable.clear()
+
+    def no_write(path):
+        raise SettingError(f"the results folder {path} cannot be written")
+
+    monkeypatch.setattr(paths, "_ensure_writable", no_write)  # root writes through chmod: refuse every write
+    assert len(leaderboard.load(include_reference=False)) == 1
+    assert len(results.load_results()) == 1

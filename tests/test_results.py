@@ -1,7 +1,30 @@
+"""results.record, load_results and machine_label: the rows written, read back and labelled.
+
+results.record and paths.append_text pinned: each timing column comes from the right statistic, and a planted
+race (many processes appending at once, each slow between looking at the file and writing) gives one header and
+intact lines only because of the file lock.
+
+Odd results files lose nothing they need not (issue 24): a NUL byte, a zeroed tail left by a crash, a note over
+the csv field limit, spreadsheet re-saves (cp1252, semicolons, a BOM), spreadsheet formulas in notes (neutralized on
+disk, shown unchanged), and machine labels (install ids of cloned VMs, the machine fingerprint)."""
+
+from __future__ import annotations
+
+import csv
+import io
+import multiprocessing as mp
+import os
+import time
+import warnings
+from pathlib import Path
+
+import pandas as pd
 import pytest
 
+from course_utils.measuring import timing
 from course_utils.measuring.timing import Measurement
-from course_utils.show import machine_label, results
+from course_utils.show import leaderboard, machine_label, results
+from course_utils.supply import paths
 
 
 def test_record_appends_rows_with_machine_fields():
@@ -281,3 +304,277 @@ def test_an_install_id_path_that_is_a_folder_names_the_file():
     path.mkdir()
     with pytest.raises(CourseError, match=r"\.install_id.*Remove it"):
         results.record("99", "t", median_ms=1.0)
+
+
+def test_record_fills_each_timing_column_from_its_statistic():
+    m = timing.Measurement(times_ms=[float(x) for x in range(101)], device="cpu", batch_size=4)
+    row = results.record("01", "known", model="m", measurement=m)
+    assert (row["median_ms"], row["p90_ms"], row["batch_size"], row["device"]) == (50.0, 90.0, 4, "cpu")
+    assert row["throughput"] == pytest.approx(80.0)
+    df = pd.read_csv(results.results_dir() / f"{row['machine']}.csv")
+    assert list(df.columns) == results.COLUMNS
+    got = df.iloc[0]
+    assert (got["median_ms"], got["p90_ms"], got["batch_size"], got["throughput"]) == (50.0, 90.0, 4, 80.0)
+    assert (got["lesson"], got["technique"], got["model"]) == (1, "known", "m")
+
+
+def test_explicit_values_win_over_the_measurement():
+    m = timing.Measurement(times_ms=[1.0, 2.0, 3.0], device="cpu", batch_size=2)
+    row = results.record(
+        "01",
+        "x",
+        measurement=m,
+        median_ms=7.0,
+        p90_ms=9.0,
+        throughput=5.0,
+        batch_size=3,
+        device="cuda",
+        speedup_vs_baseline=1.5,
+        error_vs_baseline=0.01,
+    )
+    assert (row["median_ms"], row["p90_ms"], row["throughput"], row["batch_size"], row["device"]) == (
+        7.0,
+        9.0,
+        5.0,
+        3,
+        "cuda",
+    )
+    assert (row["speedup_vs_baseline"], row["error_vs_baseline"]) == (1.5, 0.01)
+    row = results.record("01", "y", median_ms=2.0)
+    assert row["p90_ms"] is None and row["throughput"] is None and row["batch_size"] is None
+
+
+N_PROCS, N_LINES, LINE_LEN = 6, 12, 20_000
+
+
+def _writer(path: str, who: int, barrier) -> None:
+    barrier.wait()
+    for k in range(N_LINES):
+        body = f"{who:02d}-{k:03d}:" + chr(ord("a") + who) * LINE_LEN + "\n"
+
+        def text(empty: bool, body: str = body) -> str:
+            time.sleep(0.01)  # slow between looking at the file and writing: a race shows without the lock
+            return ("HEADER\n" + body) if empty else body
+
+        paths.append_text(Path(path), text)
+
+
+def test_append_text_lock_survives_a_planted_race(tmp_path):
+    target = tmp_path / "shared.csv"
+    ctx = mp.get_context("fork" if "fork" in mp.get_all_start_methods() else "spawn")
+    barrier = ctx.Barrier(N_PROCS)
+    procs = [ctx.Process(target=_writer, args=(str(target), i, barrier)) for i in range(N_PROCS)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(120)
+    assert all(p.exitcode == 0 for p in procs), [p.exitcode for p in procs]
+    lines = target.read_text().split("\n")
+    assert lines[-1] == "", "the file ends with a newline"
+    lines = lines[:-1]
+    assert lines.count("HEADER") == 1 and lines[0] == "HEADER", (
+        f"{lines.count('HEADER')} header lines: the empty-file check and the write must happen under one lock"
+    )
+    body = lines[1:]
+    assert len(body) == N_PROCS * N_LINES
+    for line in body:
+        who = int(line[:2])
+        assert line[7:] == chr(ord("a") + who) * LINE_LEN, f"a torn or interleaved line: {line[:30]}..."
+    assert sorted(body) == sorted(
+        f"{w:02d}-{k:03d}:" + chr(ord("a") + w) * LINE_LEN for w in range(N_PROCS) for k in range(N_LINES)
+    )
+
+
+def test_append_text_holds_an_exclusive_lock_while_writing(tmp_path, monkeypatch):
+    fcntl = pytest.importorskip("fcntl")
+    target = tmp_path / "f.txt"
+    seen = []
+
+    def text(empty: bool) -> str:
+        # another descriptor on the same file cannot take the lock while append_text writes
+        fd = os.open(target, os.O_RDONLY)
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                seen.append("free")
+            except BlockingIOError:
+                seen.append("held")
+        finally:
+            os.close(fd)
+        return "x\n"
+
+    paths.append_text(target, text)
+    assert seen == ["held"]
+    fd = os.open(target, os.O_RDONLY)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released afterwards
+    finally:
+        os.close(fd)
+
+
+def test_writers_killed_at_random_lose_no_complete_row(tmp_path):
+    """4 writers appending rows with long quoted notes, killed at random moments (in 1 round of 3 one of them
+    mid-row, holding the lock), 100 rounds into one file (tests/results_writers.py): every row whose record()
+    returned loads, exactly as recorded, once."""
+    import subprocess
+    import sys
+    import warnings
+
+    from tests.results_writers import note
+
+    folder, done = tmp_path / "results", tmp_path / "done.txt"
+    done.write_text("")
+    env = dict(os.environ, PYTHONPATH=str(paths.REPO_ROOT), OMP_NUM_THREADS="1")
+    cmd = [sys.executable, "-m", "tests.results_writers", str(folder), str(done), "100", "20261201"]
+    subprocess.run(cmd, cwd=paths.REPO_ROOT, env=env, check=True, timeout=300)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a row torn by the last round's kills is reported; what matters is what loads
+        df = results.load_results(sorted(folder.glob("*.csv")))
+    names = list(df["technique"])
+    assert len(names) == len(set(names)), "a row was loaded twice"
+    damaged = [name for name, text in zip(df["technique"], df["notes"], strict=True) if text != note(name)]
+    assert not damaged, f"rows loaded with a damaged note: {damaged[:3]}"
+    lost = sorted(set(done.read_text().split()) - set(names))
+    assert not lost, f"{len(lost)} complete row(s) lost, e.g. {lost[:3]}"
+    assert len(names) > 100 and (folder / "killed-writers.csv.torn").stat().st_size > 0  # rows were torn, and cut
+
+
+def _eight_rows() -> Path:
+    for i in range(8):
+        results.record("99", f"t{i}", model="m", dtype="fp32", batch_size=1, median_ms=1.0 + i, notes=f"row {i}")
+    return next(results.results_dir().glob("*.csv"))
+
+
+def test_a_nul_byte_in_a_note_loses_one_line_not_the_file():
+    path = _eight_rows()
+    lines = path.read_text().splitlines(keepends=True)
+    lines[3] = lines[3].replace("row 2", "row\x00 2")  # line 4 of the file: the third row
+    path.write_text("".join(lines))
+    with pytest.warns(UserWarning, match=r"skipped 1 malformed row.*line 4: NUL bytes"):
+        df = results.load_results()
+    assert sorted(df["technique"]) == [f"t{i}" for i in range(8) if i != 2]
+
+
+def test_a_zeroed_tail_left_by_a_crash_keeps_earlier_and_later_rows():
+    path = _eight_rows()
+    with open(path, "ab") as fh:  # a crash left a block of zeros where the next row should be
+        fh.write(b"\x00" * 4096)
+    with pytest.warns(UserWarning, match=r"the last 4096 bytes of .* were a row cut short"):  # cut before appending
+        results.record("99", "after-the-crash", median_ms=9.0)
+    results.record("99", "later-still", median_ms=9.5, notes="also \x00 kept (NUL stripped on write)")
+    df = results.load_results()
+    assert len(df) == 10
+    assert list(df["technique"])[-2:] == ["after-the-crash", "later-still"]
+    assert df["notes"].iloc[-1] == "also  kept (NUL stripped on write)"
+
+
+def test_a_note_over_the_csv_field_limit_loses_nothing():
+    big = "x" * 200_000  # the csv module's default field limit is 131,072 characters
+    results.record("99", "before", median_ms=1.0)
+    with pytest.warns(UserWarning, match="recorded its first 32000"):
+        row = results.record("99", "long-note", median_ms=2.0, notes=big)
+    assert len(row["notes"]) < 32_100
+    results.record("99", "after", median_ms=3.0)
+    path = next(results.results_dir().glob("*.csv"))
+    with open(path, "a") as fh:  # a file written by an older course version, with the whole note
+        fh.write(path.read_text().splitlines()[2].replace(row["notes"], big) + "\n")
+    results.record("99", "after-the-old-row", median_ms=4.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        df = results.load_results()
+    assert list(df["technique"]) == ["before", "long-note", "after", "long-note", "after-the-old-row"]
+    assert len(df["notes"].iloc[3]) == 200_000
+    assert csv.field_size_limit() == 131_072  # the global limit is restored
+
+
+def test_cloned_vms_with_the_same_install_id_file_get_distinct_labels(tmp_path, monkeypatch):
+    image = tmp_path / "image-results"
+    image.mkdir()
+    (image / ".install_id").write_text("abc123\n")  # an older course's file, baked into the VM image
+    pooled = tmp_path / "pooled"
+    pooled.mkdir()
+    for n, who in enumerate(("vm1", "vm2", "vm3")):
+        folder = tmp_path / who
+        folder.mkdir()
+        (folder / ".install_id").write_bytes((image / ".install_id").read_bytes())  # the clone's copy
+        monkeypatch.setattr(machine_label, "machine_fingerprint", lambda who=who: f"machine-id-of-{who}")
+        monkeypatch.setenv("COURSE_RESULTS_DIR", str(folder))
+        row = results.record("14", "baseline", model="m", dtype="fp32", batch_size=1, median_ms=1.0 + n)
+        assert machine_label.install_id(folder) == machine_label.install_id(folder)  # stable on its own machine
+        for f in folder.glob("*.csv"):
+            (pooled / f.name).write_bytes(f.read_bytes())
+        assert row["machine"].endswith(machine_label.install_id(folder))
+    df = leaderboard.load(pooled, include_reference=False)
+    assert df["label"].nunique() == 3
+    assert len(leaderboard.leaderboard(df, lesson="14").columns) == 3
+
+
+def test_install_id_is_renewed_when_the_machine_changes_and_kept_otherwise(tmp_path, monkeypatch):
+    monkeypatch.setattr(machine_label, "machine_fingerprint", lambda: "one")
+    first = machine_label.install_id(tmp_path)
+    assert machine_label.install_id(tmp_path) == first
+    assert (tmp_path / ".install_id").read_text().split() == [first, "one"]
+    monkeypatch.setattr(machine_label, "machine_fingerprint", lambda: "a-clone")
+    second = machine_label.install_id(tmp_path)
+    assert second != first and machine_label.install_id(tmp_path) == second
+
+
+def test_machine_fingerprint_is_stable_and_file_safe():
+    fp = machine_label.machine_fingerprint()
+    assert fp == machine_label.machine_fingerprint() and len(fp) == 16 and fp.isalnum()
+
+
+FORMULAS = ['=HYPERLINK("http://x","click")', "+1+2", "-2+3", "@SUM(A1)", "\t=1", "'=already", "\r\n=1"]
+
+
+def test_formulas_are_neutralized_on_disk_and_shown_unchanged():
+    for i, note in enumerate(FORMULAS):
+        results.record("99", f"t{i}", model=note, median_ms=1.0, notes=note)
+    path = next(results.results_dir().glob("*.csv"))
+    rows = list(csv.DictReader(io.StringIO(path.read_bytes().decode(), newline="")))
+    for row in rows:  # what a spreadsheet sees: no cell starts with a formula character
+        for col in ("notes", "model"):
+            assert not row[col].startswith(("=", "+", "-", "@", "\t", "\r")), row[col]
+            assert row[col].startswith(("'", "\n"))  # a leading line end is no formula
+    assert pd.read_csv(path)["median_ms"].tolist() == [1.0] * len(FORMULAS)  # still a plain CSV for pandas
+    shown = [f.replace("\r\n", "\n") for f in FORMULAS]  # a lone CR would split the row: line ends become LF
+    df = results.load_results()
+    assert df["notes"].tolist() == shown and df["model"].tolist() == shown  # the course's views: unchanged
+    board = leaderboard.load(include_reference=False)
+    assert sorted(board["notes"]) == sorted(shown)
+
+
+@pytest.mark.parametrize("text", ["plain", "", "'quoted", "a=b", "''=x", "-", "3-2"])
+def test_neutralize_round_trips(text):
+    assert results.unneutralize(results.neutralize(text)) == text
+
+
+def _one_good_file(tmp_path: Path) -> Path:
+    results.record("14", "baseline", model="m", median_ms=1.5, notes="café")
+    return next(results.results_dir().glob("*.csv"))
+
+
+def test_cp1252_file_is_skipped_naming_the_encoding(tmp_path):
+    good = _one_good_file(tmp_path)
+    bad = tmp_path / "ansi.csv"
+    bad.write_bytes(good.read_text().encode("cp1252"))
+    with pytest.warns(UserWarning, match=r"ansi.csv: cannot be read .*not UTF-8 .*cp1252.*CSV UTF-8"):
+        df = results.load_results([good, bad])
+    assert len(df) == 1
+
+
+def test_semicolon_file_is_skipped_naming_the_separator(tmp_path):
+    good = _one_good_file(tmp_path)
+    bad = tmp_path / "semicolons.csv"
+    pd.read_csv(good).to_csv(bad, sep=";", decimal=",", index=False)
+    with pytest.warns(UserWarning, match=r"semicolons.csv: cannot be read .*separated by ';'"):
+        df = results.load_results([good, bad])
+    assert len(df) == 1
+
+
+def test_a_spreadsheet_utf8_file_with_bom_loads(tmp_path):
+    good = _one_good_file(tmp_path)
+    bom = tmp_path / "bom.csv"
+    bom.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())
+    df = results.load_results([bom])
+    assert df["lesson"].tolist() == ["14"] and df["notes"].tolist() == ["café"]

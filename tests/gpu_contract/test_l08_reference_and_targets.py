@@ -1,4 +1,5 @@
-"""Lesson 08's GPU-path fixes (issue 20), checked on the CPU: each test fails on the code before the fix.
+"""Lesson 08's FP32 reference and ResNet-50 targets, checked on the CPU: each trap of issue 20 as a test that fails
+on the code before the fix.
 
 * in-place ``.half()``/``.float()``/``.cuda()`` on a model still used as the FP32 reference (``source_traps``);
 * ``eng, _ = load_or_build(...)`` overwriting the module alias the lesson's own functions use;
