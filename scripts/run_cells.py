@@ -106,4 +106,10 @@ if __name__ == "__main__":
     if len(args) != 1:
         print(__doc__)
         sys.exit(2)
-    sys.exit(run(Path(args[0]).resolve(), stop))
+    lesson = Path(args[0])
+    if not lesson.exists() and (Path(__file__).resolve().parent.parent / "lessons" / lesson).exists():
+        lesson = Path(__file__).resolve().parent.parent / "lessons" / lesson  # a bare name: the lesson of that name
+    if not lesson.is_file():
+        print(f"no lesson file {args[0]}: give a path, or a name in lessons/ such as 03_batching.py", file=sys.stderr)
+        sys.exit(2)
+    sys.exit(run(lesson.resolve(), stop))
