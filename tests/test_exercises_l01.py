@@ -19,12 +19,16 @@ from course_utils.check.lesson_exercises.l01 import SLOW_MS, FakeAsyncDevice
 verdict = exercises.verdict
 
 
-def report(times):
+def report(times, **override):
+    """The timer's result dict from ``times`` (ms); ``override`` plants a wrong field."""
     p50, p90 = np.percentile(times, [50, 90])
-    return {"times_ms": list(times), "p50_ms": float(p50), "p90_ms": float(p90), "max_ms": max(times)}
+    out = {"times_ms": list(times), "p50_ms": float(p50), "p90_ms": float(p90), "max_ms": max(times)}
+    out.update(override)
+    return out
 
 
-def good(fn, synchronize, warmup=5, repeats=30):
+def timed_calls(fn, synchronize, warmup, repeats):
+    """The correct loop: warm up, synchronize, then time each call up to its synchronize (ms)."""
     for _ in range(warmup):
         fn()
     synchronize()
@@ -34,7 +38,11 @@ def good(fn, synchronize, warmup=5, repeats=30):
         fn()
         synchronize()
         out.append((time.perf_counter() - t0) * 1000)
-    return report(out)
+    return out
+
+
+def good(fn, synchronize, warmup=5, repeats=30):
+    return report(timed_calls(fn, synchronize, warmup, repeats))
 
 
 def no_sync(fn, synchronize, warmup=5, repeats=30):
@@ -241,50 +249,22 @@ def test_classify_rejects(wrong, message):
 PAD_S = (SLOW_MS / 3 + 20) / 1000  # above the checker's bound for an ordinary call, below its cold-call bound
 
 
-def _report(times, **override):
-    out = {
-        "times_ms": times,
-        "p50_ms": float(np.percentile(times, 50)),
-        "p90_ms": float(np.percentile(times, 90)),
-        "max_ms": max(times),
-    }
-    out.update(override)
-    return out
-
-
-def _times(fn, synchronize, warmup, repeats):
-    for _ in range(warmup):
-        fn()
-    synchronize()
-    out = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        synchronize()
-        out.append((time.perf_counter() - t0) * 1000)
-    return out
-
-
-def good_timer(fn, synchronize, warmup=5, repeats=30):
-    return _report(_times(fn, synchronize, warmup, repeats))
-
-
 def one_short(fn, synchronize, warmup=5, repeats=30):
-    return _report(_times(fn, synchronize, warmup, repeats)[1:])
+    return report(timed_calls(fn, synchronize, warmup, repeats)[1:])
 
 
 def p90_is_p95(fn, synchronize, warmup=5, repeats=30):
-    t = _times(fn, synchronize, warmup, repeats)
-    return _report(t, p90_ms=float(np.percentile(t, 95)) + 1.0)
+    t = timed_calls(fn, synchronize, warmup, repeats)
+    return report(t, p90_ms=float(np.percentile(t, 95)) + 1.0)
 
 
 def max_of_the_warm_calls(fn, synchronize, warmup=5, repeats=30):
-    t = _times(fn, synchronize, warmup, repeats)
-    return _report(t, max_ms=sorted(t)[-2] - 1.0)
+    t = timed_calls(fn, synchronize, warmup, repeats)
+    return report(t, max_ms=sorted(t)[-2] - 1.0)
 
 
 def time_once_and_repeat(fn, synchronize, warmup=5, repeats=30):
-    return _report(_times(fn, synchronize, warmup, 1) * repeats)
+    return report(timed_calls(fn, synchronize, warmup, 1) * repeats)
 
 
 def padded(fn, synchronize, warmup=5, repeats=30):
@@ -299,7 +279,7 @@ def padded(fn, synchronize, warmup=5, repeats=30):
         synchronize()
         time.sleep(PAD_S)
         out.append((time.perf_counter() - t0) * 1000)
-    return _report(out)
+    return report(out)
 
 
 @pytest.mark.parametrize(
@@ -318,4 +298,4 @@ def test_timer_checker_names_each_mistake(wrong, reason):
 
 
 def test_timer_checker_accepts_the_correct_timer():
-    assert exercises.verdict("01.timer", good_timer) == "accepted"
+    assert exercises.verdict("01.timer", good) == "accepted"
