@@ -18,7 +18,7 @@ from torch import nn
 
 from course_utils.check.compare import compare_outputs
 from course_utils.check.exercises import exercise
-from course_utils.check.lesson_exercises.observe import cases
+from course_utils.check.lesson_exercises.observe import Cases, cases
 
 WATERMARK = 1.002  # the checker's compiled graphs scale their output by this: eager results are told apart
 
@@ -71,11 +71,17 @@ def _compiled(model: nn.Module, counter: GraphCalls):
     return torch.compile(model, backend=counter, dynamic=False)
 
 
+def mark_dynamic_case(c: Cases) -> tuple[nn.Module, list[int], list[torch.Tensor]]:
+    """One call's case: a random MLP and 4-6 distinct batch sizes of 2-40 rows (fewer sizes than Dynamo's
+    recompile limit, so a plain loop compiles one graph per size; their sum is none of them)."""
+    model, width = _random_mlp(c)
+    sizes = c.rng.sample(range(2, 41), c.randint(4, 6))
+    return model, sizes, [c.randn(s, width) for s in sizes]
+
+
 def _check_mark_dynamic(fn: Callable[[Callable[..., torch.Tensor], list[torch.Tensor]], list[torch.Tensor]]) -> None:
     with cases("06.mark-dynamic") as c, _dynamo_config_restored(), torch.no_grad():
-        model, width = _random_mlp(c)
-        sizes = c.rng.sample(range(2, 41), c.randint(4, 6))
-        batches = [c.randn(s, width) for s in sizes]
+        model, sizes, batches = mark_dynamic_case(c)
         refs = [model(b) * WATERMARK for b in batches]  # what the compiled model returns
         counter = GraphCalls()
         compiled = _compiled(model, counter)
@@ -134,18 +140,26 @@ def serve(compiled: Callable[..., torch.Tensor], batches: list[torch.Tensor]) ->
     return outs
 
 
+def pad_case(c: Cases) -> tuple[nn.Module, int, torch.Tensor, list[torch.Tensor]]:
+    """One call's case: a random MLP, the captured batch ``size`` (4-12), the capture input, and three requests
+    in random order: fewer rows than ``size``, exactly ``size``, and more (up to 3 x ``size``)."""
+    model, width = _random_mlp(c)
+    size = c.randint(4, 12)
+    capture = c.randn(size, width)
+    rows = [c.randint(1, size - 1), size, c.randint(size + 1, 3 * size)]
+    return model, size, capture, [c.randn(n, width) for n in c.rng.sample(rows, len(rows))]
+
+
 def _check_pad(fn: Callable[[Callable[..., torch.Tensor], torch.Tensor, int], torch.Tensor]) -> None:
     with cases("06.pad-batch") as c, _dynamo_config_restored(), torch.no_grad():
-        model, width = _random_mlp(c)
-        size = c.randint(4, 12)
+        model, size, capture, requests = pad_case(c)
         counter = GraphCalls()
         compiled = _compiled(model, counter)
         try:
-            compiled(c.randn(size, width))  # "captured" for batch `size`: the one shape it may run at
+            compiled(capture)  # "captured" for batch `size`: the one shape it may run at
             counter.calls.clear()
-            requests = [c.randint(1, size - 1), size, c.randint(size + 1, 3 * size)]
-            for n in c.rng.sample(requests, len(requests)):
-                x = c.randn(n, width)
+            for x in requests:
+                n = x.shape[0]
                 ref = model(x) * WATERMARK  # what the compiled model returns
                 before = len(counter.calls)
                 try:
@@ -208,15 +222,21 @@ class _TwoInputs(nn.Module):
         return self.body(x) * mask
 
 
+def export_case(c: Cases) -> tuple[nn.Module, int, tuple[torch.Tensor, torch.Tensor], int]:
+    """One call's case: the (x, mask) model, its feature width, an example batch of 3 (a batch of 1 would be
+    specialized) and ``max_batch`` (40-200, above the usual small Dim ranges)."""
+    torch.manual_seed(c.seed)
+    features = c.randint(4, 12)
+    model = _TwoInputs(features, c.randint(8, 24), c.randint(2, 5)).eval()
+    max_batch = c.randint(40, 200)
+    return model, features, (c.randn(3, features), c.randn(3, 1).abs() + 0.5), max_batch
+
+
 def _check_export(fn: Callable[[nn.Module, tuple[torch.Tensor, torch.Tensor], int], object]) -> None:
     from torch.export import ExportedProgram
 
     with cases("06.export") as c, torch.no_grad():
-        torch.manual_seed(c.seed)
-        features = c.randint(4, 12)
-        model = _TwoInputs(features, c.randint(8, 24), c.randint(2, 5)).eval()
-        max_batch = c.randint(40, 200)
-        example = (c.randn(3, features), c.randn(3, 1).abs() + 0.5)
+        model, features, example, max_batch = export_case(c)
         try:
             ep = fn(model, example, max_batch)
         except NotImplementedError:
