@@ -8,6 +8,7 @@ wrong timer for its own named reason, so deleting that assertion fails this file
 
 from __future__ import annotations
 
+import sys
 import time
 
 import numpy as np
@@ -153,22 +154,22 @@ def test_correct_timer_passes():
     assert verdict("01.timer", exercises.get("01.timer").solution) == "accepted"
 
 
-@pytest.mark.parametrize(
-    "wrong, message",
-    [
-        (no_sync, "timed the launch"),
-        (sync_once_at_end, "timed the launch"),
-        (no_sync_before_loop, "synchronize() after the warm-up, before the timed loop"),
-        (no_warmup, "cold"),
-        (throughput, "all 20 of your times are equal"),
-        (one_call_copied, "all 20 of your times are equal"),
-        (sorted_times, "do not follow the calls"),
-        (seconds, "not seconds"),
-        (cpu_time, "not CPU time"),
-        (mean_for_median, "is not the 50th percentile"),
-        (list_only, "return a dict"),
-    ],
-)
+WRONG_TIMERS = [
+    (no_sync, "timed the launch"),
+    (sync_once_at_end, "timed the launch"),
+    (no_sync_before_loop, "synchronize() after the warm-up, before the timed loop"),
+    (no_warmup, "cold"),
+    (throughput, "all 20 of your times are equal"),
+    (one_call_copied, "all 20 of your times are equal"),
+    (sorted_times, "do not follow the calls"),
+    (seconds, "not seconds"),
+    (cpu_time, "not CPU time"),
+    (mean_for_median, "is not the 50th percentile"),
+    (list_only, "return a dict"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", WRONG_TIMERS)
 def test_wrong_timers_are_rejected(wrong, message):
     reason = verdict("01.timer", wrong)
     assert message in reason, reason
@@ -282,16 +283,16 @@ def padded(fn, synchronize, warmup=5, repeats=30):
     return report(out)
 
 
-@pytest.mark.parametrize(
-    "wrong, reason",
-    [
-        (one_short, "asked for repeats=10, got 9 times"),
-        (p90_is_p95, "is not the 90th percentile of your own times_ms"),
-        (max_of_the_warm_calls, "is not max(times_ms)"),
-        (time_once_and_repeat, "fn was called 4 times for warmup=3, repeats=12"),
-        (padded, "time only fn() and synchronize()"),
-    ],
-)
+NAMED_MISTAKES = [
+    (one_short, "asked for repeats=10, got 9 times"),
+    (p90_is_p95, "is not the 90th percentile of your own times_ms"),
+    (max_of_the_warm_calls, "is not max(times_ms)"),
+    (time_once_and_repeat, "fn was called 4 times for warmup=3, repeats=12"),
+    (padded, "time only fn() and synchronize()"),
+]
+
+
+@pytest.mark.parametrize("wrong, reason", NAMED_MISTAKES)
 def test_timer_checker_names_each_mistake(wrong, reason):
     got = exercises.verdict("01.timer", wrong)
     assert got != "accepted" and reason in got, got
@@ -299,3 +300,54 @@ def test_timer_checker_names_each_mistake(wrong, reason):
 
 def test_timer_checker_accepts_the_correct_timer():
     assert exercises.verdict("01.timer", good) == "accepted"
+
+
+REAL_TIME = time
+
+
+class SkippedSleeps:
+    """The ``time`` module with its sleeps skipped: ``sleep(s)`` returns at once and moves ``perf_counter`` on by
+    ``s``, so every call still reads the real clock (the microseconds a launch or a Python loop takes) plus
+    exactly the sleeps so far. CPU time (``process_time``) is the real one: a skipped sleep costs no CPU either."""
+
+    def __init__(self) -> None:
+        self.slept = 0.0
+
+    def perf_counter(self) -> float:
+        return REAL_TIME.perf_counter() + self.slept
+
+    def sleep(self, seconds: float) -> None:
+        self.slept += max(0.0, seconds)
+
+    def __getattr__(self, name: str):
+        return getattr(REAL_TIME, name)
+
+
+@pytest.fixture
+def skipped_sleeps(monkeypatch):
+    """The checker's workloads (its fake device, cold start, sleeping calls, torch.utils.benchmark's timer), the
+    reference and this file's timers all on one :class:`SkippedSleeps` clock."""
+    from course_utils.check.lesson_exercises import l01
+
+    clock = SkippedSleeps()
+    monkeypatch.setattr(l01, "time", clock)
+    monkeypatch.setattr(sys.modules[__name__], "time", clock)
+    return clock
+
+
+@pytest.mark.parametrize("wrong, message", WRONG_TIMERS + NAMED_MISTAKES)
+def test_timer_rejections_over_200_seeds(skipped_sleeps, wrong, message):
+    """Every wrong timer of this file, on seeds 0-199, with the checker's planted delays (slow calls at drawn
+    positions, cold calls, the warm-up's queue, the benchmark's sleep) exact instead of slept: the judgment reads
+    the durations only against the planted 3/120/250 ms, never against the wall clock, so each seed's case is
+    judged as in the full check, minus a loaded machine's late wake-ups (the tests above run the real sleeps)."""
+    for seed in range(200):
+        reason = verdict("01.timer", wrong, seed=seed)
+        assert reason != "accepted" and message in reason, (seed, reason)
+    assert skipped_sleeps.slept > 0
+
+
+def test_timer_accepts_the_reference_and_the_correct_loop_over_200_seeds(skipped_sleeps):
+    for seed in range(200):
+        assert verdict("01.timer", good, seed=seed) == "accepted", seed
+        assert verdict("01.timer", exercises.get("01.timer").solution, seed=seed) == "accepted", seed
