@@ -6,6 +6,8 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from course_utils.check import exercises
+from course_utils.check.lesson_exercises import l02
+from course_utils.check.lesson_exercises.observe import Cases
 
 
 def checker(key):
@@ -59,32 +61,101 @@ def self_time_with_cuda_key(fn):  # sorts by device time: zero on a CPU, so the 
     return max(_events(fn), key=lambda e: e.self_device_time_total).key
 
 
-@pytest.mark.parametrize(
-    "wrong, message",
-    [
-        (top_by_total, "record_function range"),
-        (top_including_ranges, "record_function range"),
-        (top_by_count, "most self CPU time"),
-        (hard_coded, "never ran under the profiler"),
-        (from_name, "never ran under the profiler"),
-        (no_profile, "never ran under the profiler"),
-        (in_a_thread, "started a thread"),
-        (self_time_with_cuda_key, "most self CPU time"),
-    ],
-)
+def matmul_total(fn):
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    ops = [e for e in prof.key_averages() if not e.is_user_annotation]
+    return max(ops, key=lambda e: e.cpu_time_total).key
+
+
+def profiles_then_guesses(fn):  # profiles (so the workload ran under the profiler), then answers from a table
+    with profile(activities=[ProfilerActivity.CPU]):
+        fn()
+    return "aten::mm"
+
+
+WRONG_READINGS = [
+    (top_by_total, "record_function range"),
+    (top_including_ranges, "record_function range"),
+    (top_by_count, "most self CPU time"),
+    (hard_coded, "never ran under the profiler"),
+    (from_name, "never ran under the profiler"),
+    (no_profile, "never ran under the profiler"),
+    (in_a_thread, "started a thread"),
+    (self_time_with_cuda_key, "most self CPU time"),
+    (matmul_total, "*total* CPU time"),
+    (profiles_then_guesses, "the operator with the most self CPU time is"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", WRONG_READINGS, ids=[f.__name__ for f, _ in WRONG_READINGS])
 def test_top_op_rejects_wrong_readings(wrong, message):
+    """The full checker, on one fresh seed per run."""
     reason = exercises.verdict("02.top-op", wrong)
     assert message in reason, reason
 
 
-def test_top_op_names_the_total_time_mistake():
-    def matmul_total(fn):
-        with profile(activities=[ProfilerActivity.CPU]) as prof:
-            fn()
-        ops = [e for e in prof.key_averages() if not e.is_user_annotation]
-        return max(ops, key=lambda e: e.cpu_time_total).key
+def _readings(answer):
+    """The answer's reading of each workload a seed can draw: kind x count of minor ops (the name aside)."""
+    readings = {}
+    for kind in ("mm-in-range", "add", "mul", "cumsum"):
+        for minor in range(4, 9):
+            work, _, seen = l02.workload(kind, minor, f"workload_{minor}000")
+            try:
+                readings[kind, minor] = (l02.run_top_op(answer, work), seen)
+            except AssertionError as exc:
+                readings[kind, minor] = (exc, seen)
+    return readings
 
-    assert "*total* CPU time" in exercises.verdict("02.top-op", matmul_total)
+
+def _judged(readings, seed):
+    """The checker's judgment of seed ``seed``'s two workloads from the readings (what the answer returned)."""
+    runs = []
+    for kind, minor, name in l02.draw_top_op(Cases(seed)):
+        got, seen = readings[kind, minor]
+        if isinstance(got, AssertionError):
+            return str(got)
+        runs.append((name, l02.workload(kind, minor, name)[1], got, seen))
+    try:
+        l02.judge_top_op(runs)
+    except AssertionError as exc:
+        return str(exc)
+    return "accepted"
+
+
+@pytest.mark.parametrize("wrong, message", WRONG_READINGS, ids=[f.__name__ for f, _ in WRONG_READINGS])
+def test_top_op_rejects_wrong_readings_on_200_seeds(wrong, message):
+    """Each seed's draw (the order, the second kind, the counts of minor ops, the names) judged by the checker's
+    own judge_top_op. A full call costs ~70 ms (the workloads themselves), so the answer reads each of the 20
+    workloads a seed can draw once, and each seed is judged from those readings; the answers that read the
+    workload's name (from_name) or stop before running it (a thread) run the full checker on every seed."""
+    if wrong in (from_name, in_a_thread):
+        for seed in range(200):
+            reason = exercises.verdict("02.top-op", wrong, seed=seed)
+            assert message in reason and f"seed {seed}" in reason, (seed, reason)
+        return
+    readings = _readings(wrong)
+    for seed in range(200):
+        reason = _judged(readings, seed)
+        assert message in reason, (seed, reason)
+
+
+def top_of_sorted_events(fn):  # right too: sort the operators, skip ranges by hand
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    rows = sorted(prof.key_averages(), key=lambda e: e.self_cpu_time_total, reverse=True)
+    return next(e.key for e in rows if not e.is_user_annotation and not e.key.startswith("ProfilerStep"))
+
+
+def test_top_op_accepts_right_readings_on_200_seeds():
+    """The reference and an alternative judged on each of 200 seeds' draws (from their readings of the 20
+    workloads, as above), and the full checker on a few seeds."""
+    for fn in (exercises.get("02.top-op").solution, top_of_sorted_events):
+        readings = _readings(fn)
+        bad = {s: v for s in range(200) if (v := _judged(readings, s)) != "accepted"}
+        assert not bad, (fn.__name__, bad)
+        bad = {s: v for s in range(3) if (v := exercises.verdict("02.top-op", fn, seed=s)) != "accepted"}
+        assert not bad, (fn.__name__, bad)
 
 
 def per_image_loop(images):
@@ -225,13 +296,3 @@ def test_reference_solutions_pass():
         assert exercises.verdict(key, exercises.get(key).solution) == "accepted", key
     for seed in range(200):
         assert exercises.verdict("02.one-sync", exercises.get("02.one-sync").solution, seed=seed) == "accepted"
-
-
-def profiles_then_guesses(fn):  # profiles (so the workload ran under the profiler), then answers from a table
-    with profile(activities=[ProfilerActivity.CPU]):
-        fn()
-    return "aten::mm"
-
-
-def test_top_op_rejects_a_fixed_answer_after_profiling():
-    assert "the operator with the most self CPU time is" in exercises.verdict("02.top-op", profiles_then_guesses)

@@ -189,15 +189,26 @@ def postprocess_batched(logits: torch.Tensor) -> list[tuple[int, float]]:
     return list(zip(label.cpu().tolist(), conf.cpu().tolist(), strict=True))
 
 
-def _workload(c: Cases, kind: str) -> tuple[Callable[[], None], str, list[bool]]:
-    """A workload drawn at random: one operator dominates its self CPU time by far (several times the others).
+def draw_top_op(c: Cases) -> list[tuple[str, int, str]]:
+    """What a seed draws: two workloads in random order, ``mm-in-range`` and one of add/mul/cumsum (no fixed answer
+    fits both), each as (kind, count of cheap minor ops, random function name)."""
+    kinds = ["mm-in-range", c.choice(["add", "mul", "cumsum"])]
+    c.rng.shuffle(kinds)
+    drawn = []
+    for kind in kinds:
+        minor = c.randint(4, 8)  # few calls: a loaded machine's pauses rarely land in them
+        drawn.append((kind, minor, f"workload_{c.randint(1000, 9999)}"))
+    return drawn
 
-    Returns the workload (with a random name), the dominant operator, and a list that records, per call, whether
+
+def workload(kind: str, minor: int, name: str) -> tuple[Callable[[], None], str, list[bool]]:
+    """A drawn workload: one operator dominates its self CPU time by far (several times the others).
+
+    Returns the workload (named ``name``), the dominant operator, and a list that records, per call, whether
     a profiler was recording (an answer must profile the call, not guess from the code or the name).
     """
     a, small = torch.full((320, 320), 0.5), torch.ones(8)
     x, out = torch.ones(200_000), torch.empty(200_000)
-    minor = c.randint(4, 8)  # few calls: a loaded machine's pauses rarely land in them
     seen: list[bool] = []
 
     def work() -> None:
@@ -230,42 +241,50 @@ def _workload(c: Cases, kind: str) -> tuple[Callable[[], None], str, list[bool]]
                 for _ in range(8):
                     a @ a  # the operator with the most self time, far less than the loop
 
-    work.__name__ = work.__qualname__ = f"workload_{c.randint(1000, 9999)}"
+    work.__name__ = work.__qualname__ = name
     want = {"mm": "aten::mm", "mm-in-range": "aten::mm", "add": "aten::add", "mul": "aten::mul",
             "cumsum": "aten::cumsum"}[kind]  # fmt: skip
     return work, want, seen
 
 
+def run_top_op(fn: Callable[[Callable[[], object]], str], work: Callable[[], None]) -> str:
+    """The answer's reading of one workload (no thread may start; the answer must be a string)."""
+    with _no_threads("top_self_cpu_op"):
+        got = fn(work)
+    assert isinstance(got, str), f"return the operator's name as a string (got {type(got).__name__})"
+    return got
+
+
+def judge_top_op(runs: list[tuple[str, str, str, list[bool]]]) -> None:
+    """The judgment of the answer's readings: (workload name, dominant operator, answer, profiler seen) per run."""
+    # the most telling mistake first, so the reason does not depend on the order the workloads came in
+    assert all(any(seen) for *_, seen in runs), (
+        "the workload never ran under the profiler: profile one call of fn() with torch.profiler.profile and "
+        "read prof.key_averages(); the answer cannot be read from the function's name or code"
+    )
+    if any(got == "python loop" for _, _, got, _ in runs):
+        raise AssertionError(
+            "'python loop' is a record_function range, not an operator: its self time is Python time "
+            "between operators. Skip ranges (event.is_user_annotation) and ProfilerStep rows"
+        )
+    for _name, want, got, _ in runs:
+        if got in ("aten::matmul", "aten::linear") and want == "aten::mm":
+            raise AssertionError(f"'{got}' has the most *total* CPU time (its child aten::mm does the work): "
+                                 "sort by self_cpu_time_total")  # fmt: skip
+    for name, want, got, _ in runs:
+        assert got == want, (
+            f"{name}: the operator with the most self CPU time is '{want}', you returned "
+            f"'{got}'. Profile fn() and take the max of self_cpu_time_total over prof.key_averages()"
+        )
+
+
 def _check_top_op(fn: Callable[[Callable[[], object]], str]) -> None:
     with cases("02.top-op") as c:
-        kinds = ["mm-in-range", c.choice(["add", "mul", "cumsum"])]  # no fixed answer fits both
-        c.rng.shuffle(kinds)
         runs = []
-        for kind in kinds:
-            work, want, seen = _workload(c, kind)
-            with _no_threads("top_self_cpu_op"):
-                got = fn(work)
-            assert isinstance(got, str), f"return the operator's name as a string (got {type(got).__name__})"
-            runs.append((work, want, got, seen))
-        # the most telling mistake first, so the reason does not depend on the order the workloads came in
-        assert all(any(seen) for *_, seen in runs), (
-            "the workload never ran under the profiler: profile one call of fn() with torch.profiler.profile and "
-            "read prof.key_averages(); the answer cannot be read from the function's name or code"
-        )
-        if any(got == "python loop" for _, _, got, _ in runs):
-            raise AssertionError(
-                "'python loop' is a record_function range, not an operator: its self time is Python time "
-                "between operators. Skip ranges (event.is_user_annotation) and ProfilerStep rows"
-            )
-        for _work, want, got, _ in runs:
-            if got in ("aten::matmul", "aten::linear") and want == "aten::mm":
-                raise AssertionError(f"'{got}' has the most *total* CPU time (its child aten::mm does the work): "
-                                     "sort by self_cpu_time_total")  # fmt: skip
-        for work, want, got, _ in runs:
-            assert got == want, (
-                f"{work.__name__}: the operator with the most self CPU time is '{want}', you returned "
-                f"'{got}'. Profile fn() and take the max of self_cpu_time_total over prof.key_averages()"
-            )
+        for kind, minor, name in draw_top_op(c):
+            work, want, seen = workload(kind, minor, name)
+            runs.append((name, want, run_top_op(fn, work), seen))
+        judge_top_op(runs)
 
 
 @exercise(
