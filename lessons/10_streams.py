@@ -348,12 +348,17 @@ cu.exercises.check("10.double-buffer", double_buffered)
 
 # %% [markdown]
 # ## The double-buffered loop
-# One solution, used by the GPU sections below. Besides the events: the buffers are allocated on the caller's
-# stream, so both side streams first wait for it (`wait_stream`) before they touch them; and the outputs were
-# allocated on the compute stream and are read on the caller's stream: `record_stream` again.
+# One solution, used by the GPU sections below and as the exercise's reference (`cu.exercises.show_solution`
+# prints it; the cell is exported to `course_utils/from_lessons/l10_streams.py`). Besides the events: the buffers
+# are allocated on the caller's stream, so both side streams first wait for it (`wait_stream`) before they touch
+# them; and the outputs were allocated on the compute stream and are read on the caller's stream: `record_stream`
+# again.
 
 
-# %% tags=["contract"]
+# %% tags=["contract", "export"]
+import torch
+
+
 def double_buffered_loop(model, chunks, device):
     """Copy into two reused device buffers on a copy stream; compute on a compute stream; events order them."""
     dm = torch.get_device_module(device)

@@ -29,6 +29,7 @@ from torch.overrides import TorchFunctionMode
 from course_utils.check.exercises import exercise
 from course_utils.check.lesson_exercises.observe import cases, forbid
 from course_utils.fakegpu.streamcheck import FakeEvent, FakeStream, RecordingDevice, describe
+from course_utils.from_lessons.l10_streams import double_buffered_loop
 
 Loop = Callable[[torch.nn.Module, Sequence[torch.Tensor], str], list[torch.Tensor]]
 
@@ -198,7 +199,8 @@ class _HostWaits(TorchFunctionMode):
             FakeEvent.query, FakeStream.query = saved  # type: ignore[method-assign]
 
 
-@exercise(
+# The reference is lesson 10's own loop (exported from its cell, one copy): the lesson shows it after the exercise.
+double_buffered = exercise(
     "10.double-buffer",
     "Two streams (dm.Stream()), two buffers allocated once, then copy_s.wait_stream(caller) and "
     "comp_s.wait_stream(caller); per chunk i: on the copy stream wait for the event compute i-2 recorded, copy_ "
@@ -206,29 +208,4 @@ class _HostWaits(TorchFunctionMode):
     "out.record_stream(caller) unless isinstance(caller, torch.cpu.Stream); finally caller.wait_stream(comp_s).",
     _check_double_buffer,
     time_limit=60,
-)
-def double_buffered(model: torch.nn.Module, chunks: Sequence[torch.Tensor], device: str) -> list[torch.Tensor]:
-    dm = torch.get_device_module(device)
-    copy_s, comp_s, caller = dm.Stream(), dm.Stream(), dm.current_stream()
-    bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]
-    copy_s.wait_stream(caller)  # the buffers were allocated on the caller's stream
-    comp_s.wait_stream(caller)
-    copied = [dm.Event() for _ in range(2)]
-    freed = [dm.Event() for _ in range(2)]
-    outs = []
-    for i, chunk in enumerate(chunks):
-        k = i % 2
-        with dm.stream(copy_s):
-            if i >= 2:
-                copy_s.wait_event(freed[k])
-            bufs[k].copy_(chunk, non_blocking=True)
-            copied[k].record(copy_s)
-        with dm.stream(comp_s):
-            comp_s.wait_event(copied[k])
-            out = model(bufs[k])
-            freed[k].record(comp_s)
-        if not isinstance(caller, torch.cpu.Stream):
-            out.record_stream(caller)  # made on comp_s, read on the caller's stream
-        outs.append(out)
-    caller.wait_stream(comp_s)
-    return outs
+)(double_buffered_loop)
