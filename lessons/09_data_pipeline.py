@@ -28,24 +28,14 @@ device = cu.lesson.start("09", "Data pipeline")
 # %%
 import os
 import time
-from pathlib import Path
 
 import matplotlib.pyplot as plt
 import pandas as pd
 import torch
-import torchvision.transforms.v2.functional as F
 from IPython.display import display
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 from course_utils.techniques import pipeline
-
-try:
-    from torchcodec.decoders import decode_jpeg
-except ImportError:  # no TorchCodec here (the lent GPU machine has none): the same call on torchvision.io's decoder
-
-    def decode_jpeg(raw, mode="RGB", device="cpu"):
-        return pipeline.decode_jpeg(raw, device)
-
 
 SIZE = cu.pick(full=224, smoke=64)  # model input resolution
 N_IMAGES = cu.pick(full=64, smoke=16)  # the shipped photos, repeated
@@ -65,33 +55,56 @@ print(
 # since torchvision 0.29), resize with antialiasing, then scale to [0, 1] and normalize with the ImageNet mean
 # and standard deviation. With `normalize=False` it stops at the resized uint8 image (used on the GPU below).
 
-# %%
+# %% tags=["export"]
+from pathlib import Path
+
+import torch  # noqa: F811 - an exported cell carries its own imports
+import torchvision.transforms.v2.functional as F
+from torch.utils.data import Dataset
+
+try:
+    from torchcodec.decoders import decode_jpeg
+except ImportError:  # no TorchCodec here (the lent GPU machine has none): the same call on torchvision.io's decoder
+    from course_utils.techniques import pipeline
+
+    def decode_jpeg(raw, mode="RGB", device="cpu"):
+        return pipeline.decode_jpeg(raw, device)
+
+
 MEAN, STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 
 
 class PhotoDataset(Dataset):
+    """The photos in `paths` repeated to `n` samples; item i = (image, label = which photo)."""
+
     def __init__(self, paths, n: int, size: int, normalize: bool = True):
+        if n < 1 or not paths:
+            raise ValueError(f"PhotoDataset needs n >= 1 and some paths (got n={n}, {len(paths)} paths)")
         self.paths, self.n, self.size, self.normalize = [str(p) for p in paths], n, size, normalize
 
     def __len__(self) -> int:
         return self.n
 
+    def raw(self, i: int) -> torch.Tensor:
+        """The encoded JPEG bytes of sample i, as a uint8 tensor (what GPU decoding starts from)."""
+        return torch.frombuffer(bytearray(Path(self.paths[i % len(self.paths)]).read_bytes()), dtype=torch.uint8)
+
     def __getitem__(self, i: int):
         if not 0 <= i < self.n:
             raise IndexError(f"index {i} out of range for {self.n} samples")
-        label = i % len(self.paths)
-        raw = torch.frombuffer(bytearray(Path(self.paths[label]).read_bytes()), dtype=torch.uint8)  # the file
-        img = decode_jpeg(raw, mode="RGB")  # uint8 (3, H, W)
+        img = decode_jpeg(self.raw(i), mode="RGB")  # read the file, decode: uint8 (3, H, W)
         img = F.resize(img, [self.size, self.size], antialias=True)
+        label = i % len(self.paths)
         if not self.normalize:
             return img, label
         return F.normalize(F.to_dtype(img, torch.float32, scale=True), MEAN, STD), label
 
 
-# Workers started with "spawn" (macOS, Windows) re-import the Dataset's module, and a notebook is no module:
-# there, use the same class from course_utils.
+# %%
+# Workers started with "spawn" (macOS, Windows) re-import the Dataset's module, and a notebook is no module: there,
+# use this very class from the module that the cell above is exported to (course_utils/from_lessons/).
 if torch.multiprocessing.get_start_method() != "fork":
-    PhotoDataset = lambda paths, n, size, normalize=True: pipeline.JpegDataset(n, size, paths, normalize=normalize)  # noqa: E731
+    from course_utils.from_lessons.l09_data_pipeline import PhotoDataset
 
 ds = PhotoDataset(PATHS, N_IMAGES, SIZE)
 per_image = []
@@ -636,7 +649,7 @@ def uint8_levels(out, ref) -> dict:
 
 
 # %%
-raws = [torch.frombuffer(bytearray(Path(PATHS[i % len(PATHS)]).read_bytes()), dtype=torch.uint8) for i in range(BATCH)]
+raws = [ds.raw(i) for i in range(BATCH)]  # the encoded bytes: nvJPEG decodes them on the GPU
 # the same code on the CPU: the same kernels as the loader, so the FP32 tolerance holds
 _ = cu.check_outputs(gpu_decode(raws, SIZE, "cpu"), ref_batch, "fp32", label="gpu_decode on cpu vs loader")
 

@@ -140,7 +140,9 @@ with torch.inference_mode():
 # closest to the preparation time here (both timed with one torch thread), and say which.
 
 # %%
-ds = pipeline.JpegDataset(BATCH * N_BATCHES, size=SIZE)
+from course_utils.from_lessons.l09_data_pipeline import PhotoDataset  # lesson 09's data set, exported from its cell
+
+ds = PhotoDataset(cu.data.jpeg_paths(), BATCH * N_BATCHES, SIZE)
 raw_batches = [[ds.raw(b * BATCH + i) for i in range(BATCH)] for b in range(N_BATCHES)]
 
 

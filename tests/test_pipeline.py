@@ -9,6 +9,8 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
+from course_utils.from_lessons.l09_data_pipeline import PhotoDataset
+from course_utils.supply import data
 from course_utils.techniques import pipeline
 
 
@@ -21,7 +23,7 @@ def test_preprocess_shape_and_normalization() -> None:
 
 
 def test_decode_jpeg_matches_fallback(monkeypatch: pytest.MonkeyPatch) -> None:
-    raw = pipeline.JpegDataset(1).raw(0)
+    raw = PhotoDataset(data.jpeg_paths(), 1, 16).raw(0)
     img = pipeline.decode_jpeg(raw)
     assert img.dtype == torch.uint8 and img.ndim == 3 and img.shape[0] == 3
     monkeypatch.setattr(pipeline, "jpeg_decoder", lambda: "torchvision.io")
@@ -35,7 +37,7 @@ def test_preprocess_rejects_bad_input() -> None:
 
 
 def test_dataset_repeats_shipped_jpegs() -> None:
-    ds = pipeline.JpegDataset(8, size=16)
+    ds = PhotoDataset(data.jpeg_paths(), 8, 16)
     assert len(ds) == 8
     x, label = ds[len(ds.paths)]
     assert x.shape == (3, 16, 16) and label == 0
@@ -43,12 +45,12 @@ def test_dataset_repeats_shipped_jpegs() -> None:
     with pytest.raises(IndexError):
         ds[8]
     with pytest.raises(ValueError):
-        pipeline.JpegDataset(0)
+        PhotoDataset(data.jpeg_paths(), 0, 16)
 
 
 def test_dataset_uint8_variant_matches_normalized() -> None:
-    ds = pipeline.JpegDataset(2, size=16)
-    raw = pipeline.JpegDataset(2, size=16, normalize=False)
+    ds = PhotoDataset(data.jpeg_paths(), 2, 16)
+    raw = PhotoDataset(data.jpeg_paths(), 2, 16, normalize=False)
     img, label = raw[1]
     assert img.dtype == torch.uint8 and img.shape == (3, 16, 16) and label == 1
     mean = torch.tensor(pipeline.IMAGENET_MEAN).view(3, 1, 1)
@@ -57,7 +59,7 @@ def test_dataset_uint8_variant_matches_normalized() -> None:
 
 
 def test_loader_batches_stops_workers_after_early_exit() -> None:
-    ds = pipeline.JpegDataset(4, size=16)
+    ds = PhotoDataset(data.jpeg_paths(), 4, 16)
     ref = next(iter(DataLoader(ds, batch_size=4)))[0]
     with pipeline.loader_batches(DataLoader(ds, batch_size=2, num_workers=1)) as batches:
         first = next(batches)[0]  # leave the loop early: workers must still stop

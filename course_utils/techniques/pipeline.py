@@ -1,9 +1,9 @@
 """Data-pipeline plumbing shared by lessons 09 and 10 (the techniques themselves are written in the lessons).
 
 * :func:`decode_jpeg` (TorchCodec, or torchvision.io where it is missing) and :func:`preprocess` (resize,
-  scale, normalize on tensors of any device); :class:`JpegDataset`, lesson 09's data set kept importable for
-  lesson 10 and for platforms that start DataLoader workers with ``spawn`` (they cannot import a class
-  defined in a notebook); :func:`tiny_cnn`, a model so small that the loader limits.
+  scale, normalize on tensors of any device); :func:`tiny_cnn`, a model so small that the loader limits.
+  Lesson 09's data set, ``PhotoDataset``, is exported from its cell (``course_utils.from_lessons.l09_data_pipeline``:
+  lesson 10 and ``spawn`` workers import it there), not kept here as a second copy.
 * :func:`loader_batches` shuts a DataLoader's workers down even when a loop stops early.
 * :class:`Prefetcher` prepares the next item in a background thread (lesson 10's CPU analogue of overlapping
   copies with compute), :func:`overlap_bound` gives a two-stage pipeline's best case and :class:`Timeline`
@@ -16,14 +16,13 @@ import contextlib
 import queue
 import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from pathlib import Path
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 import pandas as pd
 import torch
 from torch import nn
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader
 
 IMAGENET_MEAN = (0.485, 0.456, 0.406)
 IMAGENET_STD = (0.229, 0.224, 0.225)
@@ -73,49 +72,6 @@ def preprocess(img: torch.Tensor, size: int = 224) -> torch.Tensor:
     out = F.resize(img, [size, size], antialias=True)
     out = F.to_dtype(out, torch.float32, scale=True)
     return F.normalize(out, list(IMAGENET_MEAN), list(IMAGENET_STD))
-
-
-class JpegDataset(Dataset):
-    """The shipped JPEGs repeated to ``n`` samples; item = (image, label = photo index).
-
-    The image is float32 (3, size, size), ImageNet-normalized, or with ``normalize=False`` the resized uint8
-    image (4x fewer bytes to move; normalize where the model runs).
-
-    Every ``__getitem__`` reads the file, decodes it and preprocesses it, like a real image data set
-    (the files stay in the OS page cache, so this measures CPU work, not the disk).
-    """
-
-    def __init__(
-        self, n: int, size: int = 224, paths: Sequence[str | Path] | None = None, *, normalize: bool = True
-    ) -> None:
-        if n < 1:
-            raise ValueError(f"JpegDataset needs n >= 1 samples, got {n}")
-        if paths is None:
-            from course_utils.supply.data import jpeg_paths
-
-            paths = jpeg_paths()
-        self.paths = [str(p) for p in paths]
-        if not self.paths:
-            raise ValueError("JpegDataset got no image paths: pass paths=cu.data.jpeg_paths()")
-        self.n, self.size, self.normalize = n, size, normalize
-
-    def __len__(self) -> int:
-        return self.n
-
-    def raw(self, i: int) -> torch.Tensor:
-        """The encoded JPEG bytes of sample ``i`` as a uint8 tensor (what GPU decoding starts from)."""
-        data = Path(self.paths[i % len(self.paths)]).read_bytes()
-        return torch.frombuffer(bytearray(data), dtype=torch.uint8)
-
-    def __getitem__(self, i: int) -> tuple[torch.Tensor, int]:
-        if not 0 <= i < self.n:
-            raise IndexError(f"index {i} out of range for JpegDataset of {self.n} samples")
-        img = decode_jpeg(self.raw(i))
-        if not self.normalize:
-            import torchvision.transforms.v2.functional as F
-
-            return F.resize(img, [self.size, self.size], antialias=True), i % len(self.paths)
-        return preprocess(img, self.size), i % len(self.paths)
 
 
 def tiny_cnn(num_classes: int = 6) -> nn.Module:

@@ -20,6 +20,7 @@ from torchcodec.decoders import decode_jpeg
 
 import course_utils as cu
 from course_utils.fakegpu.streamcheck import RecordingDevice, describe
+from course_utils.from_lessons.l09_data_pipeline import PhotoDataset
 from course_utils.supply import data
 from course_utils.techniques import pipeline
 from tests.gpu_contract.lesson_code import lesson_namespace, tagged_cells
@@ -60,8 +61,8 @@ def test_images_per_s_synchronizes_and_counts(ns):
 
 
 def test_normalize_on_device_matches_the_dataset(ns):
-    u8 = pipeline.JpegDataset(2, size=16, normalize=False)
-    f32 = pipeline.JpegDataset(2, size=16)
+    u8 = PhotoDataset(data.jpeg_paths(), 2, 16, normalize=False)
+    f32 = PhotoDataset(data.jpeg_paths(), 2, 16)
     x = torch.stack([u8[i][0] for i in range(2)])
     out = ns["normalize_on_device"](x)
     assert out.dtype == torch.float32 and out.device == x.device
@@ -72,7 +73,7 @@ def test_gpu_decode_on_cpu_matches_the_loader(ns):
     paths = data.jpeg_paths()[:3]
     raws = [torch.frombuffer(bytearray(Path(p).read_bytes()), dtype=torch.uint8) for p in paths]
     out = ns["gpu_decode"](raws, 24, "cpu")
-    ref = torch.stack([pipeline.JpegDataset(1, size=24, paths=[p])[0][0] for p in paths])
+    ref = torch.stack([PhotoDataset([p], 1, 24)[0][0] for p in paths])
     assert out.shape == (3, 3, 24, 24) and torch.allclose(out, ref, atol=1e-5)
 
 
