@@ -1,4 +1,7 @@
-"""Exercise 12.rebuild-conv3 rejects answers that zero instead of removing, keep the wrong channels or slice wrongly."""
+"""Exercise 12.rebuild-conv3 rejects answers that zero instead of removing, keep the wrong channels or slice wrongly.
+
+Each wrong answer and the right ones run the full checker on a fresh seed, and the checker's own judges
+(``judge_layers``, ``run_rebuilt``, ``judge_outputs``) on each of 200 seeds' draws (``draw_rebuild``)."""
 
 from __future__ import annotations
 
@@ -10,6 +13,9 @@ from torch import nn
 from torch.nn.utils import prune
 
 from course_utils.check import exercises
+from course_utils.check.lesson_exercises import l12
+from course_utils.check.lesson_exercises.digits import digits_cnn, held_out_digits
+from course_utils.check.lesson_exercises.observe import Cases
 
 REF = exercises.get("12.rebuild-conv3").solution
 
@@ -18,87 +24,58 @@ def run_checker(fn):
     exercises.get("12.rebuild-conv3").checker(fn)
 
 
-def test_reference_passes():
-    run_checker(REF)
+def _kept(model, keep, largest=True):
+    norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
+    return norms.topk(keep, largest=largest).indices.sort().values
 
 
-def test_rejects_zeroing_without_rebuild():
-    def zeroed(model, keep):
-        new = copy.deepcopy(model)
-        prune.ln_structured(new.features[7], "weight", amount=128 - keep, n=1, dim=0)
-        prune.remove(new.features[7], "weight")
-        return new
-
-    with pytest.raises(AssertionError, match="zeroing channels is not removing them"):
-        run_checker(zeroed)
+def zeroed(model, keep):
+    new = copy.deepcopy(model)
+    prune.ln_structured(new.features[7], "weight", amount=128 - keep, n=1, dim=0)
+    prune.remove(new.features[7], "weight")
+    return new
 
 
-def test_rejects_smallest_channels():
-    def smallest(model, keep):
-        new = REF(model, keep)
-        idx = model.features[7].weight.detach().abs().flatten(1).sum(1).topk(keep, largest=False).indices.sort().values
-        with torch.no_grad():
-            new.features[7].weight.copy_(model.features[7].weight[idx])
-            new.features[7].bias.copy_(model.features[7].bias[idx])
-        return new
-
-    with pytest.raises(AssertionError, match="largest L1 norms"):
-        run_checker(smallest)
+def smallest(model, keep):
+    new = REF(model, keep)
+    idx = _kept(model, keep, largest=False)
+    with torch.no_grad():
+        new.features[7].weight.copy_(model.features[7].weight[idx])
+        new.features[7].bias.copy_(model.features[7].bias[idx])
+    return new
 
 
-def test_rejects_forgotten_batchnorm():
-    def no_bn(model, keep):
-        new = REF(model, keep)
-        new.features[8] = copy.deepcopy(model.features[8])
-        return new
-
-    with pytest.raises(AssertionError, match="BatchNorm2d"):
-        run_checker(no_bn)
+def no_bn(model, keep):
+    new = REF(model, keep)
+    new.features[8] = copy.deepcopy(model.features[8])
+    return new
 
 
-def test_rejects_wrong_linear_columns():
-    def position_major(model, keep):  # columns laid out as position-major: not how Flatten orders them
-        new = REF(model, keep)
-        idx = model.features[7].weight.detach().abs().flatten(1).sum(1).topk(keep).indices.sort().values
-        cols = (torch.arange(4)[:, None] * 128 + idx[None, :]).flatten()
-        with torch.no_grad():
-            new.classifier[1].weight.copy_(model.classifier[1].weight[:, cols])
-        return new
-
-    with pytest.raises(AssertionError, match="columns"):
-        run_checker(position_major)
+def position_major(model, keep):  # columns laid out as position-major: not how Flatten orders them
+    new = REF(model, keep)
+    cols = (torch.arange(4)[:, None] * 128 + _kept(model, keep)[None, :]).flatten()
+    with torch.no_grad():
+        new.classifier[1].weight.copy_(model.classifier[1].weight[:, cols])
+    return new
 
 
-def test_rejects_in_place_edit():
-    def in_place(model, keep):
-        new = REF(model, keep)
-        model.features[7] = new.features[7]
-        return new
-
-    with pytest.raises(AssertionError, match="changed"):
-        run_checker(in_place)
+def in_place(model, keep):
+    new = REF(model, keep)
+    model.features[7] = new.features[7]
+    return new
 
 
-def test_rejects_stale_bn_statistics():
-    def fresh_bn(model, keep):
-        new = REF(model, keep)
-        new.features[8] = nn.BatchNorm2d(keep).eval()  # right shape, statistics not copied
-        return new
-
-    with pytest.raises(AssertionError, match="outputs differ"):
-        run_checker(fresh_bn)
+def fresh_bn(model, keep):
+    new = REF(model, keep)
+    new.features[8] = nn.BatchNorm2d(keep).eval()  # right shape, statistics not copied
+    return new
 
 
-def test_rejects_a_forgotten_conv_bias(monkeypatch):
-    def no_bias(model, keep):  # right shapes and BatchNorm, conv3's bias left at zero: outputs off by ~0.05
-        new = REF(model, keep)
-        with torch.no_grad():
-            new.features[7].bias.zero_()
-        return new
-
-    monkeypatch.setenv("COURSE_EXERCISE_SEED", "1")  # rows whose outputs move by 0.05 (above 1e-3, below 1e-1)
-    with pytest.raises(AssertionError, match=r"outputs differ .*max abs 0\.05"):
-        run_checker(no_bias)
+def no_bias(model, keep):  # right shapes and BatchNorm, conv3's bias left at zero: outputs off by ~0.05
+    new = REF(model, keep)
+    with torch.no_grad():
+        new.features[7].bias.zero_()
+    return new
 
 
 class _LookAlike(nn.Module):
@@ -109,14 +86,169 @@ class _LookAlike(nn.Module):
         shown = REF(model, keep)
         self.features, self.classifier = shown.features, shown.classifier
         self.full = copy.deepcopy(model) if copy_full else model
-        norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
         mask = torch.zeros(128)
-        mask[norms.topk(keep).indices] = 1
+        mask[_kept(model, keep)] = 1
         self.register_buffer("mask", mask[None, :, None, None])
 
     def forward(self, x):
         h = self.full.features[:10](x) * self.mask
         return self.full.classifier(self.full.features[10](h))
+
+
+class CallsOriginal(nn.Module):
+    def __init__(self, model, keep):
+        super().__init__()
+        shown = REF(model, keep)
+        self.features, self.classifier = shown.features, shown.classifier
+        self.orig = [model]  # hidden from .modules(): not a copy
+
+    def forward(self, x):
+        f = self.features
+        h = self.orig[0].features[:7](x)  # the first blocks of the original, not copies
+        return self.classifier(f[10](f[9](f[8](f[7](h)))))
+
+
+class PaddedLinear(nn.Module):
+    def __init__(self, model, keep):
+        super().__init__()
+        shown = REF(model, keep)
+        self.features, self.classifier = shown.features, shown.classifier
+        self.register_buffer("idx", _kept(model, keep))
+        self.fc_full = copy.deepcopy(model.classifier[1])  # the full 512-input Linear, fed zero-padded input
+
+    def forward(self, x):
+        h = self.features(x)
+        full = h.new_zeros(h.shape[0], 128, 2, 2)
+        full[:, self.idx] = h
+        z = self.fc_full(full.flatten(1))
+        return self.classifier[3](self.classifier[2](z))
+
+
+def sliced_parameters(model, keep):  # right too: the copy's own layers, their parameters replaced by slices
+    new = copy.deepcopy(model).eval()
+    conv, bn, fc = new.features[7], new.features[8], new.classifier[1]
+    idx = _kept(model, keep)
+    conv.weight = nn.Parameter(conv.weight.detach()[idx].clone())
+    conv.bias = nn.Parameter(conv.bias.detach()[idx].clone())
+    conv.out_channels = keep
+    bn.weight, bn.bias = nn.Parameter(bn.weight.detach()[idx].clone()), nn.Parameter(bn.bias.detach()[idx].clone())
+    bn.running_mean, bn.running_var = bn.running_mean[idx].clone(), bn.running_var[idx].clone()
+    bn.num_features = keep
+    cols = (idx[:, None] * 4 + torch.arange(4)[None, :]).flatten()
+    fc.weight = nn.Parameter(fc.weight.detach()[:, cols].clone())
+    fc.in_features = keep * 4
+    return new
+
+
+WRONG = {
+    "zeroed": (zeroed, "zeroing channels is not removing them"),
+    "smallest": (smallest, "largest L1 norms"),
+    "no-bn": (no_bn, "BatchNorm2d"),
+    "position-major": (position_major, "columns"),
+    "in-place": (in_place, "changed"),
+    "fresh-bn": (fresh_bn, "outputs differ"),
+    "no-bias": (no_bias, "outputs differ"),
+    "masked-look-alike": (_LookAlike, "full 128-channel one with a mask"),
+    "calls-original": (CallsOriginal, "read the original model's tensors"),
+    "padded-linear": (PaddedLinear, "512 inputs"),
+}
+
+
+_SILENCED = {}
+
+
+def judged_on_200_seeds(fn):
+    """The checker's judgment of ``fn`` on each of seeds 0-199, by its own judges.
+
+    A full call costs ~90 ms, most of it forward passes over the 96-256 drawn images. So the answer is built once
+    per ``keep`` the seeds draw; its layers are judged, and its forward under the operator log on all 450 test
+    images (one batch shape: oneDNN's kernels are set up once, not per drawn size), the original's silenced
+    outputs computed once per keep; each seed's outputs are then its own rows of those (eval mode: each image is
+    computed alone).
+    """
+    x_all, _ = held_out_digits()
+    draws = {seed: l12.draw_rebuild(Cases(seed), len(x_all)) for seed in range(200)}
+    by_keep = {}
+    for keep in sorted({keep for keep, _ in draws.values()}):
+        model = digits_cnn()
+        before = copy.deepcopy(model.state_dict())
+        new = fn(model, keep)
+        try:
+            kept = l12.judge_layers(model, before, new, keep)
+            out = l12.run_rebuilt(model, new, keep, x_all)
+        except AssertionError as exc:
+            by_keep[keep] = str(exc)
+            continue
+        if keep not in _SILENCED:
+            _SILENCED[keep] = l12.silenced_reference(digits_cnn(), kept, x_all)
+        by_keep[keep] = (out, _SILENCED[keep])
+    reasons = {}
+    for seed, (keep, rows) in draws.items():
+        if isinstance(by_keep[keep], str):
+            reasons[seed] = by_keep[keep]
+            continue
+        out, ref = by_keep[keep]
+        try:
+            l12.judge_outputs(out[rows], ref[rows])
+            reasons[seed] = "accepted"
+        except AssertionError as exc:
+            reasons[seed] = str(exc)
+    return reasons
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_wrong_rebuilds_are_rejected_on_200_seeds(name):
+    fn, message = WRONG[name]
+    bad = {seed: reason for seed, reason in judged_on_200_seeds(fn).items() if message not in reason}
+    assert not bad, bad
+
+
+def test_right_rebuilds_are_accepted_on_200_seeds():
+    for fn in (REF, sliced_parameters):
+        bad = {seed: reason for seed, reason in judged_on_200_seeds(fn).items() if reason != "accepted"}
+        assert not bad, (fn.__name__, bad)
+        for seed in range(3):
+            assert exercises.verdict("12.rebuild-conv3", fn, seed=seed) == "accepted", (fn.__name__, seed)
+
+
+def test_reference_passes():
+    run_checker(REF)
+
+
+def test_rejects_zeroing_without_rebuild():
+    with pytest.raises(AssertionError, match="zeroing channels is not removing them"):
+        run_checker(zeroed)
+
+
+def test_rejects_smallest_channels():
+    with pytest.raises(AssertionError, match="largest L1 norms"):
+        run_checker(smallest)
+
+
+def test_rejects_forgotten_batchnorm():
+    with pytest.raises(AssertionError, match="BatchNorm2d"):
+        run_checker(no_bn)
+
+
+def test_rejects_wrong_linear_columns():
+    with pytest.raises(AssertionError, match="columns"):
+        run_checker(position_major)
+
+
+def test_rejects_in_place_edit():
+    with pytest.raises(AssertionError, match="changed"):
+        run_checker(in_place)
+
+
+def test_rejects_stale_bn_statistics():
+    with pytest.raises(AssertionError, match="outputs differ"):
+        run_checker(fresh_bn)
+
+
+def test_rejects_a_forgotten_conv_bias(monkeypatch):
+    monkeypatch.setenv("COURSE_EXERCISE_SEED", "1")  # rows whose outputs move by 0.05 (above 1e-3, below 1e-1)
+    with pytest.raises(AssertionError, match=r"outputs differ .*max abs 0\.05"):
+        run_checker(no_bias)
 
 
 def test_rejects_a_look_alike_that_runs_the_full_conv_with_a_mask():
@@ -125,40 +257,11 @@ def test_rejects_a_look_alike_that_runs_the_full_conv_with_a_mask():
 
 
 def test_rejects_a_look_alike_that_calls_the_original_model():
-    class CallsOriginal(nn.Module):
-        def __init__(self, model, keep):
-            super().__init__()
-            shown = REF(model, keep)
-            self.features, self.classifier = shown.features, shown.classifier
-            self.orig = [model]  # hidden from .modules(): not a copy
-
-        def forward(self, x):
-            f = self.features
-            h = self.orig[0].features[:7](x)  # the first blocks of the original, not copies
-            return self.classifier(f[10](f[9](f[8](f[7](h)))))
-
     with pytest.raises(AssertionError, match="read the original model's tensors"):
         run_checker(CallsOriginal)
 
 
 def test_rejects_a_zero_padded_linear():
-    class PaddedLinear(nn.Module):
-        def __init__(self, model, keep):
-            super().__init__()
-            shown = REF(model, keep)
-            self.features, self.classifier = shown.features, shown.classifier
-            norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
-            idx = norms.topk(keep).indices.sort().values
-            self.register_buffer("idx", idx)
-            self.fc_full = copy.deepcopy(model.classifier[1])  # the full 512-input Linear, fed zero-padded input
-
-        def forward(self, x):
-            h = self.features(x)
-            full = h.new_zeros(h.shape[0], 128, 2, 2)
-            full[:, self.idx] = h
-            z = self.fc_full(full.flatten(1))
-            return self.classifier[3](self.classifier[2](z))
-
     with pytest.raises(AssertionError, match="512 inputs"):
         run_checker(PaddedLinear)
 

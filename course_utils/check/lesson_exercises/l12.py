@@ -17,12 +17,13 @@ import torch
 from torch import nn
 
 from course_utils.check.exercises import exercise, observed
-from course_utils.check.lesson_exercises.observe import CONV_OPS, MATMUL_OPS, OpLog, cases
+from course_utils.check.lesson_exercises.digits import digits_cnn, held_out_digits
+from course_utils.check.lesson_exercises.observe import CONV_OPS, MATMUL_OPS, Cases, OpLog, cases
 
 KEEP = 96  # of 128 channels: the lesson's example; the check draws its own
 
 
-def _silenced_reference(model: nn.Module, kept: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
+def silenced_reference(model: nn.Module, kept: torch.Tensor, x: torch.Tensor) -> torch.Tensor:
     """``model(x)`` with every conv3 channel outside ``kept`` set to zero after its ReLU."""
     mask = torch.zeros(model.features[7].out_channels)
     mask[kept] = 1
@@ -34,67 +35,93 @@ def _silenced_reference(model: nn.Module, kept: torch.Tensor, x: torch.Tensor) -
         hook.remove()
 
 
-def _check_rebuild(fn: Callable[[nn.Module, int], nn.Module]) -> None:
-    from course_utils.supply.data import load_digits_split
-    from course_utils.supply.models import accuracy, load_digits_model
+def draw_rebuild(c: Cases, n_images: int) -> tuple[int, torch.Tensor]:
+    """What a seed draws: ``keep`` (64-120 of the 128 channels) and the sorted rows of 96-256 probe images."""
+    keep = c.randint(64, 120)
+    rows = torch.tensor(sorted(c.rng.sample(range(n_images), c.randint(96, 256))))
+    return keep, rows
 
-    with cases("12.rebuild-conv3") as c:
-        digits = load_digits_split()
-        model = load_digits_model("cnn")
-        keep = c.randint(64, 120)
-        rows = torch.tensor(sorted(c.rng.sample(range(len(digits.x_test)), c.randint(96, 256))))
-        x, y = digits.x_test[rows], digits.y_test[rows]
-        before = copy.deepcopy(model.state_dict())
-        new = fn(model, keep)
-        assert isinstance(new, nn.Module), f"return the rebuilt model (an nn.Module), not {type(new).__name__}"
-        assert all(torch.equal(v, model.state_dict()[k]) for k, v in before.items()), (
-            "the model you were given changed: build the new model from a copy"
-        )
-        conv3, bn3, fc1 = new.features[7], new.features[8], new.classifier[1]
-        assert tuple(conv3.weight.shape) == (keep, 64, 3, 3), (
-            f"keep={keep}: features[7] should be a new Conv2d(64, {keep}, 3): its weight has shape "
-            f"{tuple(conv3.weight.shape)}"
-            + (" (zeroing channels is not removing them)" if conv3.weight.shape[0] == 128 else "")
-        )
-        assert bn3.num_features == keep and bn3.running_mean.shape == (keep,), (
-            f"features[8] (BatchNorm2d) must have {keep} features with the kept channels' statistics"
-        )
-        assert fc1.in_features == keep * 4, (
-            f"classifier[1] must read {keep} channels x 4 positions = {keep * 4} inputs, not {fc1.in_features}"
-        )
-        norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
-        kept = norms.topk(keep).indices.sort().values
-        assert torch.equal(conv3.weight.detach(), model.features[7].weight.detach()[kept]), (
-            "features[7] must hold the original filters with the largest L1 norms, in their original order"
-        )
-        try:
-            with OpLog(watch=model) as log, torch.inference_mode():
-                out = new.eval()(x)
-        except RuntimeError as exc:
-            raise AssertionError(f"running the rebuilt model failed ({exc}); check the slices of bn3 and fc1") from None
-        ran = [op.in_shapes[1] for op in log.named(*CONV_OPS) if len(op.in_shapes) > 1]
-        want = [tuple(model.features[0].weight.shape), tuple(model.features[3].weight.shape), (keep, 64, 3, 3)]
-        assert ran == want, (
-            f"the convolutions that ran had weights {ran}, expected {want}: the rebuilt model's forward must run "
-            f"the {keep}-channel convolution itself, not the full 128-channel one with a mask or a copy of the "
-            "original model kept inside"
-        )
-        mm_shapes = {s for op in log.named(*MATMUL_OPS) for s in op.in_shapes if len(s) == 2}
-        assert not any(512 in s for s in mm_shapes), (
-            f"a matrix multiply with 512 inputs ran (shapes {sorted(mm_shapes)}): classifier[1] must be the sliced "
-            f"Linear({keep * 4}, 256), and the forward must use it"
-        )
-        read = log.watched_read()
-        assert not read, (
-            f"the rebuilt model's forward read the original model's tensors ({sorted(read)[:3]} ...): copy the kept "
-            "weights into new layers (copy.deepcopy first), do not call the original model or its layers"
-        )
-        ref = _silenced_reference(model, kept, x)
+
+def judge_layers(model: nn.Module, before: dict, new: object, keep: int) -> torch.Tensor:
+    """The judgment of the layers of ``new = fn(model, keep)`` (``before``: ``model``'s state dict before the call).
+    Raises AssertionError with the reason; returns the channels that must be kept (largest L1 norms, in order)."""
+    assert isinstance(new, nn.Module), f"return the rebuilt model (an nn.Module), not {type(new).__name__}"
+    now = model.state_dict()
+    assert all(torch.equal(v, now[k]) for k, v in before.items()), (
+        "the model you were given changed: build the new model from a copy"
+    )
+    conv3, bn3, fc1 = new.features[7], new.features[8], new.classifier[1]
+    assert tuple(conv3.weight.shape) == (keep, 64, 3, 3), (
+        f"keep={keep}: features[7] should be a new Conv2d(64, {keep}, 3): its weight has shape "
+        f"{tuple(conv3.weight.shape)}"
+        + (" (zeroing channels is not removing them)" if conv3.weight.shape[0] == 128 else "")
+    )
+    assert bn3.num_features == keep and bn3.running_mean.shape == (keep,), (
+        f"features[8] (BatchNorm2d) must have {keep} features with the kept channels' statistics"
+    )
+    assert fc1.in_features == keep * 4, (
+        f"classifier[1] must read {keep} channels x 4 positions = {keep * 4} inputs, not {fc1.in_features}"
+    )
+    norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
+    kept = norms.topk(keep).indices.sort().values
+    assert torch.equal(conv3.weight.detach(), model.features[7].weight.detach()[kept]), (
+        "features[7] must hold the original filters with the largest L1 norms, in their original order"
+    )
+    return kept
+
+
+def run_rebuilt(model: nn.Module, new: nn.Module, keep: int, x: torch.Tensor) -> torch.Tensor:
+    """``new(x)`` under an operator log, judged by the operators that ran (the kept-size convolution and Linear,
+    none of the original model's tensors read). Raises AssertionError with the reason; returns the outputs."""
+    try:
+        with OpLog(watch=model) as log, torch.inference_mode():
+            out = new.eval()(x)
+    except RuntimeError as exc:
+        raise AssertionError(f"running the rebuilt model failed ({exc}); check the slices of bn3 and fc1") from None
+    ran = [op.in_shapes[1] for op in log.named(*CONV_OPS) if len(op.in_shapes) > 1]
+    want = [tuple(model.features[0].weight.shape), tuple(model.features[3].weight.shape), (keep, 64, 3, 3)]
+    assert ran == want, (
+        f"the convolutions that ran had weights {ran}, expected {want}: the rebuilt model's forward must run "
+        f"the {keep}-channel convolution itself, not the full 128-channel one with a mask or a copy of the "
+        "original model kept inside"
+    )
+    mm_shapes = {s for op in log.named(*MATMUL_OPS) for s in op.in_shapes if len(s) == 2}
+    assert not any(512 in s for s in mm_shapes), (
+        f"a matrix multiply with 512 inputs ran (shapes {sorted(mm_shapes)}): classifier[1] must be the sliced "
+        f"Linear({keep * 4}, 256), and the forward must use it"
+    )
+    read = log.watched_read()
+    assert not read, (
+        f"the rebuilt model's forward read the original model's tensors ({sorted(read)[:3]} ...): copy the kept "
+        "weights into new layers (copy.deepcopy first), do not call the original model or its layers"
+    )
+    return out
+
+
+def judge_outputs(out: torch.Tensor, ref: torch.Tensor) -> None:
+    """The rebuilt model's outputs against the original's with the dropped channels silenced (``ref``)."""
+    with torch.inference_mode():  # outputs only: nothing to record
         err = float((out - ref).abs().max())
         assert err < 1e-3, (
             f"outputs differ from the original with the dropped channels silenced (max abs {err:.3g}): check the "
             "BatchNorm statistics and which columns of classifier[1] you kept (channel c owns columns 4c..4c+3)"
         )
+
+
+def _check_rebuild(fn: Callable[[nn.Module, int], nn.Module]) -> None:
+    from course_utils.supply.models import accuracy
+
+    with cases("12.rebuild-conv3") as c:
+        x_test, y_test = held_out_digits()
+        model = digits_cnn()
+        keep, rows = draw_rebuild(c, len(x_test))
+        x, y = x_test[rows], y_test[rows]
+        before = copy.deepcopy(model.state_dict())
+        new = fn(model, keep)
+        kept = judge_layers(model, before, new, keep)
+        out = run_rebuilt(model, new, keep, x)
+        judge_outputs(out, silenced_reference(model, kept, x))
+        conv3, fc1 = new.features[7], new.classifier[1]
         acc0, acc = accuracy(model, x, y), accuracy(new, x, y)
         observed(f"keep={keep}: conv3 {tuple(model.features[7].weight.shape)} -> {tuple(conv3.weight.shape)}, fc1 "
                  f"inputs {model.classifier[1].in_features} -> {fc1.in_features}; accuracy on {len(rows)} test "
