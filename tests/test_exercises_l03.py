@@ -2,6 +2,8 @@
 traceback still holds the failed batch or run outside inference_mode; max_wait_ms rejects wrong tuning rules."""
 
 import gc
+import re
+import sys
 
 import pytest
 import torch
@@ -55,18 +57,18 @@ def numpy_answer(arrivals, service, b, target, candidates):  # right: a numpy fl
     return ok.max() if ok.size else None
 
 
-@pytest.mark.parametrize(
-    "wrong, message",
-    [
-        (always_zero, "larger wait|over the target"),  # 0 ms may already miss the target
-        (always_largest, "over the target"),
-        (smallest_that_meets, "larger wait"),
-        (lowest_p99, "larger wait"),
-        (never_none, "return None"),
-        (returns_p99, "one of the candidates"),
-        (strictly_below, "meeting it means p99 <= target, not <"),
-    ],
-)
+WRONG_RULES = [
+    (always_zero, "larger wait|over the target"),  # 0 ms may already miss the target
+    (always_largest, "over the target"),
+    (smallest_that_meets, "larger wait"),
+    (lowest_p99, "larger wait"),
+    (never_none, "return None"),
+    (returns_p99, "one of the candidates"),
+    (strictly_below, "meeting it means p99 <= target, not <"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", WRONG_RULES)
 def test_wrong_rules_rejected(wrong, message):
     with pytest.raises(AssertionError, match=message) as err:
         CHECK(wrong)
@@ -77,6 +79,41 @@ def test_reference_and_a_numpy_answer_pass():
     for seed in (1, 2):
         assert exercises.verdict("03.max-wait", exercises.get("03.max-wait").solution, seed=seed) == "accepted"
         assert exercises.verdict("03.max-wait", numpy_answer, seed=seed) == "accepted"
+
+
+@pytest.fixture
+def simulated_once(monkeypatch):
+    """``simulate`` remembered by its inputs (the arrivals, the service function's constants, the batcher's
+    settings): the checker and the answer simulate the same servers, and it is deterministic, so each server of a
+    seed is simulated once for all the answers judged on it."""
+    from course_utils.techniques import batching_sim
+
+    real, memo = batching_sim.simulate, {}
+
+    def remembered(arrivals_ms, service_ms, *, max_batch_size=1, max_wait_ms=0.0):
+        consts = tuple(cell.cell_contents for cell in service_ms.__closure__ or ())
+        key = (arrivals_ms.tobytes(), service_ms.__code__, consts, max_batch_size, max_wait_ms)
+        if key not in memo:
+            memo[key] = real(arrivals_ms, service_ms, max_batch_size=max_batch_size, max_wait_ms=max_wait_ms)
+        return memo[key]
+
+    monkeypatch.setattr(batching_sim, "simulate", remembered)
+    monkeypatch.setattr(sys.modules[__name__], "simulate", remembered)
+    return memo
+
+
+def test_max_wait_over_200_seeds(simulated_once):
+    """The full check on seeds 0-199 (simulated servers, drawn targets, the None case): the reference and a numpy
+    answer are accepted on each, and every wrong rule of this file is rejected on each with its reason."""
+    answers = [(exercises.get("03.max-wait").solution, None), (numpy_answer, None), *WRONG_RULES]
+    for seed in range(200):
+        for answer, message in answers:
+            got = exercises.verdict("03.max-wait", answer, seed=seed)
+            if message is None:
+                assert got == "accepted", (seed, answer.__name__, got)
+            else:
+                assert re.search(message, got) and "random case seed" in got, (seed, answer.__name__, got)
+    assert simulated_once
 
 
 def test_the_max_wait_judge_over_200_seeds():
@@ -303,6 +340,21 @@ def guarded_empty_cache(model, make_input, batch_sizes, measure):  # right: empt
     return rows
 
 
+WRONG_SWEEPS = [
+    (frees_inside_except, "ran inside the except block"),
+    (keeps_x, "still referenced"),
+    (keeps_exception, "still referenced"),
+    (no_grad_instead, "outside torch.inference_mode()"),
+    (crashes, "escaped your sweep"),
+    (drops_rows, "your rows are for batches []|ran inside the except block"),
+    (goes_on, "went on to"),
+    (never_frees, "nothing called torch.cuda.empty_cache()"),
+    (own_clock, "but measure() reported|perf_counter"),
+    (catches_everything, "caught the RuntimeError"),
+    (catches_runtime_error, "caught the RuntimeError"),
+]
+
+
 def test_oom_sweep_reference_and_alternatives_pass():
     for fn in (exercises.get("03.oom-sweep").solution, guarded_empty_cache):
         for seed in (1, 2):
@@ -325,25 +377,61 @@ def test_every_check_plants_each_kind_of_failure_over_200_seeds():
         assert all(idx is None or idx < len(sizes) for sizes, idx, _ in runs)
 
 
-@pytest.mark.parametrize(
-    "wrong, message",
-    [
-        (frees_inside_except, "ran inside the except block"),
-        (keeps_x, "still referenced"),
-        (keeps_exception, "still referenced"),
-        (no_grad_instead, "outside torch.inference_mode()"),
-        (crashes, "escaped your sweep"),
-        (drops_rows, "your rows are for batches []|ran inside the except block"),
-        (goes_on, "went on to"),
-        (never_frees, "nothing called torch.cuda.empty_cache()"),
-        (own_clock, "but measure() reported|perf_counter"),
-        (catches_everything, "caught the RuntimeError"),
-        (catches_runtime_error, "caught the RuntimeError"),
-    ],
-)
+@pytest.mark.parametrize("wrong, message", WRONG_SWEEPS)
 def test_oom_sweep_rejects(wrong, message):
 
     reason = exercises.verdict("03.oom-sweep", wrong)
     assert any(m in reason for m in message.split("|")), reason
     assert "random case seed" in reason, reason
     assert torch.cuda.empty_cache.__module__.startswith("torch"), "the checker restores torch.cuda.empty_cache"
+
+
+@pytest.fixture(scope="module")
+def frozen_gc():
+    """The objects alive before these tests kept out of the garbage collector's scans (``gc.freeze``): the sweeps'
+    ``gc.collect()`` then costs a millisecond, not a tenth of a second, and still collects everything a check
+    makes (the failed batch, its exception and traceback are all newer)."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
+
+def sweeps(fn, seed, device="cpu"):
+    """The check's core on seed ``seed``: its four drawn sweeps run and judged on ``device``, without the check's
+    set-up per call (a twentieth of its cost on the CPU, half on the stand-in): "accepted" or the reason."""
+    from course_utils.check.lesson_exercises import l03
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    before = torch.cuda.empty_cache
+    try:
+        l03.run_sweeps(fn, Cases(seed), device)
+    except AssertionError as exc:
+        return str(exc)
+    finally:
+        assert torch.cuda.empty_cache is before, "the core restores torch.cuda.empty_cache"
+    return "accepted"
+
+
+@pytest.mark.parametrize("wrong, message", WRONG_SWEEPS)
+def test_oom_sweep_rejects_over_200_seeds(frozen_gc, wrong, message):
+    """Seeds 0-199, on the CPU (none of these mistakes depends on CUDA being visible): each wrong sweep gets its
+    reason on every draw of batch sizes, failing batch, model and planted bug. A sweep that breaks a CUDA rule of
+    the stand-in GPU is caught only in the full check (none here)."""
+    for seed in range(200):
+        reason = sweeps(wrong, seed)
+        assert any(m in reason for m in message.split("|")), (seed, reason)
+
+
+def test_oom_sweep_accepts_the_reference_and_alternatives_over_200_seeds(frozen_gc):
+    """Seeds 0-199 on the check's device (the stand-in GPU here: guarded_empty_cache frees only where CUDA is
+    visible), then the full check on five more seeds."""
+    from course_utils.check.lesson_exercises.observe import gpu
+
+    with gpu() as device:
+        for seed in range(200):
+            for fn in (exercises.get("03.oom-sweep").solution, guarded_empty_cache):
+                assert sweeps(fn, seed, device) == "accepted", (seed, fn.__name__)
+    for seed in range(3, 8):  # and the full check on five more seeds (1 and 2 run above)
+        for fn in (exercises.get("03.oom-sweep").solution, guarded_empty_cache):
+            assert exercises.verdict("03.oom-sweep", fn, seed=seed) == "accepted", (seed, fn.__name__)
