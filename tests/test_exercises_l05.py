@@ -29,8 +29,9 @@ def test_torchao_mlp_reference_passes_on_200_seeds():
 
 
 def test_pt2e_alternatives_pass():
-    assert verdict("05.pt2e", concatenated, seed=4) == "accepted"
-    assert verdict("05.pt2e", reversed_order, seed=5) == "accepted"
+    for seed in (4, 5):
+        assert verdict("05.pt2e", concatenated, seed=seed) == "accepted"
+        assert verdict("05.pt2e", reversed_order, seed=seed) == "accepted"
 
 
 def test_pt2e_calibration_batches_hold_separate_extremes_on_200_seeds():
@@ -238,7 +239,126 @@ PT2E_WRONG = [
 ]
 
 
+PT2E_RIGHT = [exercises.get("05.pt2e").solution, concatenated, reversed_order]
+
+
 @pytest.mark.parametrize("fn, reason", PT2E_WRONG, ids=[f.__name__ for f, _ in PT2E_WRONG])
 def test_pt2e_rejects(fn, reason):
-    msg = verdict("05.pt2e", fn, seed=11)
-    assert reason in msg, msg
+    """The full path (export, prepare, calibration, convert: 0.3-0.6 s a call) on two seeds; the 200-seed tests
+    below judge each seed's drawn case with the same judging functions the checker calls."""
+    for seed in (11, 12):
+        msg = verdict("05.pt2e", fn, seed=seed)
+        assert reason in msg and f"seed {seed}" in msg, msg
+
+
+# what each submission's graph is rejected by: its structure (judge_pt2e_graph), the batches it ran
+# (judge_calibration_ran) or the activation scales its observers saw (judge_scales)
+PT2E_STRUCTURE = [eager_returned, exported_only, not_converted, keep_ignored_pt2e, own_choice_pt2e,
+                  dynamic_quant_instead]  # fmt: skip
+PT2E_RAN = {first_batch_only: lambda calib: calib[:1], no_calibration: lambda calib: []}
+PT2E_SCALES = {
+    throwaway_calibration: lambda calib: [torch.randn_like(x) for x in calib],
+    linspace_calibration: lambda calib: [
+        torch.linspace(float(x.min()), float(x.max()), x.numel()).reshape(x.shape) for x in calib
+    ],
+    widest_only: lambda calib: [max(calib, key=lambda x: float(x.max() - x.min()))],
+    one_batch: lambda calib: calib[1:2],
+}
+PT2E_RIGHT_FEEDS = {
+    PT2E_RIGHT[0]: lambda calib: calib,
+    concatenated: lambda calib: [torch.cat(calib)],
+    reversed_order: lambda calib: calib[::-1],
+}
+
+
+def test_pt2e_covers_every_submission_in_the_sweeps():
+    assert {f for f, _ in PT2E_WRONG} == {*PT2E_STRUCTURE, *PT2E_RAN, *PT2E_SCALES}
+    assert set(PT2E_RIGHT) == set(PT2E_RIGHT_FEEDS)
+
+
+def _reason(fn):
+    return dict(PT2E_WRONG)[fn]
+
+
+def test_pt2e_graph_structure_judged_on_200_seeds():
+    """Each submission's converted graph is built once per conv to keep (its structure is what the seed's weights
+    and widths do not change: the conv names are 0, 2, 4 on every seed), then judged by judge_pt2e_graph for the
+    keep_fp32 order each of 200 seeds draws: the right graphs pass both calls, each structural mistake is rejected
+    with its reason at the call that shows it (keeping the last conv whatever asked fails when '2' is asked)."""
+    from course_utils.check.lesson_exercises import l05
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    model, convs, calib, example, _ = l05.draw_pt2e_case(Cases(0))
+    graphs = {
+        fn: {keep: fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep) for keep in convs[1:]}
+        for fn in [*PT2E_STRUCTURE, *PT2E_RIGHT]
+    }
+    orders = set()
+    for seed in range(200):
+        _, convs, _, _, keeps = l05.draw_pt2e_case(Cases(seed))
+        orders.add(tuple(keeps))
+        for fn in PT2E_RIGHT:
+            for keep in keeps:
+                l05.judge_pt2e_graph(graphs[fn][keep], convs, keep)
+        for fn in PT2E_STRUCTURE:
+            with pytest.raises(AssertionError) as info:
+                for keep in keeps:
+                    l05.judge_pt2e_graph(graphs[fn][keep], convs, keep)
+            assert _reason(fn) in str(info.value), (seed, fn.__name__, str(info.value))
+    assert orders == {("2", "4"), ("4", "2")}
+
+
+def test_pt2e_calibration_runs_judged_on_200_seeds():
+    """What each submission runs through the prepared model (the conv input shapes the checker's operator log
+    records: the batches fed, plus those the wrong ones run through the eager model), judged by
+    judge_calibration_ran for each seed's batches: skipping batches is rejected, every batch (in any order, or
+    concatenated into one) passes, as do the submissions rejected later by their scales."""
+    from course_utils.check.lesson_exercises import l05
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    eager_too = {linspace_calibration, widest_only, one_batch}  # these also run the real batches, outside
+    for seed in range(200):
+        _, _, calib, _, _ = l05.draw_pt2e_case(Cases(seed))
+        for fn, feed in PT2E_RAN.items():
+            with pytest.raises(AssertionError, match=_reason(fn)):
+                l05.judge_calibration_ran({tuple(x.shape) for x in feed(calib)}, calib)
+        for fn, feed in [*PT2E_RIGHT_FEEDS.items(), *PT2E_SCALES.items()]:
+            ran = {tuple(x.shape) for x in feed(calib) + (calib if fn in eager_too else [])}
+            l05.judge_calibration_ran(ran, calib)
+
+
+SCALE_SEEDS = range(24)
+
+
+def test_pt2e_activation_scales_judged_on_seeds():
+    """The activation scales a graph holds are what its observers computed from the batches fed
+    (activation_scales runs the same observer class on the same activations: test_pt2e_graph_scales_are_the_
+    observers' checks that on the full path). For each seed the scales of each submission's feed are judged by
+    judge_scales against the given batches': the wrong feeds rejected, the right ones accepted. Only on
+    SCALE_SEEDS (24): the histogram observers' parameter search costs ~40 ms a feed, seven feeds a seed."""
+    from course_utils.check.lesson_exercises import l05
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    torch.manual_seed(0)  # the throwaway batches are torch.randn_like
+    for seed in SCALE_SEEDS:
+        model, _, calib, _, _ = l05.draw_pt2e_case(Cases(seed))
+        expected = l05.activation_scales(model, calib)
+        for fn, feed in PT2E_SCALES.items():
+            with pytest.raises(AssertionError, match=_reason(fn)):
+                l05.judge_scales(l05.activation_scales(model, feed(calib)), expected)
+        for feed in PT2E_RIGHT_FEEDS.values():
+            l05.judge_scales(l05.activation_scales(model, feed(calib)), expected)
+
+
+def test_pt2e_graph_scales_are_the_observers():
+    """The full path of the scale judgment: a converted graph's activation scales equal what activation_scales
+    gives for the batches it was calibrated on (a wrong feed and a right one, one seed)."""
+    from course_utils.check.lesson_exercises import l05
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    model, _, calib, example, keeps = l05.draw_pt2e_case(Cases(3))
+    for feed in (PT2E_SCALES[widest_only], PT2E_RIGHT_FEEDS[reversed_order]):
+        gm = _pt2e(copy.deepcopy(model), example, feed(calib), keeps[0])
+        got, want = l05.graph_scales(gm), l05.activation_scales(model, feed(calib))
+        assert "input" in got and set(got) <= set(want), (got, want)  # the kept conv's input is not quantized
+        assert all(abs(got[n] / want[n] - 1) < 1e-3 for n in got), (got, want)

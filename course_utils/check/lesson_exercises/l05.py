@@ -235,53 +235,71 @@ def judge_scales(got: dict[str, float], expected: dict[str, float]) -> None:
         )
 
 
+def draw_pt2e_case(c: Any) -> tuple[nn.Sequential, list[str], list[torch.Tensor], tuple, list[str]]:
+    """What a seed draws for 05.pt2e: the CNN, its conv names, the calibration batches, the example input, and the
+    two convs to keep FP32 (each later conv once, in random order: the first conv's input quantizer is the
+    calibration probe, and a submission that keeps a layer of its own choosing fails one of the two calls)."""
+    model = _random_cnn(c)
+    convs = [n for n, m in model.named_children() if isinstance(m, nn.Conv2d)]
+    calib = draw_calibration(c, model)
+    example = (calib[0][:2].clone(),)
+    return model, convs, calib, example, c.rng.sample(convs[1:], 2)
+
+
+def judge_pt2e_graph(gm: Any, convs: list[str], keep: str) -> dict[str, dict[str, bool]]:
+    """The returned graph's structure: a converted GraphModule (no observers left) with INT8 quantize/dequantize
+    ops, every conv's weight and input INT8 except ``keep``'s. Returns each conv's state."""
+    if not isinstance(gm, torch.fx.GraphModule):
+        raise AssertionError(
+            f"returned a {type(gm).__name__}, not the converted graph: static INT8 is torch.export.export(...)"
+            ".module() -> prepare_pt2e(..., X86InductorQuantizer()) -> calibration -> convert_pt2e"
+        )
+    observers = [n for n, _ in gm.named_modules() if "activation_post_process" in n]
+    assert not observers, f"observers {observers[:2]} are still in the graph: call convert_pt2e after calibrating"
+    targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert any(QUANT in t for t in targets) and any(DEQUANT_W in t for t in targets), (
+        "the graph holds no INT8 quantize/dequantize ops: prepare_pt2e with "
+        "X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibrate, "
+        "convert_pt2e"
+    )
+    state = _conv_state(gm)
+    assert set(state) >= set(convs), f"convolutions {sorted(set(convs) - set(state))} are missing from the graph"
+    assert not state[keep]["weight_int8"] and not state[keep]["input_int8"], (
+        f"conv '{keep}' (keep_fp32) was quantized: quantizer.set_module_name_qconfig('{keep}', None) before "
+        "prepare_pt2e keeps it FP32"
+    )
+    fp32 = [n for n in convs if n != keep and not state[n]["weight_int8"]]
+    assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should (set_global quantizes the rest)"
+    return state
+
+
+def conv_input_shapes(log: OpLog) -> set[tuple[int, ...]]:
+    """The concrete input shapes of the convolutions that ran (export's symbolic traces left out)."""
+    return {op.in_shapes[0] for op in log.named("conv")
+            if op.in_shapes and all(type(d) is int for d in op.in_shapes[0])}  # fmt: skip
+
+
+def judge_calibration_ran(ran: set[tuple[int, ...]], calib: list[torch.Tensor]) -> None:
+    """Every calibration batch ran through the model (its shape among the convs' inputs), or all of them as one."""
+    missed = [tuple(x.shape) for x in calib if tuple(x.shape) not in ran]
+    if any(shape[0] >= sum(x.shape[0] for x in calib) for shape in ran):
+        missed = []  # the batches concatenated into one: the same images, one pass
+    assert not missed, (
+        f"calibration batches of shape {missed} never ran through the prepared model: calibrate on every "
+        "batch you were given (run prepared(x) for each)"
+    )
+
+
 def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Module]) -> None:
     with cases("05.pt2e") as c:
-        model = _random_cnn(c)
-        convs = [n for n, m in model.named_children() if isinstance(m, nn.Conv2d)]
-        calib = draw_calibration(c, model)
-        example = (calib[0][:2].clone(),)
+        model, convs, calib, example, keeps = draw_pt2e_case(c)
         expected = activation_scales(model, calib)  # what observers fed exactly these batches give
-        # Each later conv kept once, in random order (the first conv's input quantizer is the calibration probe):
-        # a submission that ignores keep_fp32 and keeps a layer of its own choosing fails one of the two calls.
         seen = []
-        for keep in c.rng.sample(convs[1:], 2):
+        for keep in keeps:
             with OpLog() as log:
                 gm = fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep)
-            if not isinstance(gm, torch.fx.GraphModule):
-                raise AssertionError(
-                    f"returned a {type(gm).__name__}, not the converted graph: static INT8 is torch.export.export(...)"
-                    ".module() -> prepare_pt2e(..., X86InductorQuantizer()) -> calibration -> convert_pt2e"
-                )
-            observers = [n for n, _ in gm.named_modules() if "activation_post_process" in n]
-            assert not observers, (
-                f"observers {observers[:2]} are still in the graph: call convert_pt2e after calibrating"
-            )
-            targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
-            assert any(QUANT in t for t in targets) and any(DEQUANT_W in t for t in targets), (
-                "the graph holds no INT8 quantize/dequantize ops: prepare_pt2e with "
-                "X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibrate, "
-                "convert_pt2e"
-            )
-            state = _conv_state(gm)
-            assert set(state) >= set(convs), (
-                f"convolutions {sorted(set(convs) - set(state))} are missing from the graph"
-            )
-            assert not state[keep]["weight_int8"] and not state[keep]["input_int8"], (
-                f"conv '{keep}' (keep_fp32) was quantized: quantizer.set_module_name_qconfig('{keep}', None) before "
-                "prepare_pt2e keeps it FP32"
-            )
-            fp32 = [n for n in convs if n != keep and not state[n]["weight_int8"]]
-            assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should (set_global quantizes the rest)"
-            ran = {op.in_shapes[0] for op in log.named("conv")
-                   if op.in_shapes and all(type(d) is int for d in op.in_shapes[0])}  # fmt: skip
-            missed = [tuple(x.shape) for x in calib if tuple(x.shape) not in ran]
-            if any(shape[0] >= sum(x.shape[0] for x in calib) for shape in ran):
-                missed = []  # the batches concatenated into one: the same images, one pass
-            assert not missed, (
-                f"calibration batches of shape {missed} never ran through the prepared model: calibrate on every "
-                "batch you were given (run prepared(x) for each)"
-            )
+            judge_pt2e_graph(gm, convs, keep)
+            judge_calibration_ran(conv_input_shapes(log), calib)
             judge_scales(graph_scales(gm), expected)
             x = calib[c.randint(0, len(calib) - 1)][:4].clone()
             with torch.no_grad():
