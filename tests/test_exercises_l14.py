@@ -15,6 +15,8 @@ from torch.profiler import ProfilerActivity, profile
 
 from course_utils.check import exercises
 from course_utils.check.lesson_exercises import l14
+from course_utils.check.lesson_exercises.digits import digits_cnn, held_out_digits
+from course_utils.check.lesson_exercises.observe import Cases
 
 
 def verdict(fn, key="14.stack") -> str:
@@ -156,52 +158,91 @@ def by_hand_bn(model, example):
     return p, run
 
 
+WRONG_STACKS = {
+    "no-profile": (_variant(prof=False), "profile first"),
+    "profile-of-the-stack": (_variant(prof_after=True), "no convolution and BatchNorm"),
+    "two-techniques": (_variant(fold=False), "BatchNorm still ran"),
+    "no-autocast": (_variant(amp=None), "computed in torch.float32"),
+    "fp16": (_variant(amp=torch.float16), "computed in torch.float16"),
+    "nchw": (_variant(cl=False), "NCHW"),
+    "bf16-out": (_variant(out_float=False), "float32"),
+    "autograd": (_variant(inference=False), "inference_mode"),
+    "wrong-values": (_variant(scale=1.5), "tolerance"),
+    "decoy-conv-fp32": (decoy_functional, "computed in torch.float32"),
+    "functional-bf16": (decoy_functional_bf16, "inside Conv2d modules"),
+    "in-place-layout": (in_place, "changed in place"),
+    "in-place-fold": (in_place_fold, "changed in place"),
+    "no-model": (lambda model, example: (None, lambda x: torch.zeros(len(x), 10)), "profile first"),
+    "bn-by-hand": (by_hand_bn, "applied some other way"),
+}
+
+
 def test_reference_passes():
     for seed in range(4):
         assert exercises.verdict("14.stack", l14.stacked, seed=seed) == "accepted", seed
     assert verdict(_variant()) == "accepted"
 
 
-@pytest.mark.parametrize(
-    ("fn", "message"),
-    [
-        (_variant(prof=False), "profile first"),
-        (_variant(prof_after=True), "no convolution and BatchNorm"),
-        (_variant(fold=False), "BatchNorm still ran"),
-        (_variant(amp=None), "computed in torch.float32"),
-        (_variant(amp=torch.float16), "computed in torch.float16"),
-        (_variant(cl=False), "NCHW"),
-        (_variant(out_float=False), "float32"),
-        (_variant(inference=False), "inference_mode"),
-        (_variant(scale=1.5), "tolerance"),
-        (decoy_functional, "computed in torch.float32"),
-        (decoy_functional_bf16, "inside Conv2d modules"),
-        (in_place, "changed in place"),
-        (in_place_fold, "changed in place"),
-        (lambda model, example: (None, lambda x: torch.zeros(len(x), 10)), "profile first"),
-        (by_hand_bn, "applied some other way"),
-    ],
-    ids=[
-        "no-profile",
-        "profile-of-the-stack",
-        "two-techniques",
-        "no-autocast",
-        "fp16",
-        "nchw",
-        "bf16-out",
-        "autograd",
-        "wrong-values",
-        "decoy-conv-fp32",
-        "functional-bf16",
-        "in-place-layout",
-        "in-place-fold",
-        "no-model",
-        "bn-by-hand",
-    ],
-)
-def test_wrong_stacks_are_rejected(fn, message):
+@pytest.mark.parametrize("name", sorted(WRONG_STACKS))
+def test_wrong_stacks_are_rejected(name):
+    """The full checker, on one fresh seed per run."""
+    fn, message = WRONG_STACKS[name]
     got = verdict(fn)
     assert message in got, got
+
+
+def judged_on_200_seeds(fn):
+    """The checker's judgment of ``fn`` on each of seeds 0-199, by its own judges (``draw_stack``,
+    ``judge_answer``, ``judge_unchanged``, ``run_stacked``, ``judge_stack_outputs``).
+
+    A full call costs 20-180 ms (the answer profiles the model; the checker reads the profile). The seeds draw 13
+    example sizes (4-16 images): the answer is called once per size on a given model (on that size's first
+    seed's example), its profile and the model judged, and its run(x) judged on all 450 test images (one call);
+    each seed's probe rows of those outputs are then compared with the FP32 model's (eval mode: each image is
+    computed alone).
+    """
+    digits, _ = held_out_digits()
+    draws = {seed: l14.draw_stack(Cases(seed), len(digits)) for seed in range(200)}
+    with torch.inference_mode():
+        ref = digits_cnn()(digits)
+    by_size = {}
+    for example_rows, _ in draws.values():
+        if len(example_rows) in by_size:
+            continue
+        model = digits_cnn()
+        n_convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
+        before = l14._snapshot(model)
+        try:
+            _, run, _ = l14.judge_answer(fn(model, digits[example_rows]))
+            l14.judge_unchanged(model, before)
+            by_size[len(example_rows)] = l14.run_stacked(run, digits, l14._folded_weights(model), n_convs)[0]
+        except AssertionError as exc:
+            by_size[len(example_rows)] = str(exc)
+    reasons = {}
+    for seed, (example_rows, probe_rows) in draws.items():
+        out = by_size[len(example_rows)]
+        if isinstance(out, str):
+            reasons[seed] = out
+            continue
+        try:
+            l14.judge_stack_outputs(out[probe_rows], ref[probe_rows])
+            reasons[seed] = "accepted"
+        except AssertionError as exc:
+            reasons[seed] = str(exc)
+    return reasons
+
+
+@pytest.mark.parametrize("name", sorted(WRONG_STACKS))
+def test_wrong_stacks_are_rejected_on_200_seeds(name):
+    fn, message = WRONG_STACKS[name]
+    bad = {seed: reason for seed, reason in judged_on_200_seeds(fn).items() if message not in reason}
+    assert not bad, bad
+
+
+def test_right_stacks_are_accepted_on_200_seeds():
+    for fn in (l14.stacked, _variant()):
+        bad = {seed: reason for seed, reason in judged_on_200_seeds(fn).items() if reason != "accepted"}
+        assert not bad, bad
 
 
 @pytest.mark.parametrize(

@@ -19,7 +19,8 @@ from collections.abc import Callable
 from typing import Any
 
 from course_utils.check.exercises import exercise, observed
-from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog, cases
+from course_utils.check.lesson_exercises.digits import digits_cnn, held_out_digits
+from course_utils.check.lesson_exercises.observe import CONV_OPS, Cases, OpLog, cases
 
 
 def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
@@ -121,112 +122,146 @@ def _profiled_ops(prof: Any) -> set[str]:
     return {e.key for e in prof.key_averages()}
 
 
+def draw_stack(c: Cases, n_images: int) -> tuple[Any, Any]:
+    """What a seed draws: the rows of the example (4-16 images) and of the probe images (8-32), disjoint."""
+    import torch
+
+    pick = c.rng.sample(range(n_images), 48)
+    return torch.tensor(pick[: c.randint(4, 16)]), torch.tensor(pick[16 : 16 + c.randint(8, 32)])
+
+
+def judge_answer(answer: Any) -> tuple[Any, Callable[[Any], Any], set[str]]:
+    """The judgment of what ``stacked(model, example)`` returned: (prof, run), the profile showing the given
+    model's convolution and BatchNorm. Returns (prof, run, the profiled operators)."""
+    import torch
+
+    assert isinstance(answer, tuple) and len(answer) == 2, (
+        "stacked(model, example) must return (prof, run): the profiler you ran on the given model first, and "
+        f"run(x); got {type(answer).__name__}"
+    )
+    prof, run = answer
+    assert isinstance(prof, torch.profiler.profile), (
+        "profile first: return the torch.profiler.profile object you ran around model(example) before changing "
+        f"anything (got {type(prof).__name__})"
+    )
+    seen = _profiled_ops(prof)
+    assert any("conv" in k for k in seen) and any("batch_norm" in k for k in seen), (
+        "the profile shows no convolution and BatchNorm of the given model: run model(example) inside "
+        "`with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:` before stacking techniques "
+        f"(profiled ops: {sorted(seen)[:8]})"
+    )
+    assert callable(run), f"the second item must be a function run(x), got {type(run).__name__}"
+    return prof, run, seen
+
+
+def judge_unchanged(model: Any, before: tuple[list, list]) -> None:
+    """The given model is as ``_snapshot`` saw it before the answer ran."""
+    import torch
+
+    tensors, modules = _snapshot(model)
+    old = {k: (v, dt, st) for k, v, dt, st in before[0]}
+    changed = [k for k, v, dt, st in tensors
+               if k not in old or dt != old[k][1] or st != old[k][2] or not torch.equal(v, old[k][0])]  # fmt: skip
+    changed += [k for k in old if k not in {t[0] for t in tensors}]
+    assert not changed and modules == before[1], (
+        "the given model was changed in place ("
+        + (f"tensors {changed[:3]}" if changed else "its modules were replaced")
+        + "): .to(...), fusion and layout changes act in place. Work on copy.deepcopy(model), so the baseline "
+        "you compare against stays the baseline"
+    )
+
+
+def run_stacked(run: Callable[[Any], Any], probe: Any, folded: list[tuple[Any, Any]], n_convs: int) -> tuple:
+    """``run(probe)`` watched (an operator log, every Conv2d module's forward) and judged: bf16 convolutions inside
+    the model's own channels_last Conv2d layers with folded weights, no BatchNorm, float32 outputs without autograd.
+    ``folded``: :func:`_folded_weights` of the given model. Returns (outputs, the convolution operators)."""
+    import torch
+
+    layouts: list[bool] = []
+    weights: list[Any] = []
+
+    def watch(mod: Any, inputs: Any, output: Any) -> None:  # every Conv2d module's forward, copies included
+        if isinstance(mod, torch.nn.Conv2d):  # (with 1 channel both layouts are the same: nothing to see)
+            cl = torch.channels_last
+            layouts.append((mod.in_channels == 1 or mod.weight.is_contiguous(memory_format=cl))
+                           and (inputs[0].shape[1] == 1 or inputs[0].is_contiguous(memory_format=cl)))  # fmt: skip
+            weights.append(mod.weight.detach().float().clone())
+
+    handle = torch.nn.modules.module.register_module_forward_hook(watch)
+    try:
+        with OpLog() as log:
+            out = run(probe)
+    finally:
+        handle.remove()
+    assert isinstance(out, torch.Tensor), f"run(x) must return a tensor, got {type(out).__name__}"
+    assert out.dtype == torch.float32, f"run(x) must return float32 outputs (call .float()), got {out.dtype}"
+    assert not out.requires_grad, "run under torch.inference_mode() (or no_grad): the outputs carry autograd history"
+    top = log.named(*CONV_OPS)
+    assert top, "no convolution ran: run(x) must run (a copy of) the model on x"
+    fp32 = [op for op in top if torch.bfloat16 not in op.out_dtypes]
+    assert not fp32, (
+        f"{len(fp32)} of {len(top)} convolutions computed in {fp32[0].out_dtypes[0]}: run the model under "
+        "torch.autocast('cpu', dtype=torch.bfloat16) (the model's own convolutions, not a decoy beside them)"
+    )
+    assert len(top) == n_convs, (
+        f"{len(top)} convolutions ran for a model with {n_convs}: run each conv layer once per call, on x (not a "
+        "decoy module or a throwaway input beside the model)"
+    )
+    assert len(layouts) == len(top), (
+        f"{len(top)} convolutions ran but only {len(layouts)} inside Conv2d modules: F.conv2d calls beside the "
+        "model are not the model. Run the model's own (copied) layers"
+    )
+    assert all(layouts), (
+        f"{layouts.count(False)} convolutions ran on NCHW weights or inputs: convert the copy with "
+        ".to(memory_format=torch.channels_last) and x with x.contiguous(memory_format=torch.channels_last)"
+    )
+    bn = log.named("batch_norm")
+    assert not bn, (
+        f"BatchNorm still ran ({len(bn)} operators): fold each BatchNorm into the convolution before it "
+        "(torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn), then replace the BatchNorm with nn.Identity())"
+    )
+    for i, (w, (want, original)) in enumerate(zip(weights, folded, strict=False)):
+        if w.shape != want.shape:
+            continue
+        if torch.allclose(w, original, rtol=1e-4, atol=1e-6) and not torch.allclose(want, original):
+            raise AssertionError(
+                f"convolution {i} ran with the model's original weights, not folded ones: its BatchNorm was "
+                "applied some other way (by hand, in elementwise operations), not folded. Fold it: "
+                "fuse_conv_bn_eval(conv, bn) gives a conv whose weights are scaled by gamma / sqrt(var + eps)"
+            )
+        assert torch.allclose(w, want, rtol=1e-3, atol=1e-5), (
+            f"convolution {i}'s weights are neither the original ones nor the folded ones (conv weight x gamma / "
+            "sqrt(running_var + eps)): fold each BatchNorm into the conv just before it"
+        )
+    return out, top
+
+
+def judge_stack_outputs(out: Any, ref: Any) -> Any:
+    """``run``'s outputs against the FP32 model's (``ref``) within the bf16 tolerance; returns the comparison."""
+    from course_utils.check.compare import compare_outputs
+
+    cmp = compare_outputs(out.flatten(), ref.flatten(), "bf16")  # flattened: no top-1 over a few ambiguous digits
+    assert cmp.within, f"outputs differ from the FP32 model beyond the bf16 tolerance: {cmp.reason}"
+    return cmp
+
+
 def _check_stack(fn: Callable[[Any, Any], Any]) -> None:
     import torch
 
-    from course_utils.check.compare import compare_outputs
-    from course_utils.supply.data import load_digits_split
-    from course_utils.supply.models import load_digits_model
-
     with cases("14.stack") as c:
-        model = load_digits_model("cnn")
+        model = digits_cnn()
         n_convs = sum(isinstance(m, torch.nn.Conv2d) for m in model.modules())
-        digits = load_digits_split().x_test
-        pick = c.rng.sample(range(len(digits)), 48)
-        example = digits[torch.tensor(pick[: c.randint(4, 16)])]
-        probe = digits[torch.tensor(pick[16 : 16 + c.randint(8, 32)])]
+        digits, _ = held_out_digits()
+        example_rows, probe_rows = draw_stack(c, len(digits))
+        example, probe = digits[example_rows], digits[probe_rows]
         before = _snapshot(model)
         with torch.inference_mode():
             ref = model(probe)
-        answer = fn(model, example)
-        assert isinstance(answer, tuple) and len(answer) == 2, (
-            "stacked(model, example) must return (prof, run): the profiler you ran on the given model first, and "
-            f"run(x); got {type(answer).__name__}"
-        )
-        prof, run = answer
-        assert isinstance(prof, torch.profiler.profile), (
-            "profile first: return the torch.profiler.profile object you ran around model(example) before changing "
-            f"anything (got {type(prof).__name__})"
-        )
-        seen = _profiled_ops(prof)
-        assert any("conv" in k for k in seen) and any("batch_norm" in k for k in seen), (
-            "the profile shows no convolution and BatchNorm of the given model: run model(example) inside "
-            "`with torch.profiler.profile(activities=[ProfilerActivity.CPU]) as prof:` before stacking techniques "
-            f"(profiled ops: {sorted(seen)[:8]})"
-        )
-        assert callable(run), f"the second item must be a function run(x), got {type(run).__name__}"
-        tensors, modules = _snapshot(model)
-        old = {k: (v, dt, st) for k, v, dt, st in before[0]}
-        changed = [k for k, v, dt, st in tensors
-                   if k not in old or dt != old[k][1] or st != old[k][2] or not torch.equal(v, old[k][0])]  # fmt: skip
-        changed += [k for k in old if k not in {t[0] for t in tensors}]
-        assert not changed and modules == before[1], (
-            "the given model was changed in place ("
-            + (f"tensors {changed[:3]}" if changed else "its modules were replaced")
-            + "): .to(...), fusion and layout changes act in place. Work on copy.deepcopy(model), so the baseline "
-            "you compare against stays the baseline"
-        )
-        layouts: list[bool] = []
-        weights: list[Any] = []
+        _, run, seen = judge_answer(fn(model, example))
+        judge_unchanged(model, before)
         folded = _folded_weights(model)
-
-        def watch(mod: Any, inputs: Any, output: Any) -> None:  # every Conv2d module's forward, copies included
-            if isinstance(mod, torch.nn.Conv2d):  # (with 1 channel both layouts are the same: nothing to see)
-                cl = torch.channels_last
-                layouts.append((mod.in_channels == 1 or mod.weight.is_contiguous(memory_format=cl))
-                               and (inputs[0].shape[1] == 1 or inputs[0].is_contiguous(memory_format=cl)))  # fmt: skip
-                weights.append(mod.weight.detach().float().clone())
-
-        handle = torch.nn.modules.module.register_module_forward_hook(watch)
-        try:
-            with OpLog() as log:
-                out = run(probe)
-        finally:
-            handle.remove()
-        assert isinstance(out, torch.Tensor), f"run(x) must return a tensor, got {type(out).__name__}"
-        assert out.dtype == torch.float32, f"run(x) must return float32 outputs (call .float()), got {out.dtype}"
-        assert not out.requires_grad, (
-            "run under torch.inference_mode() (or no_grad): the outputs carry autograd history"
-        )
-        top = log.named(*CONV_OPS)
-        assert top, "no convolution ran: run(x) must run (a copy of) the model on x"
-        fp32 = [op for op in top if torch.bfloat16 not in op.out_dtypes]
-        assert not fp32, (
-            f"{len(fp32)} of {len(top)} convolutions computed in {fp32[0].out_dtypes[0]}: run the model under "
-            "torch.autocast('cpu', dtype=torch.bfloat16) (the model's own convolutions, not a decoy beside them)"
-        )
-        assert len(top) == n_convs, (
-            f"{len(top)} convolutions ran for a model with {n_convs}: run each conv layer once per call, on x (not a "
-            "decoy module or a throwaway input beside the model)"
-        )
-        assert len(layouts) == len(top), (
-            f"{len(top)} convolutions ran but only {len(layouts)} inside Conv2d modules: F.conv2d calls beside the "
-            "model are not the model. Run the model's own (copied) layers"
-        )
-        assert all(layouts), (
-            f"{layouts.count(False)} convolutions ran on NCHW weights or inputs: convert the copy with "
-            ".to(memory_format=torch.channels_last) and x with x.contiguous(memory_format=torch.channels_last)"
-        )
-        bn = log.named("batch_norm")
-        assert not bn, (
-            f"BatchNorm still ran ({len(bn)} operators): fold each BatchNorm into the convolution before it "
-            "(torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn), then replace the BatchNorm with nn.Identity())"
-        )
-        for i, (w, (want, original)) in enumerate(zip(weights, folded, strict=False)):
-            if w.shape != want.shape:
-                continue
-            if torch.allclose(w, original, rtol=1e-4, atol=1e-6) and not torch.allclose(want, original):
-                raise AssertionError(
-                    f"convolution {i} ran with the model's original weights, not folded ones: its BatchNorm was "
-                    "applied some other way (by hand, in elementwise operations), not folded. Fold it: "
-                    "fuse_conv_bn_eval(conv, bn) gives a conv whose weights are scaled by gamma / sqrt(var + eps)"
-                )
-            assert torch.allclose(w, want, rtol=1e-3, atol=1e-5), (
-                f"convolution {i}'s weights are neither the original ones nor the folded ones (conv weight x gamma / "
-                "sqrt(running_var + eps)): fold each BatchNorm into the conv just before it"
-            )
-        cmp = compare_outputs(out.flatten(), ref.flatten(), "bf16")  # flattened: no top-1 over a few ambiguous digits
-        assert cmp.within, f"outputs differ from the FP32 model beyond the bf16 tolerance: {cmp.reason}"
+        out, top = run_stacked(run, probe, folded, n_convs)
+        cmp = judge_stack_outputs(out, ref)
         n_folded = sum(not torch.allclose(want, original) for want, original in folded)
         kinds = sorted({d for op in top for d in op.out_dtypes}, key=str)
     observed(f"a profile of the given model ({len(seen)} operator kinds, convolution and batch_norm among them); "
