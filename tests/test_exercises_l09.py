@@ -5,6 +5,9 @@ The checker's data set changes every pass and logs each read with its process, s
 not by its speed. The speed rejections use loaders that cannot reach the target whatever the machine: every sample
 waits on simulated storage, so a loader that waits for one sample at a time (or restarts its workers every pass)
 stays near the baseline. The speed acceptance of the reference runs in tests/test_exercises.py.
+
+Over many seeds the storage does not wait (``wait_s=0``, with a fixed target): loaders without workers run on 200
+seeds, loaders that start worker processes on 20 (each start costs a tenth of a second).
 """
 
 from __future__ import annotations
@@ -50,19 +53,23 @@ def read_in_advance(ds):
     return DataLoader(TensorDataset(torch.stack(xs), torch.tensor(ys)), batch_size=8, num_workers=2)
 
 
-@pytest.mark.parametrize(
-    ("make", "message"),
-    [
-        (lambda ds: [b for b in DataLoader(ds, batch_size=8)], "return a torch.utils.data.DataLoader"),
-        (lambda ds: DataLoader(ds, batch_size=4, num_workers=2), "batches of 8"),
-        (lambda ds: DataLoader(ds, batch_size=8, shuffle=True), "shuffle"),
-        (lambda ds: CachingLoader(ds, batch_size=8), "kept from an earlier pass"),
-        (lambda ds: CachingWorkersLoader(ds, batch_size=8, num_workers=4), "kept from an earlier pass"),
-        (lambda ds: DataLoader(ds, batch_size=8, num_workers=0), "main process"),
-        (read_in_advance, "dataset you were given"),
-    ],
-    ids=["not-a-loader", "batch-4", "shuffled", "cache-no-workers", "cache-with-workers", "no-workers", "copied"],
-)
+WRONG_LOADERS = {  # id: (make the loader, the reason), the ones that start no worker process first
+    "not-a-loader": (lambda ds: [b for b in DataLoader(ds, batch_size=8)], "return a torch.utils.data.DataLoader"),
+    "shuffled": (lambda ds: DataLoader(ds, batch_size=8, shuffle=True), "shuffle"),
+    "cache-no-workers": (lambda ds: CachingLoader(ds, batch_size=8), "kept from an earlier pass"),
+    "no-workers": (lambda ds: DataLoader(ds, batch_size=8, num_workers=0), "main process"),
+    "copied": (read_in_advance, "dataset you were given"),
+    "batch-4": (lambda ds: DataLoader(ds, batch_size=4, num_workers=2), "batches of 8"),
+    "cache-with-workers": (
+        lambda ds: CachingWorkersLoader(ds, batch_size=8, num_workers=4),
+        "kept from an earlier pass",
+    ),
+}
+IN_PROCESS = ["not-a-loader", "shuffled", "cache-no-workers", "no-workers", "copied"]
+WITH_WORKERS = ["batch-4", "cache-with-workers"]
+
+
+@pytest.mark.parametrize(("make", "message"), list(WRONG_LOADERS.values()), ids=list(WRONG_LOADERS))
 def test_wrong_loaders_are_rejected(make, message):
     assert message in verdict(make, target_ips=1.0)
 
@@ -75,3 +82,41 @@ def test_a_loader_below_the_target_is_rejected():
 def test_the_reference_meets_an_easy_target_and_the_seed_is_printed_on_failure():
     assert verdict(exercises.get(KEY).solution, target_ips=1.0) == "accepted"
     assert "random case seed" in verdict(lambda ds: DataLoader(ds, batch_size=8), target_ips=1.0)
+
+
+@pytest.mark.parametrize("name", IN_PROCESS)
+def test_wrong_loaders_without_workers_over_200_seeds(name):
+    """Seeds 0-199 with storage that does not wait (``wait_s=0``): these loaders read in the main process (or not
+    at all), and the check judges their batches and the read log, never the time the reads took."""
+    make, message = WRONG_LOADERS[name]
+    for seed in range(200):
+        reason = verdict(make, target_ips=1.0, wait_s=0.0, seed=seed)
+        assert message in reason and "random case seed" in reason, (seed, reason)
+
+
+SEEDS_WITH_WORKERS = range(20)
+
+
+@pytest.mark.parametrize("name", WITH_WORKERS)
+def test_wrong_loaders_with_workers_over_some_seeds(name):
+    """Only seeds 0-19, not 200: these loaders start real worker processes (a tenth of a second each here), whose
+    process ids in the read log are what the check judges, so there is no cheaper path to their rejection. The
+    storage does not wait (``wait_s=0``): the judgment reads the batches and the log, not the time."""
+    make, message = WRONG_LOADERS[name]
+    for seed in SEEDS_WITH_WORKERS:
+        reason = verdict(make, target_ips=1.0, wait_s=0.0, seed=seed)
+        assert message in reason, (seed, reason)
+
+
+def test_the_reference_and_a_slow_loader_over_some_seeds():
+    """The reference accepted, two workers restarted every pass rejected at an impossible target, on the seeds
+    above (real worker processes: see there); storage that does not wait."""
+    for seed in SEEDS_WITH_WORKERS:
+        assert verdict(exercises.get(KEY).solution, target_ips=1.0, wait_s=0.0, seed=seed) == "accepted", seed
+        slow = verdict(lambda ds: DataLoader(ds, batch_size=8, num_workers=2), target_ips=1e9, wait_s=0.0, seed=seed)
+        assert "target" in slow, (seed, slow)
+
+
+def test_a_storage_that_does_not_wait_needs_a_fixed_target():
+    with pytest.raises(ValueError, match="fixed target_ips"):
+        verdict(exercises.get(KEY).solution, wait_s=0.0)
