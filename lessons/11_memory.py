@@ -512,14 +512,18 @@ cu.exercises.check("11.graph-runner", make_graph_runner)
 
 # %% [markdown]
 # ## On a GPU: CUDA graph on fixed buffers vs eager
-# One runner (the exercise's solution), then eager and replay timed the same way, both under `inference_mode`
-# (eager with autograd on would keep every activation and do autograd's bookkeeping: an unfair baseline).
+# One runner (the CUDA half of the exercise's solution, which imports it from this cell's export), then eager
+# and replay timed the same way, both under `inference_mode` (eager with autograd on would keep every activation
+# and do autograd's bookkeeping: an unfair baseline).
 # Memory allocated before and after a batch of replays shows that replay allocates nothing. This section is
 # contract-tested: `tests/gpu_contract/test_l11_memory.py` runs `capture_runner` against a stand-in for the
 # `torch.cuda` graph and stream calls whose signatures are the real ones, and replays the captured operations.
 
 
-# %% tags=["contract"]
+# %% tags=["contract", "export"]
+import torch
+
+
 def capture_runner(model, example):
     """Capture model(static_in) in a CUDA graph; run(x) copies x in, replays and returns a clone of the output."""
     static_in = example.clone()

@@ -7,7 +7,8 @@ A lesson marks a cell in its text copy (``lessons/NN_slug.py``) with a jupytext 
         ...
 
 ``lesson_namespace("08")`` executes every cell tagged ``contract`` of lesson 08, in order, in a fresh
-namespace (optionally pre-filled, e.g. with a fake ``trt`` module) and returns it, so a test calls the very
+namespace (optionally pre-filled, e.g. with a fake ``trt`` module, which a cell's own imports do not replace)
+and returns it, so a test calls the very
 functions the notebook shows. Tagged cells should define functions and classes, not run heavy work.
 """
 
@@ -55,4 +56,6 @@ def lesson_namespace(lesson: str, tag: str = "contract", **preset: Any) -> dict[
     path = str(lesson_path(lesson))
     for src in cells:
         exec(compile(src, path, "exec"), ns)  # noqa: S102 - the lesson's own code, by design
+        # A cell tagged export carries its own imports (`import torch`): the preset (a stand-in torch) stays.
+        ns.update(preset)
     return ns
