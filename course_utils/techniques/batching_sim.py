@@ -11,6 +11,9 @@ times measured in the lesson (a batch-size sweep), so the curves describe this m
 * :func:`simulate` runs the batcher and returns per-request latencies and a summary;
 * :func:`plot_rate_sweep` draws p50/p99 latency and throughput against the arrival rate.
 
+Lesson 03 measures the service times and chooses the policies; the simulator is lab equipment, no lesson's
+subject, so no lesson writes it out.
+
 Lesson 13 serves a real model with a real batching server; this simulation is the model of it.
 """
 

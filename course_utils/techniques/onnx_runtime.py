@@ -6,7 +6,11 @@ level, threads, providers, and a check that the providers asked for were really 
 :func:`ort_runner` (validates name, dtype and rank before running), :func:`ort_iobinding_runner` (torch CUDA
 tensors bound without copies), :func:`ort_quantize_dynamic`.
 
-Lesson 07 writes these calls out first; lessons 13 and 14 reuse them from here. TensorRT's helpers are in
+Lesson 07 writes the plain calls in its cells (``torch.onnx.export``, ``ort.SessionOptions``,
+``ort.InferenceSession``, ``session.run``, ``quantize_dynamic``); lessons 07, 13 and 14 then call these helpers,
+which add what a cell would repeat: the exported file checked and made self-contained, the providers that were
+really applied compared with those asked for (:class:`ProviderFallbackError`), an input's name, dtype and rank
+checked with a message naming the fix, and the IOBinding plumbing. TensorRT's helpers are in
 :mod:`course_utils.techniques.tensorrt_engines`.
 """
 
