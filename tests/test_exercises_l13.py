@@ -1,6 +1,6 @@
 """Lesson 13's exercise checkers reject wrong answers: a digits LitAPI that does not batch, splits wrongly,
 labels wrongly, skips inference_mode or validation; a Triton config with preferred sizes or the wrong delay.
-(The reference solutions pass in tests/test_exercises.py, which also serves the reference once.)"""
+The LitAPI answers are judged in process on 200 seeds; the reference is also served once (the full path)."""
 
 from __future__ import annotations
 
@@ -97,11 +97,74 @@ WRONG = {
 }
 
 
+RIGHT = {
+    "the reference": (),
+    "unbind, cat of unsqueezed images, Tensor.softmax": (
+        ("        return list(probs)", "        return probs.unbind(0)"),
+        ("torch.stack(images)", "torch.cat([im[None] for im in images])"),
+        ("        return torch.softmax(logits, dim=-1).cpu()", "        return logits.softmax(-1).cpu()"),
+        ("int(probs.argmax())", "int(torch.argmax(probs).item())"),
+    ),
+}
+
+
 @pytest.mark.parametrize("name", sorted(WRONG))
 def test_litapi_checker_rejects(name, tmp_path):
+    """The full checker on a fresh seed (these answers are all rejected in process, before the server)."""
     edits, words = WRONG[name]
     with pytest.raises(AssertionError, match=words):
         exercises.get("13.litapi").checker(_variant(tmp_path, *edits))
+
+
+def judged_on_200_seeds(answer):
+    """The checker's judgment of ``answer`` in process on each of seeds 0-199: the class loaded and set up once
+    (``setup_api``, as the server's worker does once), then each seed's drawn request set (``_draw``) judged on
+    that object by ``judge_in_process``, the checker's own code. The served path (a LitServe process, HTTP on
+    127.0.0.1, the model's calls counted inside the served worker) costs ~7 s a call: it runs on one seed below."""
+    import torch
+
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    _, cls = l13._load(answer)
+    threads = torch.get_num_threads()
+    try:
+        try:
+            api, model, kind = l13.setup_api(cls)
+        except AssertionError as exc:
+            return dict.fromkeys(range(200), str(exc))
+        reasons = {}
+        for seed in range(200):
+            l13._draw(Cases(seed))
+            try:
+                l13.judge_in_process(api, model, kind)
+                reasons[seed] = "accepted"
+            except AssertionError as exc:
+                reasons[seed] = str(exc)
+    finally:
+        torch.set_num_threads(threads)
+        l13._REF.clear()
+    return reasons
+
+
+@pytest.mark.parametrize("name", sorted(WRONG))
+def test_litapi_rejects_on_200_seeds(name, tmp_path):
+    import re
+
+    edits, words = WRONG[name]
+    bad = {s: r for s, r in judged_on_200_seeds(_variant(tmp_path, *edits)).items() if not re.search(words, r)}
+    assert not bad, bad
+
+
+@pytest.mark.parametrize("name", sorted(RIGHT))
+def test_litapi_right_answers_pass_on_200_seeds(name, tmp_path):
+    bad = {s: r for s, r in judged_on_200_seeds(_variant(tmp_path, *RIGHT[name])).items() if r != "accepted"}
+    assert not bad, bad
+
+
+def test_litapi_reference_is_accepted_when_served():
+    """The full path once: the server process started, the requests over HTTP, the model's calls counted inside
+    the served worker, the server stopped (``server_process.serve`` stops it however the block ends)."""
+    assert exercises.verdict("13.litapi", l13.litapi_solution, seed=0) == "accepted"
 
 
 def test_litapi_unsolved_stub_is_not_attempted(tmp_path, capsys):

@@ -31,3 +31,10 @@ def digits_cnn() -> Any:
 
         _LOADED["cnn"] = load_digits_model("cnn")
     return copy.deepcopy(_LOADED["cnn"]).eval()
+
+
+def reference_cnn() -> Any:
+    """The loaded CNN itself, for a checker's own reference outputs and weights: never hand it to an answer."""
+    if "cnn" not in _LOADED:
+        digits_cnn()
+    return _LOADED["cnn"]

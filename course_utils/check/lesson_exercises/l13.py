@@ -38,13 +38,13 @@ def _draw(c: Any = None) -> None:
     """Draw this check's eight test images (N, 1, 8, 8) and the CNN's softmax for them (what answers must equal)."""
     import torch
 
-    from course_utils.supply import data, models
+    from course_utils.check.lesson_exercises.digits import held_out_digits, reference_cnn
 
-    x_all = data.load_digits_split().x_test
+    x_all, _ = held_out_digits()
     rows = sorted(c.rng.sample(range(len(x_all)), N_IMAGES)) if c is not None else list(range(N_IMAGES))
     x = x_all[torch.tensor(rows)]
     with torch.inference_mode():
-        _REF["x"], _REF["probs"] = x, torch.softmax(models.load_digits_model("cnn")(x), dim=-1)
+        _REF["x"], _REF["probs"] = x, torch.softmax(reference_cnn()(x), dim=-1)
 
 
 def _reference() -> tuple[Any, Any]:
@@ -58,9 +58,9 @@ def find_model(api: Any) -> Any:
     """The module ``setup`` kept on ``api`` that holds the shipped digits CNN's weights (None if there is none)."""
     import torch
 
-    from course_utils.supply import models
+    from course_utils.check.lesson_exercises.digits import reference_cnn
 
-    want = models.load_digits_model("cnn").state_dict()
+    want = reference_cnn().state_dict()
     found = []
     for v in vars(api).values():
         items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else [v]
@@ -213,45 +213,61 @@ def _check_litapi(answer: Any) -> None:
 
 
 def _check_litapi_case(answer: Any) -> None:
-    import tempfile
+    import torch
 
+    target, cls = _load(answer)
+    threads = torch.get_num_threads()  # setup may set the process's thread count (the server's worker does)
+    try:
+        api, model, kind = setup_api(cls)
+        judge_in_process(api, model, kind)
+    finally:
+        torch.set_num_threads(threads)
+    judge_served(target, cls)
+
+
+def setup_api(cls: type) -> tuple[Any, Any, type]:
+    """The learner's class set up in this process as the server would: (api, the digits CNN it kept, its pydantic
+    request type). Raises AssertionError when setup keeps no module with the shipped CNN's weights."""
+    import torch
+
+    api = cls(max_batch_size=4, batch_timeout=0.01)
+    api.setup("cpu")
+    modules = [m for m in vars(api).values() if isinstance(m, torch.nn.Module)]
+    assert modules, "setup must keep the model on self (self.model = cu.models.load_digits_model('cnn', ...))"
+    model = find_model(api)
+    assert model is not None, (
+        "setup kept no module with the shipped digits CNN's weights: load it with "
+        "course_utils.supply.models.load_digits_model('cnn', device=device) and keep it on self (self.model = ...)"
+    )
+    return api, model, _request_type(api)
+
+
+def judge_in_process(api: Any, model: Any, kind: type) -> None:
+    """The drawn request set (:func:`_draw`) judged on a set-up ``api`` in this process: validation of good and bad
+    bodies, ``batch`` of four, one ``predict`` that runs the real model once on the batch (through its hooks,
+    under inference_mode), ``unbatch`` and ``encode_response`` equal to the model's softmax and argmax."""
     import torch
 
     from course_utils.check.lesson_exercises.observe import OpLog
 
-    target, cls = _load(answer)
-    api = cls(max_batch_size=4, batch_timeout=0.01)
-    threads = torch.get_num_threads()  # setup may set the process's thread count (the server's worker does)
+    _check_validation(kind)
+    bodies, (_, ref) = _bodies()[:4], _reference()
+    x = api.batch([api.decode_request(kind.model_validate(b)) for b in bodies])
+    assert isinstance(x, torch.Tensor) and tuple(x.shape) == (4, 1, 8, 8), (
+        "batch must stack the four images into one tensor of shape (4, 1, 8, 8), got "
+        f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
+    )
+    top: list[bool] = []
+    first: list[bool] = []
+    hooks = [model.register_forward_hook(lambda m, args, out: top.append(True)),
+             model.features[0].register_forward_hook(
+                 lambda m, args, out: first.append(torch.is_inference_mode_enabled()))]  # fmt: skip
     try:
-        api.setup("cpu")
-        modules = [m for m in vars(api).values() if isinstance(m, torch.nn.Module)]
-        assert modules, "setup must keep the model on self (self.model = cu.models.load_digits_model('cnn', ...))"
-        model = find_model(api)
-        assert model is not None, (
-            "setup kept no module with the shipped digits CNN's weights: load it with "
-            "course_utils.supply.models.load_digits_model('cnn', device=device) and keep it on self (self.model = ...)"
-        )
-        kind = _request_type(api)
-        _check_validation(kind)
-        bodies, (_, ref) = _bodies()[:4], _reference()
-        x = api.batch([api.decode_request(kind.model_validate(b)) for b in bodies])
-        assert isinstance(x, torch.Tensor) and tuple(x.shape) == (4, 1, 8, 8), (
-            "batch must stack the four images into one tensor of shape (4, 1, 8, 8), got "
-            f"{tuple(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__}"
-        )
-        top: list[bool] = []
-        first: list[bool] = []
-        hooks = [model.register_forward_hook(lambda m, args, out: top.append(True)),
-                 model.features[0].register_forward_hook(
-                     lambda m, args, out: first.append(torch.is_inference_mode_enabled()))]  # fmt: skip
-        try:
-            with OpLog(watch=model) as log:
-                out = api.predict(x)
-        finally:
-            for h in hooks:
-                h.remove()
+        with OpLog(watch=model) as log:
+            out = api.predict(x)
     finally:
-        torch.set_num_threads(threads)
+        for h in hooks:
+            h.remove()
     calls = model_calls(log)
     assert calls, (
         "predict did not run the digits CNN that setup loaded (its first convolution never ran on this thread): run "
@@ -271,12 +287,20 @@ def _check_litapi_case(answer: Any) -> None:
     probs, labels = _answers([api.encode_response(p) for p in parts])
     _compare(probs, labels, ref[:4], "in-process")
 
+
+def judge_served(target: str, cls: type) -> None:
+    """The class served with max_batch_size=4 on 127.0.0.1 (a subclass logs the model's calls inside the served
+    worker process): the drawn request set and two bad bodies, sent concurrently, judged from the answers and
+    the served process's own log."""
+    import tempfile
+
     from course_utils.serve import load_generator as load
     from course_utils.serve import server_process
 
     path, _, name = target.rpartition(":")
     sig = inspect.signature(cls.predict)
     ctx, ctx_call = (", context", ", context=context") if "context" in sig.parameters else ("", "")
+    ref = _reference()[1]
     bad = [_bad_bodies()[k] for k in ("7 rows", "a pixel of 5.0 (outside [0, 1])")]
     with tempfile.TemporaryDirectory(prefix="course_13_") as tmp:
         calls_log = Path(tmp) / "model_calls.txt"
