@@ -1,11 +1,14 @@
-"""Lesson 07's exercise checkers reject wrong answers, each with its reason (the references pass)."""
+"""Lesson 07's exercise checkers reject wrong answers, each with its reason (the references pass): 07.session and
+07.fusion on 200 seeds each, 07.static-int8's drawn calibration on 200 and its full path on fewer."""
 
 from __future__ import annotations
 
 import collections
+import gc
 import re
 import shutil
 import tempfile
+from functools import partial
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +19,20 @@ from course_utils.check import exercises
 from course_utils.check.exercises import verdict
 from course_utils.check.lesson_exercises import l07
 from course_utils.check.lesson_exercises.observe import Cases
+
+SWEEP = range(200)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _small_gc_census():
+    """Everything alive before this module's tests is frozen out of the garbage collector's generations: the
+    ~250k objects of pytest, torch and ORT are not traversed again at each collection, which the many small
+    objects a checker call makes (ORT sessions, ONNX protos) would otherwise trigger. The checks are the same."""
+    gc.collect()
+    gc.freeze()
+    yield
+    gc.unfreeze()
+
 
 LEVELS = {
     "disable": "ORT_DISABLE_ALL",
@@ -104,10 +121,43 @@ SESSION_WRONG = [
 ]
 
 
+FULL_SEEDS = (1, 2, 3)  # the checker itself, drawing included; the sweeps below share each seed's drawn case
+
+
 @pytest.mark.parametrize("fn, reason", SESSION_WRONG, ids=[f.__name__ for f, _ in SESSION_WRONG])
 def test_session_rejects(fn, reason):
+    for seed in FULL_SEEDS:
+        msg = verdict("07.session", fn, seed=seed)
+        assert re.search(reason, msg) and f"seed {seed}" in msg, (seed, msg)
     msg = verdict("07.session", fn)
     assert re.search(reason, msg), msg
+
+
+def _first_rejection(judge, calls):
+    """The message of the first call ``judge`` rejects, or "accepted" (as the checker runs the calls in turn)."""
+    try:
+        for call in calls:
+            judge(*call)
+    except AssertionError as exc:
+        return str(exc)
+    return "accepted"
+
+
+def test_session_judged_on_200_seeds():
+    """Each seed's case drawn once (draw_session_case: the CNN, the input, the four levels in their order and
+    thread counts), then every submission called and judged as the checker does (judge_session_call, call by
+    call): the reference accepted, each wrong one rejected with its reason, on all 200 seeds."""
+    _CACHED.clear()
+    first = Path(tempfile.mkdtemp()) / "m.onnx"
+    l07.random_cnn_onnx(first, Cases(7))
+    made_before(str(first), "all", 1)
+    wrong = [*SESSION_WRONG, (made_before, "created \\(not one made before")]
+    for seed in SWEEP:
+        with tempfile.TemporaryDirectory() as tmp:
+            path, x, ref, calls = l07.draw_session_case(Cases(seed), Path(tmp))
+            for fn, reason in [(exercises.get("07.session").solution, "^accepted$"), *wrong]:
+                msg = _first_rejection(partial(l07.judge_session_call, fn, path, x, ref), calls)
+                assert re.search(reason, msg), (seed, fn.__name__, msg)
 
 
 def test_session_rejects_a_session_made_before_the_call():
@@ -115,7 +165,9 @@ def test_session_rejects_a_session_made_before_the_call():
     first = Path(tempfile.mkdtemp()) / "m.onnx"
     l07.random_cnn_onnx(first, Cases(7))
     made_before(str(first), "all", 1)
-    assert "created (not one made before" in verdict("07.session", made_before)
+    for seed in FULL_SEEDS:
+        msg = verdict("07.session", made_before, seed=seed)
+        assert "created (not one made before" in msg, (seed, msg)
 
 
 # ------------------------------------------------------------------ 07.fusion
@@ -158,8 +210,26 @@ FUSION_WRONG = [
 
 @pytest.mark.parametrize("fn, reason", FUSION_WRONG, ids=[f.__name__ for f, _ in FUSION_WRONG])
 def test_fusion_rejects(fn, reason):
-    outcomes = [verdict("07.fusion", fn) for _ in range(2)]  # `basic` may leave a graph as it is: try twice
-    assert any(reason in m for m in outcomes), outcomes
+    for seed in FULL_SEEDS:
+        msg = verdict("07.fusion", fn, seed=seed)
+        assert reason in msg and f"seed {seed}" in msg, (seed, msg)
+
+
+def _judge_fusion(fn, path, original, level, want):
+    l07.judge_fusion(fn(str(path), level), want, original, level)
+
+
+def test_fusion_judged_on_200_seeds():
+    """Each seed's case drawn once (draw_fusion_case: the CNN, its op counts, the two levels in their order with
+    ORT's optimized op counts at each), then every submission called and judged as the checker does
+    (judge_fusion, level by level): the reference accepted, each wrong one rejected with its reason, on all 200
+    seeds (`basic` leaves these graphs as they are, so the level order decides which call shows a mistake)."""
+    for seed in SWEEP:
+        with tempfile.TemporaryDirectory() as tmp:
+            path, original, levels = l07.draw_fusion_case(Cases(seed), Path(tmp))
+            for fn, reason in [(exercises.get("07.fusion").solution, "accepted"), *FUSION_WRONG]:
+                msg = _first_rejection(partial(_judge_fusion, fn, path, original), levels)
+                assert reason in msg, (seed, fn.__name__, msg)
 
 
 # ------------------------------------------------------------------ 07.static-int8
@@ -253,21 +323,52 @@ STATIC_WRONG = [
 ]
 
 
+# judged on the file's structure, the profile or what was written: the full path on STATIC_SEEDS (~30 ms a call)
+STATIC_STRUCTURE = [dynamic_instead, keep_ignored, own_choice, only_the_conv_excluded, fp32_copied, nothing_written]
+STATIC_SEEDS = range(30)
+# judged on the activation scales: the drawn batches and the judge on 200 seeds (below), the full path on 3
+STATIC_FEEDS = {
+    random_calibration: lambda calib: [np.random.default_rng(0).standard_normal(x.shape).astype(np.float32)
+                                       for x in calib],
+    first_batch_only: lambda calib: calib[:1],
+    widest_only: lambda calib: [max(calib, key=lambda x: float(x.max() - x.min()))],
+    two_of_three: lambda calib: calib[:2],
+}  # fmt: skip
+
+
+def test_static_int8_sweeps_cover_every_wrong_answer():
+    assert {f for f, _ in STATIC_WRONG} == {*STATIC_STRUCTURE, *STATIC_FEEDS}
+
+
 @pytest.mark.parametrize("fn, reason", STATIC_WRONG, ids=[f.__name__ for f, _ in STATIC_WRONG])
 def test_static_int8_rejects(fn, reason):
-    for seed in (1, 2):
+    """The full path: quantize_static, the file read back, ORT's profile. A structural mistake on STATIC_SEEDS (30:
+    each call quantizes twice, ~30 ms); a calibration mistake on 3 seeds, its scales on 200 below."""
+    for seed in STATIC_SEEDS if fn in STATIC_STRUCTURE else (1, 2, 3):
         msg = verdict("07.static-int8", fn, seed=seed)
-        assert reason in msg, msg
+        assert reason in msg and f"seed {seed}" in msg, (seed, msg)
 
 
-def test_static_int8_accepts_one_concatenated_batch():
-    assert verdict("07.static-int8", one_batch_of_all, seed=3) == "accepted"
+def test_static_int8_reference_and_one_concatenated_batch_pass():
+    solution = exercises.get("07.static-int8").solution
+    bad = {s: v for s in STATIC_SEEDS if (v := verdict("07.static-int8", solution, seed=s)) != "accepted"}
+    assert not bad, bad
+    for seed in (3, 4, 5):
+        assert verdict("07.static-int8", one_batch_of_all, seed=seed) == "accepted"
+
+
+def _simulated_scales(path, batches):
+    """The MinMax scales quantize_static writes for the input and each ReLU's output, from the FP32 CNN in torch
+    (test_static_simulated_scales_are_the_files checks them against a quantized file)."""
+    scales = [s / 255 for s in _minmax_scales(_activations(path, batches))]
+    return {"input": scales[0], **{f"r{i}": v for i, v in enumerate(scales[1:])}}
 
 
 def test_static_calibration_batches_hold_separate_extremes_on_200_seeds():
     """The drawing core: each batch holds an extreme no other holds (the input's lowest values, its highest, the
     strongest first-layer response, by a clear margin), so MinMax calibration on any one or two batches changes a
-    scale by more than the 2% the judge allows; the judge itself, on its boundary."""
+    scale by more than the 2% the judge allows; each wrong feed's scales are rejected by judge_scales on every
+    seed, the batches in another order or concatenated accepted; the judge itself, on its boundary."""
     import tempfile
     from pathlib import Path
 
@@ -275,7 +376,7 @@ def test_static_calibration_batches_hold_separate_extremes_on_200_seeds():
     from course_utils.check.lesson_exercises.observe import Cases
 
     with tempfile.TemporaryDirectory() as tmp:
-        for seed in range(200):
+        for seed in SWEEP:
             c = Cases(seed)
             path, _ = l07.random_cnn_onnx(Path(tmp) / "m.onnx", c, blocks=3)
             calib = l07_int8.draw_calibration(c, path)
@@ -284,9 +385,37 @@ def test_static_calibration_batches_hold_separate_extremes_on_200_seeds():
             for i in range(3):  # leaving batch i out changes some MinMax scale by more than 3% (the judge allows 2%)
                 part = _minmax_scales(_activations(path, calib[:i] + calib[i + 1 :]))
                 assert max(1 - p / f for p, f in zip(part, full, strict=True)) > 0.03, (seed, i)
+            expected = _simulated_scales(path, calib)
+            for fn, feed in STATIC_FEEDS.items():
+                with pytest.raises(AssertionError, match=dict(STATIC_WRONG)[fn]):
+                    l07_int8.judge_scales(_simulated_scales(path, feed(calib)), expected)
+            for right in (calib[::-1], [np.concatenate(calib)]):
+                l07_int8.judge_scales(_simulated_scales(path, right), expected)
     l07_int8.judge_scales({"input": 1.0, "r0": 0.5}, {"input": 1.0, "r0": 0.5})
     with pytest.raises(AssertionError, match="the reader fed other data"):
         l07_int8.judge_scales({"input": 1.0, "r0": 0.5 * 1.021}, {"input": 1.0, "r0": 0.5})
+
+
+def test_static_simulated_scales_are_the_files():
+    """The full path of the scale judgment: the scales quantize_static writes for the input and the ReLU outputs
+    are the simulated ones, for a wrong feed and the right one (one seed)."""
+    import tempfile
+    from pathlib import Path
+
+    from course_utils.check.lesson_exercises import l07, l07_int8
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    with tempfile.TemporaryDirectory() as tmp:
+        c = Cases(3)
+        path, convs = l07.random_cnn_onnx(Path(tmp) / "m.onnx", c, blocks=3)
+        calib = l07_int8.draw_calibration(c, path)
+        for feed in (calib[:2], calib):
+            out = Path(tmp) / "q.onnx"
+            _static(str(path), str(out), feed, [convs[1], _feeding(str(path), convs[1])])
+            got, want = l07_int8._qdq_info(out)["scales"], _simulated_scales(path, feed)
+            shared = set(got) & set(want)
+            assert {"input", "r1", "r2"} <= shared, (got, want)
+            assert all(abs(got[n] / want[n] - 1) < 1e-4 for n in shared), (got, want)
 
 
 def _minmax_scales(layers):

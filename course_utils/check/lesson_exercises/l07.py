@@ -104,50 +104,58 @@ def creation_options():
         cls.__init__ = original
 
 
-def _check_session(fn: Callable[[str, str, int], object]) -> None:
+def draw_session_case(c, tmp: Path) -> tuple[Path, np.ndarray, np.ndarray, list[tuple[str, int]]]:
+    """What a seed draws for 07.session: the CNN (written under ``tmp``), an input, the FP32 output, and the four
+    levels in random order, each with its thread count."""
+    path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
+    x = c.randn(c.randint(2, 6), 3, 8, 8).numpy()
+    ref = fp32_output(path, x)
+    return path, x, ref, [(level, c.randint(1, 3)) for level in c.rng.sample(list(_LEVEL_NAMES), 4)]
+
+
+def judge_session_call(fn: Callable[[str, str, int], object], path: Path, x: np.ndarray, ref: np.ndarray,
+                       level: str, threads: int) -> None:  # fmt: skip
+    """One call of the learner's function, judged on the options the session it returns was created with."""
     import onnxruntime as ort
+    import torch
 
     from course_utils.check.compare import compare_outputs
 
-    with cases("07.session") as c, tempfile.TemporaryDirectory() as tmp:
-        path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
-        x = c.randn(c.randint(2, 6), 3, 8, 8).numpy()
-        ref = fp32_output(path, x)
-        levels = c.rng.sample(list(_LEVEL_NAMES), 4)
-        for level in levels:
-            threads = c.randint(1, 3)
-            with creation_options() as seen:
-                sess = fn(str(path), level, threads)
-            assert isinstance(sess, ort.InferenceSession), f"return the onnxruntime.InferenceSession, got {type(sess)}"
-            made = [s for s in seen if s["session"] is sess]
-            assert made, "return the session your function created (not one made before the call)"
-            snap = made[0]
-            assert snap["options"] is not None, (
-                "the session was created without SessionOptions: build the options first, then pass them to "
-                "InferenceSession(path, so, providers=[...]) (options set afterwards change nothing that runs)"
-            )
-            assert sess.get_providers()[0] == "CPUExecutionProvider", (
-                f"run on the CPU provider, got {sess.get_providers()}"
-            )
-            import torch
+    with creation_options() as seen:
+        sess = fn(str(path), level, threads)
+    assert isinstance(sess, ort.InferenceSession), f"return the onnxruntime.InferenceSession, got {type(sess)}"
+    made = [s for s in seen if s["session"] is sess]
+    assert made, "return the session your function created (not one made before the call)"
+    snap = made[0]
+    assert snap["options"] is not None, (
+        "the session was created without SessionOptions: build the options first, then pass them to "
+        "InferenceSession(path, so, providers=[...]) (options set afterwards change nothing that runs)"
+    )
+    assert sess.get_providers()[0] == "CPUExecutionProvider", f"run on the CPU provider, got {sess.get_providers()}"
+    (out,) = sess.run(None, {sess.get_inputs()[0].name: x})
+    cmp = compare_outputs(torch.from_numpy(out), torch.from_numpy(ref), "fp32")
+    assert cmp.within, f"level {level}: outputs differ from the model's ({cmp.reason}): load onnx_path itself"
+    want = getattr(ort.GraphOptimizationLevel, _LEVEL_NAMES[level])
+    got = snap["options"]
+    assert got["level"] == want, (
+        f"level '{level}': the session was created at {got['level']}, expected {want}: set "
+        "graph_optimization_level BEFORE creating the session (changing it afterwards does nothing)"
+    )
+    assert got["threads"] == threads, (
+        f"threads={threads}: the session was created with intra_op_num_threads={got['threads']} "
+        "(set it before creating the session)"
+    )
+    assert got["spin"] == "0", (
+        f"thread spinning was '{got['spin']}' at creation: so.add_session_config_entry('{SPIN}', '0') "
+        "before creating the session"
+    )
 
-            (out,) = sess.run(None, {sess.get_inputs()[0].name: x})
-            cmp = compare_outputs(torch.from_numpy(out), torch.from_numpy(ref), "fp32")
-            assert cmp.within, f"level {level}: outputs differ from the model's ({cmp.reason}): load onnx_path itself"
-            want = getattr(ort.GraphOptimizationLevel, _LEVEL_NAMES[level])
-            got = snap["options"]
-            assert got["level"] == want, (
-                f"level '{level}': the session was created at {got['level']}, expected {want}: set "
-                "graph_optimization_level BEFORE creating the session (changing it afterwards does nothing)"
-            )
-            assert got["threads"] == threads, (
-                f"threads={threads}: the session was created with intra_op_num_threads={got['threads']} "
-                "(set it before creating the session)"
-            )
-            assert got["spin"] == "0", (
-                f"thread spinning was '{got['spin']}' at creation: so.add_session_config_entry('{SPIN}', '0') "
-                "before creating the session"
-            )
+
+def _check_session(fn: Callable[[str, str, int], object]) -> None:
+    with cases("07.session") as c, tempfile.TemporaryDirectory() as tmp:
+        path, x, ref, calls = draw_session_case(c, Path(tmp))
+        for level, threads in calls:
+            judge_session_call(fn, path, x, ref, level, threads)
 
 
 @exercise(
@@ -181,28 +189,37 @@ def _optimized_ops(path, level: str, out: Path) -> collections.Counter:
     return collections.Counter(n.op_type for n in onnx.load(str(out)).graph.node)
 
 
+def draw_fusion_case(c, tmp: Path) -> tuple[Path, collections.Counter, list[tuple[str, collections.Counter]]]:
+    """What a seed draws for 07.fusion: the CNN (written under ``tmp``), its own op counts, and the two levels in
+    random order, each with the op counts of the graph ORT optimizes at that level."""
+    import onnx
+
+    path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
+    original = collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
+    levels = c.rng.sample(["basic", "extended"], 2)
+    return path, original, [(lv, _optimized_ops(path, lv, Path(tmp) / f"ref_{lv}.onnx")) for lv in levels]
+
+
+def judge_fusion(got: object, want: collections.Counter, original: collections.Counter, level: str) -> None:
+    """The op counts the learner reported for ``level`` against ORT's optimized graph at that level."""
+    assert isinstance(got, collections.Counter | dict), f"return a Counter of op types, got {type(got).__name__}"
+    got = collections.Counter(got)
+    if got == original and want != original:
+        raise AssertionError(
+            f"level '{level}': you counted the file you were given; ORT's fused graph is what runs: set "
+            "SessionOptions.optimized_model_filepath, create the session, and count the nodes of that file"
+        )
+    assert got == want, (
+        f"level '{level}': you report {dict(got)}, ORT's optimized graph at that level holds {dict(want)} "
+        "(set graph_optimization_level to the level asked, save with optimized_model_filepath, count op_type)"
+    )
+
+
 def _check_fusion(fn: Callable[[str, str], collections.Counter]) -> None:
     with cases("07.fusion") as c, tempfile.TemporaryDirectory() as tmp:
-        path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
-        import onnx
-
-        original = collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
-        for level in c.rng.sample(["basic", "extended"], 2):
-            want = _optimized_ops(path, level, Path(tmp) / f"ref_{level}.onnx")
-            got = fn(str(path), level)
-            assert isinstance(got, collections.Counter | dict), (
-                f"return a Counter of op types, got {type(got).__name__}"
-            )
-            got = collections.Counter(got)
-            if got == original and want != original:
-                raise AssertionError(
-                    f"level '{level}': you counted the file you were given; ORT's fused graph is what runs: set "
-                    "SessionOptions.optimized_model_filepath, create the session, and count the nodes of that file"
-                )
-            assert got == want, (
-                f"level '{level}': you report {dict(got)}, ORT's optimized graph at that level holds {dict(want)} "
-                "(set graph_optimization_level to the level asked, save with optimized_model_filepath, count op_type)"
-            )
+        path, original, levels = draw_fusion_case(c, Path(tmp))
+        for level, want in levels:
+            judge_fusion(fn(str(path), level), want, original, level)
 
 
 @exercise(
