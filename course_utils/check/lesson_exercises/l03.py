@@ -158,8 +158,8 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
 
 def run_sweeps(fn: Callable[..., Any], c: Cases, device: str) -> list[str]:
     """The four sweeps a check draws from ``c``, each run and judged on ``device`` (the check's device is the GPU or
-    its stand-in; the judgment reads the rows, the model's calls and empty_cache's calls, not the device, so the
-    tests run this on the CPU over many seeds)."""
+    its stand-in; the judgment reads the rows, the model's calls and empty_cache's calls, so the tests run this
+    over many seeds without a check's set-up, the wrong sweeps on the CPU)."""
     return [_run_sweep(fn, c, sizes, limit_index, bug, device) for sizes, limit_index, bug in draw_sweeps(c)]
 
 

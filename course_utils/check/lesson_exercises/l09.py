@@ -103,7 +103,7 @@ def _check_loader(fn: Callable[[Dataset], DataLoader], target_ips: float | None 
     """The check; the tests give ``target_ips`` (the speed judged against a fixed rate, not the baseline measured
     here) and, with it, ``wait_s=0`` (storage that does not wait: every other judgment reads only the batches and
     the read log, not the time they took)."""
-    if wait_s != WAIT_S and target_ips is None:  # a faster storage would make the measured baseline too fast
+    if wait_s != WAIT_S and target_ips is None:  # the baseline waits WAIT_S: a faster storage would beat it
         raise ValueError("a storage wait other than WAIT_S needs a fixed target_ips")
     with cases("09.loader") as c, tempfile.TemporaryDirectory() as tmp:
         n = BATCH * c.randint(5, 7) + c.randint(0, BATCH - 1)
