@@ -161,3 +161,55 @@ def test_available_names_what_is_skipped(capsys):
     assert modes.available(("json",), "step 1")
     assert not modes.available(("surely_not_installed_xyz",), "step 6 (torchao INT8)")
     assert "step 6 (torchao INT8) skipped: missing Python package(s): surely_not" in capsys.readouterr().out
+
+
+def test_a_plain_script_that_crashes_in_a_section_records_it_failed(monkeypatch):
+    """Without the cell runner: the excepthook records the crashed section failed (then calls the old hook); the
+    atexit hook records a section still pending when the script ends normally as completed."""
+    import sys
+
+    seen, at_exit = [], []
+    monkeypatch.setattr(gpu_sections, "_HOOKS", {})
+    monkeypatch.setattr(gpu_sections, "_PENDING", [])
+    monkeypatch.setattr(gpu_sections.atexit, "register", at_exit.append)
+    monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append(a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
+    assert gpu_sections.gpu_section("99.crash")
+    assert len(at_exit) == 1
+    err = ValueError("boom\nmore")
+    sys.excepthook(ValueError, err, None)
+    last = modes.read_sections()[-1]
+    assert (last["section"], last["status"], last["ran"], last["reason"]) == ("99.crash", "failed", False,
+                                                                              "ValueError: boom")  # fmt: skip
+    assert seen == [(ValueError, err, None)]
+    assert gpu_sections.gpu_section("99.ends")
+    at_exit[0]()
+    last = modes.read_sections()[-1]
+    assert (last["section"], last["status"], last["ran"]) == ("99.ends", "completed", True)
+
+
+def test_rehearsing_needs_the_switch_and_no_real_gpu(monkeypatch):
+    no_real_gpu = modes.no_real_gpu
+    monkeypatch.setenv("COURSE_REHEARSE", "1")
+    monkeypatch.setattr(modes, "no_real_gpu", lambda: False)  # a CUDA machine: the real GPU runs the sections
+    assert modes.rehearsing() is False and modes.standin_label() == ""
+    monkeypatch.setattr(modes, "no_real_gpu", lambda: True)
+    assert modes.rehearsing() is True and "rehearsal stand-in" in modes.standin_label()
+    monkeypatch.setenv("COURSE_REHEARSE", "0")
+    assert modes.rehearsing() is False
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: 1, raising=False)
+    assert no_real_gpu() is False
+    monkeypatch.setattr(torch._C, "_cuda_getDeviceCount", lambda: 0, raising=False)
+    assert no_real_gpu() is True
+
+
+def test_mode_summary_reads_each_switch(monkeypatch):
+    monkeypatch.setenv("COURSE_SMOKE", " 1 ")
+    monkeypatch.delenv("COURSE_STRICT_GPU", raising=False)
+    summary = modes.mode_summary()
+    assert summary["size mode"] == "smoke (COURSE_SMOKE=1)" and summary["strict GPU"] is False
+    monkeypatch.setenv("COURSE_SMOKE", "0")
+    monkeypatch.setenv("COURSE_STRICT_GPU", "yes")
+    summary = modes.mode_summary()
+    assert summary["size mode"] == "full" and summary["strict GPU"] is True

@@ -298,3 +298,52 @@ def test_no_gain_says_keep_the_baseline():
     report = opt.optimize(model, example, acc, device="cpu", techniques=[], measure_kwargs=FAST, verbose=False)
     assert "keep the baseline" in opt.decision_guide(report)
     assert opt.cumulative_speedup(report.df).eq(1.0).all()
+
+
+def test_within_budget_judges_the_accuracy_drop_not_a_gain(monkeypatch):
+    """Two variants computing the model's outputs: one 5 points less accurate (outside a 1-point budget), one
+    5 points more accurate (within it: a gain is no drop)."""
+    model, example, _ = _setup(Conv1dNet(), (2, 4, 32))
+    scores = {"baseline": 0.80, "precision worse": 0.75, "precision better": 0.85}
+
+    def two_precisions(model, dev):
+        return [opt._Variant(name, model, "fp32", 0.0, "") for name in ("precision worse", "precision better")]
+
+    monkeypatch.setattr(opt, "_precision", two_precisions)
+    report = opt.optimize(model, example, lambda run: scores[run.name], device="cpu", techniques=["precision"],
+                          accuracy_budget=0.01, measure_kwargs=FAST, verbose=False)  # fmt: skip
+    worse, better = report.step("precision worse"), report.step("precision better")
+    assert worse.accuracy == 0.75 and worse.within_budget is False and "accuracy drop 0.0500 > budget" in worse.reason
+    assert better.accuracy == 0.85 and better.within_budget is True and "budget" not in better.reason
+
+
+def test_batching_is_stacked_with_the_best_paying_technique():
+    def step(name, speedup, within=True):
+        return opt.Step(name, True, speedup=speedup, within_budget=within, accuracy=0.9)
+
+    def variant(name):
+        return opt._Variant(name, lambda x: x, "fp32", 0.0, "")
+
+    variants = {n: (variant(n), step(n, s, w)) for n, s, w in (("batching", 1.5, True), ("compile", 1.2, True),
+                ("onnxruntime", 1.8, True), ("int8", 3.0, False), ("precision", 0.9, True))}  # fmt: skip
+    seen = []
+
+    def evaluate(v, x, reuse):
+        seen.append((v.name, tuple(x.shape), reuse))
+        return opt.Step(v.name, True)
+
+    example = torch.randn(3, 2)
+    out = opt._stacked(variants, evaluate, example, 8, None)
+    assert [s.technique for s in out] == ["batching + onnxruntime"]  # int8 pays more, but outside the budget
+    assert seen == [("batching + onnxruntime", (8, 2), 0.9)]
+    variants["batching"] = (variant("batching"), step("batching", 1.0))
+    assert opt._stacked(variants, evaluate, example, 8, None) == []  # batching that does not pay: nothing stacked
+
+
+def test_bigger_batch_repeats_the_example_to_exactly_the_target():
+    example = torch.arange(6.0).reshape(3, 2)
+    big = opt._bigger_batch(example, 8)
+    assert big.shape == (8, 2) and big.is_contiguous()
+    assert torch.equal(big, example[[0, 1, 2, 0, 1, 2, 0, 1]])
+    assert torch.equal(opt._bigger_batch(example, 6), torch.cat([example, example]))
+    assert torch.equal(opt._bigger_batch(example, 2), example[:2])

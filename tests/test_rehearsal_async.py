@@ -312,3 +312,50 @@ def test_a_switch_left_changed_fails_its_section(monkeypatch, tmp_path):
     rows = {r["section"]: r for r in modes.read_sections()}
     assert rows["52.restored"]["status"] == "completed"
     assert rows["52.left"]["status"] == "failed" and "allow_tf32 = True (it was False)" in rows["52.left"]["reason"]
+
+
+def test_every_process_wide_switch_is_compared_at_the_cells_end():
+    from course_utils.fakegpu.standins import switches
+
+    assert set(switches.READERS) == {
+        "torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
+        "torch.get_float32_matmul_precision()", "torch.backends.cudnn.benchmark",
+        "torch.backends.cudnn.deterministic", "torch.backends.cudnn.enabled",
+        "torch.backends.cuda.matmul.allow_fp16_reduced_precision_reduction",
+        "torch.backends.cuda.matmul.allow_bf16_reduced_precision_reduction",
+        "torch.backends.cuda.flash_sdp_enabled()", "torch.backends.cuda.mem_efficient_sdp_enabled()",
+        "torch.backends.cuda.math_sdp_enabled()", "torch.are_deterministic_algorithms_enabled()",
+        "torch.get_default_dtype()", "torch.is_grad_enabled()",
+    }  # fmt: skip
+    before = switches.snapshot()
+    switches.check("53.same", before)
+    old = torch.backends.cudnn.benchmark
+    try:
+        torch.backends.cudnn.benchmark = not old
+        with pytest.raises(
+            RehearsalError, match=rf"'53.left' left torch.backends.cudnn.benchmark = {not old} \(it was"
+        ):
+            switches.check("53.left", before)
+    finally:
+        torch.backends.cudnn.benchmark = old
+    switches.check("53.restored", before)
+
+
+def test_an_ort_cuda_graph_replayed_with_a_buffer_at_a_new_address_is_caught(gpu, tmp_path):
+    import onnxruntime as ort
+
+    from tests.test_rehearsal import _bind, _onnx
+
+    _, path = _onnx(tmp_path)
+    graphed = ort.InferenceSession(str(path), providers=["CUDAExecutionProvider", "CPUExecutionProvider"],
+                                   provider_options=[{"enable_cuda_graph": "1"}, {}])  # fmt: skip
+    x, out = torch.randn(2, 4, device="cuda"), torch.empty(2, 3, device="cuda")
+    gpu.synchronize()
+    _bind(graphed, x, out)
+    _bind(graphed, x, out)  # the same shapes at the same addresses: the replay is right
+    moved_x, moved_out = x.clone(), torch.empty(2, 3, device="cuda")
+    gpu.synchronize()
+    with pytest.raises(RehearsalError, match=r"captured its graph with 'x' of shape \(2, 4\) at 0x"):
+        _bind(graphed, moved_x, out)  # same shape, new address: ORT would read the old buffer
+    with pytest.raises(RehearsalError, match=r"captured its graph with 'y' of shape \(2, 3\) at 0x"):
+        _bind(graphed, x, moved_out)
