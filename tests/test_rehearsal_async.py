@@ -359,3 +359,49 @@ def test_an_ort_cuda_graph_replayed_with_a_buffer_at_a_new_address_is_caught(gpu
         _bind(graphed, moved_x, out)  # same shape, new address: ORT would read the old buffer
     with pytest.raises(RehearsalError, match=r"captured its graph with 'y' of shape \(2, 3\) at 0x"):
         _bind(graphed, x, moved_out)
+
+
+def test_stream_and_event_synchronize_wait_for_the_device_time_and_wait_event_orders_it(slow_gpu):
+    """A host wait on one stream (Stream.synchronize, Event.synchronize) lasts until that stream's modelled device
+    time; a stream that waits for an event starts its later work no earlier than the event's time. Both bounds
+    only hold for the right rule: the broken one reads the launch time (a few ms against hundreds modelled)."""
+    gpu = slow_gpu
+    a = torch.randn(512, 512, device="cuda")  # about 100 ms per product on the slowed stand-in
+    side, main = gpu.Stream(), gpu.current_stream()
+    for how in ("stream", "event"):
+        gpu.synchronize()
+        side.wait_stream(main)
+        t0 = time.perf_counter()
+        with gpu.stream(side):
+            start, end = gpu.Event(enable_timing=True), gpu.Event(enable_timing=True)
+            start.record()
+            a @ a
+            a @ a
+            end.record()
+        main.wait_event(end)
+        after = gpu.Event(enable_timing=True)
+        after.record()  # on main, after its wait for the side stream's event
+        side.synchronize() if how == "stream" else end.synchronize()
+        waited_ms = (time.perf_counter() - t0) * 1000
+        modelled = start.elapsed_time(end)
+        assert modelled > 100 and waited_ms >= modelled, (how, modelled, waited_ms)
+        gpu.synchronize()
+        assert start.elapsed_time(after) >= modelled, how
+
+
+def test_copy_cost_is_the_pinned_or_pageable_rate_plus_latency():
+    from course_utils.fakegpu.standins import clock
+
+    pinned, pageable = clock.RATES["pinned"], clock.RATES["pageable"]
+    assert pinned == 3 * pageable  # the stand-in's model: pinned copies three times as fast
+    assert clock.copy_cost(int(pinned), True) == pytest.approx(clock.COPY_LATENCY_S + 1.0, rel=1e-12)
+    assert clock.copy_cost(int(pageable), False) == pytest.approx(clock.COPY_LATENCY_S + 1.0, rel=1e-12)
+    assert clock.copy_cost(0, False) == clock.COPY_LATENCY_S
+
+
+def test_the_pinned_cache_rounds_up_to_a_power_of_two(gpu):
+    for nbytes, block in ((4096, 4096), (4097, 8192), (1, 1)):
+        t = torch.empty(nbytes, dtype=torch.uint8).pin_memory()
+        before = gpu.host_memory_stats()["active_bytes.current"]
+        del t
+        assert before - gpu.host_memory_stats()["active_bytes.current"] == block, nbytes
