@@ -576,10 +576,10 @@ MUTATIONS: list[Mutation] = [
       "_bigger_batch: rounded down, so the batching step runs fewer items than asked", ISSUE32_R2),
     # ---------------------------------------------------------------------------------- issue 32 round 2: server
     M("r2-server-no-sigkill", "serve/server_process.py", "(signal.SIGTERM, grace), (signal.SIGKILL, 5.0)",
-      "(signal.SIGTERM, grace),", "test_serving.py::test_stopped_even_when_the_body_raises",
+      "(signal.SIGTERM, grace),", "test_serving.py::test_stop_kills_a_group_that_ignores_sigterm",
       "stop: no SIGKILL after the grace period (a server ignoring SIGTERM lives on)", ISSUE32_R2),
     M("r2-server-zombie-alive", "serve/server_process.py", '    return stat[stat.rfind(")") + 2 :][:1] not in ("Z", "X")',
-      '    return True', "test_serving.py::test_stopped_even_when_the_body_raises",
+      '    return True', "test_serving.py::test_pid_alive_counts_a_zombie_as_dead",
       "pid_alive: a zombie counts as alive", ISSUE32_R2),
     M("r2-server-foreign-ready", "serve/server_process.py",
       '                    if r.status_code == 200 and r.json().get("id") == instance:',

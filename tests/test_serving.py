@@ -790,3 +790,39 @@ def test_integer_digits_exact_boundary():
     assert g.check_json(b"[1234]", max_int_digits=4) == [1234]
     with pytest.raises(g._Reject):
         g.check_json(b"[12345]", max_int_digits=4)
+
+
+def test_pid_alive_counts_a_zombie_as_dead():
+    proc = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        end = time.monotonic() + 30
+        while time.monotonic() < end:  # exited, not yet reaped by us: a zombie
+            stat = Path(f"/proc/{proc.pid}/stat").read_text()
+            if stat[stat.rfind(")") + 2 :][:1] == "Z":
+                break
+            time.sleep(0.02)
+        assert stat[stat.rfind(")") + 2 :][:1] == "Z"
+        assert server_process.pid_alive(proc.pid) is False
+        assert server_process.pid_alive(os.getpid()) is True
+    finally:
+        proc.wait()
+    assert server_process.pid_alive(proc.pid) is False  # reaped: gone
+
+
+def test_stop_kills_a_group_that_ignores_sigterm(tmp_path):
+    code = (
+        "import signal, time\nsignal.signal(signal.SIGTERM, signal.SIG_IGN)\nprint('ready', flush=True)\ntime.sleep(60)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, start_new_session=True)
+    try:
+        assert proc.stdout.readline() == b"ready\n"  # SIGTERM is ignored from here on
+        srv = server_process.Server("127.0.0.1", 0, proc.pid, tmp_path, {}, proc)
+        t0 = time.monotonic()
+        server_process.stop(srv, grace=0.3)
+        assert proc.poll() == -signal.SIGKILL and server_process.group_pids(proc.pid) == []
+        assert time.monotonic() - t0 >= 0.3  # SIGTERM had its grace period first
+    finally:
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        proc.stdout.close()
