@@ -175,6 +175,12 @@ def test_a_plain_script_that_crashes_in_a_section_records_it_failed(monkeypatch)
     monkeypatch.setattr(sys, "excepthook", lambda *a: seen.append(a))
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda *_: "Fake GPU")
+    try:  # a plain script: no IPython shell (an earlier test in this process may have started the global one)
+        import IPython
+
+        monkeypatch.setattr(IPython, "get_ipython", lambda: None)
+    except ImportError:
+        pass
     assert gpu_sections.gpu_section("99.crash")
     assert len(at_exit) == 1
     err = ValueError("boom\nmore")
