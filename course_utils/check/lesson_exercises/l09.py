@@ -77,6 +77,14 @@ def _one_pass(loader: DataLoader, ds: SlowStorageDataset, epoch: int, what: str)
         x = item[0] if isinstance(item, (list, tuple)) else item
         got.append(x)
     shapes = sorted({tuple(getattr(a, "shape", ())) for a in got})
+    short = ds.n % BATCH
+    dropped = len(got) == len(want) - 1 and all(
+        isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(got, want, strict=False)
+    )
+    assert not dropped, (
+        f"{what}: got {len(got)} full batches, not the last, short batch of {short} image(s) ({ds.n} samples): "
+        "drop_last=True drops it, and those samples are never seen. Keep drop_last=False"
+    )
     assert len(got) == len(want) and all(
         isinstance(a, torch.Tensor) and a.shape == b.shape for a, b in zip(got, want, strict=False)
     ), (
@@ -106,7 +114,8 @@ def _check_loader(fn: Callable[[Dataset], DataLoader], target_ips: float | None 
     if wait_s != WAIT_S and target_ips is None:  # the baseline waits WAIT_S: a faster storage would beat it
         raise ValueError("a storage wait other than WAIT_S needs a fixed target_ips")
     with cases("09.loader") as c, tempfile.TemporaryDirectory() as tmp:
-        n = BATCH * c.randint(5, 7) + c.randint(0, BATCH - 1)
+        # never a multiple of BATCH: the last batch is short in every call (drop_last=True would lose it)
+        n = BATCH * c.randint(5, 7) + c.randint(1, BATCH - 1)
         log = str(Path(tmp) / "reads.log")
         ds = SlowStorageDataset(n, seed=c.randint(1, 10**6), log_path=log, wait_s=wait_s)
         loader = fn(ds)
