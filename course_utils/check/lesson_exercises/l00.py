@@ -48,9 +48,14 @@ def _check_precisions(fn: Callable[[tuple[int, int] | None], set[str]]) -> None:
             none = fn(None)
         except (TypeError, AttributeError) as exc:
             raise AssertionError(f"will_run(None) failed ({exc}): None means no GPU; return an empty set") from exc
+        assert isinstance(none, set | frozenset), (
+            f"will_run(None) returned {none!r}: return a set, here an empty one, set(): without a GPU nothing runs "
+            "(a caller asks 'bf16' in will_run(cap) whatever the capability)"
+        )
         assert not none, f"will_run(None) returned {none!r}: without a GPU nothing runs, return an empty set"
-        # the boundaries, then capabilities drawn at random (most belong to no real GPU: no lookup table passes)
-        caps = [(7, 5), (8, 0), (8, 8), (8, 9), (9, 0)]
+        # the boundaries (a minor of 9 on an older major, a newer major than any sold, Blackwell), then
+        # capabilities drawn at random (most belong to no real GPU: no lookup table passes)
+        caps = [(7, 5), (8, 0), (8, 8), (8, 9), (9, 0), (9, 9), (10, 0), (7, 9), (c.choice([11, 13]), c.randint(0, 9))]
         caps += [(c.randint(5, 13), c.randint(0, 9)) for _ in range(12)]
         caps += [(8, c.randint(1, 8)), (7, c.randint(0, 9))]
         c.rng.shuffle(caps)
@@ -65,6 +70,11 @@ def _check_precisions(fn: Callable[[tuple[int, int] | None], set[str]]) -> None:
                 ) from exc
             assert isinstance(got, set | frozenset), f"return a set of names, e.g. {{'tf32', 'bf16'}} (got {got!r})"
             got = {str(g).lower() for g in got}
+            extra = got - {"tf32", "bf16", "fp8"}
+            assert not extra, (
+                f"capability {cap}: your set holds {sorted(extra)}: return only which of 'tf32', 'bf16', 'fp8' run "
+                "natively (FP16 runs on all of these GPUs: it is not asked)"
+            )
             assert got == want, (
                 f"capability {cap}: expected {sorted(want) or 'nothing'}, got {sorted(got) or 'nothing'}. Compare "
                 "the capability as a (major, minor) tuple: (8, 6) is newer than (8, 0) and older than (8, 9); "
@@ -127,8 +137,11 @@ def _index(device: Any = None) -> int:
 
 
 @contextlib.contextmanager
-def _pretend(machine: dict[str, Any], asked: list[str]) -> Iterator[None]:
-    """Replace the capability queries with answers from ``machine`` (restored on exit); log each query asked."""
+def _pretend(machine: dict[str, Any], asked: list[str], scope: dict[str, Any] | None = None) -> Iterator[None]:
+    """Replace the capability queries with answers from ``machine`` (restored on exit); log each query asked.
+
+    ``scope`` is the learner's function's globals: a query imported by name (``from torch.cuda import
+    get_device_properties``) is the same function as the module's, so it is answered by the fake machine too."""
     gpus = machine["gpus"]
 
     def gpu(device: Any = None) -> dict[str, Any]:
@@ -171,6 +184,14 @@ def _pretend(machine: dict[str, Any], asked: list[str]) -> Iterator[None]:
     except ImportError:  # pragma: no cover - onnxruntime is a course dependency
         onnxruntime = None
     saved = [(owner, name, getattr(owner, name)) for owner, name in fakes]
+    scope = scope if scope is not None else {}
+    imported = {
+        var: fakes[(owner, name)]
+        for owner, name, real in saved
+        for var, value in list(scope.items())
+        if value is real and not var.startswith("__")
+    }
+    scope_saved = {var: scope[var] for var in imported}
     subprocess = sys.modules.get("subprocess")
     real_run = subprocess.run if subprocess else None
 
@@ -183,12 +204,14 @@ def _pretend(machine: dict[str, Any], asked: list[str]) -> Iterator[None]:
     try:
         for (owner, name), fake in fakes.items():
             setattr(owner, name, fake)
+        scope.update(imported)
         if subprocess:
             subprocess.run = no_smi
         yield
     finally:
         for owner, name, old in saved:
             setattr(owner, name, old)
+        scope.update(scope_saved)
         if subprocess:
             subprocess.run = real_run
 
@@ -211,6 +234,9 @@ def _compare_inventory(got: Any, machine: dict[str, Any], asked: list[str]) -> N
         + (": ONNX Runtime's providers list what the package was built with, not what the machine has; decide "
            "'GPU present' with torch.cuda.is_available()" if not machine["cuda"] else "")
     )  # fmt: skip
+    assert isinstance(got["gpus"], list | tuple), (
+        f"gpus={got['gpus']!r}: give a list with one dict per GPU (an empty list [] when CUDA is not available)"
+    )
     gpus = list(got["gpus"])
     assert len(gpus) == len(machine["gpus"]), (
         f"you listed {len(gpus)} GPUs, this machine has {len(machine['gpus'])}: one entry per index in "
@@ -222,7 +248,11 @@ def _compare_inventory(got: Any, machine: dict[str, Any], asked: list[str]) -> N
             f"GPU {i}: name {mine.get('name')!r}, expected {real['name']!r}: ask about device i, not always 0"
         )
         cap = mine.get("capability")
-        assert cap is not None and tuple(cap) == real["capability"], (
+        assert isinstance(cap, tuple | list), (
+            f"GPU {i}: capability {cap!r} is a {type(cap).__name__}: give it as a tuple (props.major, props.minor), "
+            f"here {real['capability']} (a number such as 8.9 cannot tell (8, 10) from (8, 1))"
+        )
+        assert tuple(cap) == real["capability"], (
             f"GPU {i}: capability {cap!r}, expected {real['capability']}: (props.major, props.minor) or "
             "torch.cuda.get_device_capability(i), as a tuple"
         )
@@ -233,6 +263,12 @@ def _compare_inventory(got: Any, machine: dict[str, Any], asked: list[str]) -> N
         mem = float(mem)  # numpy and Python numbers alike
         if mem > 1e6:
             raise AssertionError(f"GPU {i}: memory_gib={mem:.4g} looks like bytes: divide total_memory by 2**30")
+        gib = real["memory_gib"]
+        for unit, scale in (("GB (10**9 bytes)", 2**30 / 1e9), ("MiB (2**20 bytes)", 2**10), ("MB", 2**30 / 1e6)):
+            if abs(mem - gib * scale) <= 0.06 * scale and abs(mem - gib) > 0.06:
+                raise AssertionError(
+                    f"GPU {i}: memory_gib={mem:.6g} looks like {unit}, expected {gib} GiB: divide total_memory by 2**30"
+                )
         assert abs(mem - real["memory_gib"]) <= 0.06, (
             f"GPU {i}: memory_gib={mem}, expected {real['memory_gib']} (total_memory / 2**30)"
         )
@@ -243,6 +279,10 @@ def _compare_inventory(got: Any, machine: dict[str, Any], asked: list[str]) -> N
     assert got["cpu_capability"] == machine["cpu_capability"], (
         f"cpu_capability={got['cpu_capability']!r}, expected {machine['cpu_capability']!r}: "
         "torch.backends.cpu.get_cpu_capability()"
+    )
+    assert isinstance(got["ort_providers"], list | tuple), (
+        f"ort_providers is a {type(got['ort_providers']).__name__}: keep onnxruntime.get_available_providers() as "
+        "the list it returns (its order is ONNX Runtime's priority, which a set loses)"
     )
     assert list(got["ort_providers"]) == machine["ort_providers"], (
         f"ort_providers={got['ort_providers']!r}, expected {machine['ort_providers']!r}: "
@@ -256,7 +296,7 @@ def _check_inventory(fn: Callable[[], dict[str, Any]]) -> None:
         c.rng.shuffle(sizes)
         for n in sizes:  # three machines per check: no GPU, one or two, several
             machine, asked = _fake_machine(c, n), []
-            with _pretend(machine, asked):
+            with _pretend(machine, asked, getattr(fn, "__globals__", None)):
                 got = fn()
             _compare_inventory(got, machine, asked)
     real = fn()
