@@ -8,6 +8,7 @@ wrong timer for its own named reason, so deleting that assertion fails this file
 
 from __future__ import annotations
 
+import statistics
 import sys
 import time
 
@@ -224,6 +225,47 @@ def old_cases_typed_in(i, a, pf, pb):
     return OLD_CASES.get((i, a), "compute-bound")
 
 
+def inverse_ridge(i, a, pf, pb):  # the ridge taken upside down: peak_bw / peak_flops
+    if a < 0.1 * min(pf, i * pb):
+        return "overhead-bound"
+    return "compute-bound" if i >= pb / pf else "memory-bound"
+
+
+def max_roof(i, a, pf, pb):  # the higher roof, not the lower
+    if a < 0.1 * max(pf, i * pb):
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+def bandwidth_roof_only(i, a, pf, pb):  # intensity * peak_bw as the roof right of the ridge too
+    if a < 0.1 * i * pb:
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+def one_percent_threshold(i, a, pf, pb):
+    if a < 0.01 * min(pf, i * pb):
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+def twenty_percent_threshold(i, a, pf, pb):
+    if a < 0.2 * min(pf, i * pb):
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+def roof_by_side(i, a, pf, pb):  # right: each side of the ridge against its own roof
+    if i >= pf / pb:
+        return "overhead-bound" if a < 0.1 * pf else "compute-bound"
+    return "overhead-bound" if a / i < 0.1 * pb else "memory-bound"  # achieved bytes/s against peak_bw
+
+
+def test_classify_accepts_right_alternatives():
+    for seed in range(200):
+        assert exercises.verdict("01.classify", roof_by_side, seed=seed) == "accepted", seed
+
+
 def test_classify_reference_passes():
     for seed in range(200):
         assert exercises.verdict("01.classify", exercises.get("01.classify").solution, seed=seed) == "accepted"
@@ -237,6 +279,11 @@ def test_classify_reference_passes():
         (half_roof_threshold, "that is not under 10%"),
         (never_overhead, "expected 'overhead-bound'"),
         (old_cases_typed_in, "random case seed"),
+        (inverse_ridge, "right of it compute-bound"),
+        (max_roof, "of the roof min(peak_flops, intensity * peak_bw)"),
+        (bandwidth_roof_only, "that is not under 10%"),
+        (one_percent_threshold, "expected 'overhead-bound'"),
+        (twenty_percent_threshold, "that is not under 10%"),
     ],
 )
 def test_classify_rejects(wrong, message):
@@ -335,7 +382,62 @@ def skipped_sleeps(monkeypatch):
     return clock
 
 
-@pytest.mark.parametrize("wrong, message", WRONG_TIMERS + NAMED_MISTAKES)
+def microseconds(fn, synchronize, warmup=5, repeats=30):  # * 1e6: microseconds
+    return report([t * 1000 for t in timed_calls(fn, synchronize, warmup, repeats)])
+
+
+def cuda_synchronize_hard_coded(fn, synchronize, warmup=5, repeats=30):  # ignores the synchronize it is given
+    import torch
+
+    def sync():
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+
+    return report(timed_calls(fn, sync, warmup, repeats))
+
+
+def percent_as_fraction(fn, synchronize, warmup=5, repeats=30):  # np.percentile(times, 0.5): a fraction
+    t = timed_calls(fn, synchronize, warmup, repeats)
+    return report(t, p50_ms=float(np.percentile(t, 0.5)), p90_ms=float(np.percentile(t, 0.9)))
+
+
+def statistics_quantiles(fn, synchronize, warmup=5, repeats=30):  # the 'exclusive' method reads past the ends
+    t = timed_calls(fn, synchronize, warmup, repeats)
+    return report(t, p50_ms=statistics.median(t), p90_ms=statistics.quantiles(t, n=10)[-1])
+
+
+def slowest_dropped_from_percentiles(fn, synchronize, warmup=5, repeats=30):  # "an outlier", left out
+    t = timed_calls(fn, synchronize, warmup, repeats)
+    p50, p90 = np.percentile(sorted(t)[:-1], [50, 90])
+    return report(t, p50_ms=float(p50), p90_ms=float(p90))
+
+
+def warmup_one_short(fn, synchronize, warmup=5, repeats=30):
+    return report(timed_calls(fn, synchronize, warmup - 1, repeats))
+
+
+def nearest_rank(fn, synchronize, warmup=5, repeats=30):  # right: a sorted list's nearest-rank percentiles
+    t = timed_calls(fn, synchronize, warmup, repeats)
+    s = sorted(t)
+    return report(t, p50_ms=s[len(s) // 2], p90_ms=s[int(0.9 * len(s))])
+
+
+def numpy_float32(fn, synchronize, warmup=5, repeats=30):  # right: numpy array and numpy scalars
+    t = np.array(timed_calls(fn, synchronize, warmup, repeats), dtype=np.float32)
+    return {"times_ms": t, "p50_ms": np.percentile(t, 50), "p90_ms": np.percentile(t, 90), "max_ms": t.max()}
+
+
+MORE_MISTAKES = [
+    (microseconds, "that is microseconds"),
+    (cuda_synchronize_hard_coded, "the synchronize you are given"),
+    (percent_as_fraction, "np.percentile takes a percent, 0 to 100"),
+    (statistics_quantiles, "statistics.quantiles' default 'exclusive' method"),
+    (slowest_dropped_from_percentiles, "is not the 90th percentile of your own times_ms"),
+    (warmup_one_short, "fn was called 14 times for warmup=3, repeats=12"),
+]
+
+
+@pytest.mark.parametrize("wrong, message", WRONG_TIMERS + NAMED_MISTAKES + MORE_MISTAKES)
 def test_timer_rejections_over_200_seeds(skipped_sleeps, wrong, message):
     """Every wrong timer of this file, on seeds 0-199, with the checker's planted delays (slow calls at drawn
     positions, cold calls, the warm-up's queue, the benchmark's sleep) exact instead of slept: the judgment reads
@@ -351,3 +453,9 @@ def test_timer_accepts_the_reference_and_the_correct_loop_over_200_seeds(skipped
     for seed in range(200):
         assert verdict("01.timer", good, seed=seed) == "accepted", seed
         assert verdict("01.timer", exercises.get("01.timer").solution, seed=seed) == "accepted", seed
+
+
+@pytest.mark.parametrize("right", [nearest_rank, numpy_float32])
+def test_timer_accepts_right_alternatives_over_200_seeds(skipped_sleeps, right):
+    for seed in range(200):
+        assert verdict("01.timer", right, seed=seed) == "accepted", seed
