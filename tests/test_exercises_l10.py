@@ -26,6 +26,8 @@ def loop(
     item=False,
     query=False,
     tolist=False,
+    bufs_on_copy=False,
+    device_guard=False,
 ):
     """The double-buffer loop with one step left out or changed."""
 
@@ -33,7 +35,11 @@ def loop(
         dm = torch.get_device_module(device)
         copy_s, caller = dm.Stream(), dm.current_stream()
         comp_s = copy_s if one_stream else dm.Stream()
-        bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+        if bufs_on_copy:  # allocated on the copy stream (no caller wait needed), then read on the compute stream
+            with dm.stream(copy_s):
+                bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+        else:
+            bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
         if caller_wait:
             copy_s.wait_stream(caller)
             comp_s.wait_stream(caller)
@@ -70,6 +76,8 @@ def loop(
             if aside:
                 out = model(chunk)  # the baseline, computed on the caller's stream
             if record and not isinstance(caller, torch.cpu.Stream):
+                out.record_stream(caller)
+            if device_guard and device != "cpu":  # skipped on the check's recording device, which runs on "cpu"
                 out.record_stream(caller)
             outs.append(out)
         if join:
@@ -137,6 +145,8 @@ def test_reference_and_equivalent_loop_are_accepted():
         (dict(item=True), "the host waited for the GPU (.item()"),
         (dict(query=True), "the host waited for the GPU (event.query()"),
         (dict(tolist=True), "the host waited for the GPU (.tolist()"),
+        (dict(bufs_on_copy=True, caller_wait=False), "that is not an output (a buffer allocated inside"),
+        (dict(record=False, device_guard=True), "not by the device string"),
     ],
     ids=[
         "no-wait-copy",
@@ -153,12 +163,47 @@ def test_reference_and_equivalent_loop_are_accepted():
         "item",
         "event-query",
         "tolist",
+        "buffers-on-copy-stream",
+        "record-stream-guarded-by-device-string",
     ],
 )
 def test_wrong_loops_are_rejected(wrong, message):
     for seed in range(200):
         got = exercises.verdict(KEY, loop(**wrong), seed=seed)
         assert message in got, (seed, got)
+
+
+def buffers_on_the_copy_stream_recorded(model, chunks, device):
+    """Buffers allocated on the copy stream and recorded for the compute stream: a right alternative."""
+    dm = torch.get_device_module(device)
+    copy_s, comp_s, caller = dm.Stream(), dm.Stream(), dm.current_stream()
+    with dm.stream(copy_s):
+        bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+    if not isinstance(caller, torch.cpu.Stream):
+        for b in bufs:
+            b.record_stream(comp_s)
+    copied, freed = [dm.Event() for _ in range(2)], [dm.Event() for _ in range(2)]
+    outs = []
+    for i, chunk in enumerate(chunks):
+        k = i % 2
+        with dm.stream(copy_s):
+            copy_s.wait_event(freed[k])  # an event not recorded yet (i < 2) waits for nothing
+            bufs[k].copy_(chunk, non_blocking=True)
+            copied[k].record(copy_s)
+        with dm.stream(comp_s):
+            comp_s.wait_event(copied[k])
+            out = model(bufs[k])
+            freed[k].record(comp_s)
+        if not isinstance(caller, torch.cpu.Stream):
+            out.record_stream(caller)
+        outs.append(out)
+    caller.wait_stream(comp_s)
+    return outs
+
+
+def test_buffers_on_the_copy_stream_with_record_stream_are_accepted():
+    for seed in range(50):  # the boundary (where the buffers are made) is in every case: 50 seeds keep it short
+        assert exercises.verdict(KEY, buffers_on_the_copy_stream_recorded, seed=seed) == "accepted", seed
 
 
 def test_compute_waiting_for_the_next_copy_is_rejected():

@@ -135,12 +135,25 @@ def _check_double_buffer(fn: Loop) -> None:
             "(and comp_s too)"
         )
         missing = dev.missing_record_stream()
-        assert not missing, (
-            f"memory made on {missing[0][1].name} is used on {missing[0][0].stream.name} without record_stream: the "
-            "outputs were allocated on the compute stream and are read on the caller's, so when they are freed the "
-            "allocator could hand them out again while the caller still reads. Call out.record_stream(caller) "
-            "(guarded by `not isinstance(caller, torch.cpu.Stream)`: torch.cpu's stand-in streams have no allocator)"
-        )
+        if missing:
+            use, made = missing[0]
+            memory = next(k for k, accesses in dev.access.items() if any(a is use for a in accesses))
+            outputs = {o.untyped_storage().data_ptr() for o in outs if isinstance(o, torch.Tensor)}
+            assert memory in outputs, (
+                f"memory made on {made.name} that is not an output (a buffer allocated inside `with dm.stream(...)`) "
+                f"is used by '{use.op}' on {use.stream.name} without record_stream: when it is freed the allocator "
+                f"could hand it out again on {made.name} while {use.stream.name} still reads it. Allocate the buffers "
+                "on the caller's stream (before the `with` blocks) and make both streams wait_stream(caller), or "
+                f"call buf.record_stream(...) for the other stream"
+            )
+            raise AssertionError(
+                f"memory made on {made.name} is used on {use.stream.name} without record_stream: the outputs were "
+                "allocated on the compute stream and are read on the caller's, so when they are freed the allocator "
+                "could hand them out again while the caller still reads. Call out.record_stream(caller) (guarded by "
+                "`not isinstance(caller, torch.cpu.Stream)`, not by the device string: this check passes "
+                "device='cpu' to a recording device whose streams do need it; torch.cpu's stand-in streams have no "
+                "allocator)"
+            )
 
 
 _HOST_SYNC = (
