@@ -147,6 +147,28 @@ def top_of_sorted_events(fn):  # right too: sort the operators, skip ranges by h
     return next(e.key for e in rows if not e.is_user_annotation and not e.key.startswith("ProfilerStep"))
 
 
+def top_aten_by_prefix(fn):  # right too: operators are the aten:: rows
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        fn()
+    return max((e for e in prof.key_averages() if e.key.startswith("aten::")), key=lambda e: e.self_cpu_time_total).key
+
+
+def top_autograd_profiler(fn):  # right too: the older torch.autograd.profiler API, after one warm-up call
+    fn()
+    with torch.autograd.profiler.profile() as prof:
+        fn()
+    ops = [e for e in prof.key_averages() if not e.is_user_annotation]
+    return max(ops, key=lambda e: e.self_cpu_time_total).key
+
+
+@pytest.mark.parametrize("right", [top_aten_by_prefix, top_autograd_profiler])
+def test_top_op_accepts_more_right_readings_on_200_seeds(right):
+    readings = _readings(right)
+    bad = {s: v for s in range(200) if (v := _judged(readings, s)) != "accepted"}
+    assert not bad, bad
+    assert exercises.verdict("02.top-op", right, seed=0) == "accepted"
+
+
 def test_top_op_accepts_right_readings_on_200_seeds():
     """The reference and an alternative judged on each of 200 seeds' draws (from their readings of the 20
     workloads, as above), and the full checker on a few seeds."""
@@ -208,9 +230,35 @@ def cached_by_length(images):  # answers from a table filled by the checker's ow
     return FIXED[key]
 
 
+def scaled_by_batch_max(images):  # "into [0, 1]" by the batch's own max: right only when a pixel is 16
+    x = torch.from_numpy(np.stack(images)).float().unsqueeze(1)
+    return x / x.max()
+
+
+def min_max_scaled(images):
+    x = torch.from_numpy(np.stack(images)).float().unsqueeze(1)
+    return (x - x.min()) / (x.max() - x.min())
+
+
+def divided_by_15(images):  # the largest value taken as 15
+    return torch.from_numpy(np.stack(images)).float().div(15.0).unsqueeze(1)
+
+
+def channel_last(images):
+    return torch.from_numpy(np.stack(images)).float().div(16.0).unsqueeze(-1)
+
+
+def true_division_reshaped(images):  # right too: uint8 / 16 is a float32 tensor
+    return (torch.from_numpy(np.stack(images)) / 16).reshape(-1, 1, 8, 8)
+
+
 @pytest.mark.parametrize(
     "wrong, message",
     [
+        (scaled_by_batch_max, "not by the batch's max or range"),
+        (min_max_scaled, "not by the batch's max or range"),
+        (divided_by_15, "divide the 0-16 pixel values by 16"),
+        (channel_last, "expected shape"),
         (per_image_loop, "once per image"),
         (wrong_scale, "divide"),
         (numpy_loop, "Python loop over the images"),
@@ -228,7 +276,11 @@ def test_vectorize_rejects(wrong, message):
 
 
 def test_vectorize_accepts_right_answers_on_200_seeds():
-    for fn, seeds in ((exercises.get("02.vectorize").solution, range(200)), (np_array_once, range(200))):
+    for fn, seeds in (
+        (exercises.get("02.vectorize").solution, range(200)),
+        (np_array_once, range(200)),
+        (true_division_reshaped, range(200)),
+    ):
         bad = {s: v for s in seeds if (v := exercises.verdict("02.vectorize", fn, seed=s)) != "accepted"}
         assert not bad, bad
 
@@ -273,9 +325,50 @@ def max_of_logits_label_of_probs(logits):  # the confidence is the top logit, no
     return list(zip(label.tolist(), conf.tolist(), strict=True))
 
 
+def softmax_over_batch(logits):  # dim=0: each class normalized over the batch
+    conf, label = torch.softmax(logits, dim=0).max(dim=1)
+    return list(zip(label.tolist(), conf.tolist(), strict=True))
+
+
+def tensors_returned(logits):  # nothing copied back: each caller's int()/float() is a sync per row
+    conf, label = torch.softmax(logits, dim=1).max(dim=1)
+    return list(zip(label, conf, strict=True))
+
+
+def topk_one(logits):  # topk(1) keeps a dimension of 1: [label], [confidence]
+    conf, label = torch.softmax(logits, dim=1).topk(1, dim=1)
+    return list(zip(label.tolist(), conf.tolist(), strict=True))
+
+
+def sigmoid_confidence(logits):
+    conf, label = torch.sigmoid(logits).max(dim=1)
+    return list(zip(label.tolist(), conf.tolist(), strict=True))
+
+
+def numpy_copy_back(logits):  # right too: one copy back with .numpy(), numpy numbers
+    conf, label = torch.softmax(logits, dim=1).max(dim=1)
+    return list(zip(label.numpy(), conf.numpy(), strict=True))
+
+
+def argmax_then_gather(logits):  # right too
+    p = torch.softmax(logits, dim=1)
+    label = p.argmax(dim=1)
+    return [tuple(r) for r in torch.stack([label.float(), p.gather(1, label[:, None]).squeeze(1)], 1).tolist()]
+
+
+@pytest.mark.parametrize("right", [numpy_copy_back, argmax_then_gather])
+def test_one_sync_accepts_right_answers_on_200_seeds(right):
+    bad = {s: v for s in range(200) if (v := exercises.verdict("02.one-sync", right, seed=s)) != "accepted"}
+    assert not bad, bad
+
+
 @pytest.mark.parametrize(
     "wrong, message",
     [
+        (softmax_over_batch, "softmax over dim=0, which normalizes each class over the batch"),
+        (tensors_returned, "is a tensor"),
+        (topk_one, "topk(1) and keepdim=True keep a dimension of size 1"),
+        (sigmoid_confidence, "use the softmax probability of the label"),
         (per_row_item, "per-row"),
         (logits_not_probs, "softmax probability"),
         (numpy_rows, "no softmax over the whole"),

@@ -9,6 +9,7 @@ under ``torch.profiler``. Inputs and workloads are drawn at random per call.
 from __future__ import annotations
 
 import contextlib
+import numbers
 import sys
 import threading
 from collections.abc import Callable, Iterator
@@ -82,8 +83,8 @@ class _Img(np.ndarray):
         return np.asarray(self).astype(*args, **kwargs)
 
 
-def _images(c: Cases, n: int, counting: bool = False) -> list[np.ndarray]:
-    batch = torch.randint(0, 17, (n, 8, 8), generator=c.torch_gen, dtype=torch.uint8).numpy()
+def _images(c: Cases, n: int, counting: bool = False, low: int = 0, high: int = 16) -> list[np.ndarray]:
+    batch = torch.randint(low, high + 1, (n, 8, 8), generator=c.torch_gen, dtype=torch.uint8).numpy()
     imgs = [batch[i].copy() for i in range(n)]
     return [im.view(_Img) for im in imgs] if counting else imgs
 
@@ -99,6 +100,21 @@ def _check_vectorize(fn: Callable[[list[np.ndarray]], torch.Tensor]) -> None:
         assert out.dtype == torch.float32, f"expected float32, got {out.dtype}"
         expected = torch.from_numpy(np.stack(imgs).astype(np.float32) / 16.0).unsqueeze(1)
         assert torch.allclose(out, expected, atol=1e-6), "values differ: divide the 0-16 pixel values by 16"
+        # a batch of faint images (no pixel at 0 or 16): scaling by the batch's own max or range differs here
+        low, high = c.randint(1, 3), c.randint(9, 14)
+        faint = _images(c, c.randint(9, 40), low=low, high=high)
+        with _no_threads("preprocess_vectorized"):
+            got = fn(faint)
+        want = torch.from_numpy(np.stack(faint).astype(np.float32) / 16.0).unsqueeze(1)
+        assert isinstance(got, torch.Tensor) and tuple(got.shape) == tuple(want.shape), (
+            f"for {len(faint)} images: expected a tensor of shape {tuple(want.shape)}"
+        )
+        assert torch.allclose(got.float(), want, atol=1e-6), (
+            f"values differ on a batch whose pixels run from {low} to {high} only: you return "
+            f"{float(got.min()):.4g} to {float(got.max()):.4g}, pixels / 16 is {low / 16:.4g} to {high / 16:.4g}. "
+            "Divide by 16, the pixels' full scale, not by the batch's max or range: an image's values must not "
+            "depend on the other images in its batch"
+        )
         small_n, large_n = c.randint(4, 8), c.randint(48, 96)
         small_imgs, large_imgs = _images(c, small_n), _images(c, large_n)
         with _no_threads("preprocess_vectorized"):
@@ -153,8 +169,36 @@ def _check_one_sync(fn: Callable[[torch.Tensor], list]) -> None:
         with _no_threads("postprocess_batched"), OpLog() as log:
             out = fn(logits)
         assert isinstance(out, list) and len(out) == n, f"return a list with one (label, confidence) per row ({n})"
-        for i, ((lab, conf), (rlab, rconf)) in enumerate(zip(out, _reference_post(logits), strict=True)):
+        across = torch.softmax(logits, dim=0)  # the wrong axis, to name that mistake
+        for i, (pair, (rlab, rconf)) in enumerate(zip(out, _reference_post(logits), strict=True)):
+            assert isinstance(pair, tuple | list) and len(pair) == 2, (
+                f"row {i}: {pair!r} is not a (label, confidence) pair"
+            )
+            lab, conf = pair
+            for what, v in (("label", lab), ("confidence", conf)):
+                if isinstance(v, torch.Tensor):
+                    raise AssertionError(
+                        f"row {i}: the {what} is a tensor ({v!r}): nothing was copied back, and int() or float() on "
+                        "it later is one sync per row. Copy the whole batch's labels and confidences back once: "
+                        ".tolist()"
+                    )
+                if not isinstance(v, numbers.Real) or isinstance(v, bool):
+                    raise AssertionError(
+                        f"row {i}: the {what} is {v!r}, not a number"
+                        + (": topk(1) and keepdim=True keep a dimension of size 1; .max(dim=1) gives one value per "
+                           "row" if isinstance(v, list | tuple) else "")
+                    )  # fmt: skip
+            if int(lab) != rlab and int(lab) == int(across[i].argmax()):
+                raise AssertionError(
+                    f"row {i}: label {lab}, expected {rlab}: that is the argmax of softmax over dim=0, which "
+                    "normalizes each class over the batch; the probabilities of a row are softmax(logits, dim=1)"
+                )
             assert int(lab) == rlab, f"row {i}: label {lab}, expected {rlab}: the label is the argmax of the logits"
+            if abs(float(conf) - rconf) >= 1e-5 and abs(float(conf) - float(across[i, rlab])) < 1e-5:
+                raise AssertionError(
+                    f"row {i}: confidence {float(conf):.6f}, expected {rconf:.6f}: that is softmax over dim=0, which "
+                    "normalizes each class over the batch; the probabilities of a row are softmax(logits, dim=1)"
+                )
             assert abs(float(conf) - rconf) < 1e-5, (
                 f"row {i}: confidence {float(conf):.6f}, expected {rconf:.6f}: use the softmax probability of the label"
             )
