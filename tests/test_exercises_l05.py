@@ -103,6 +103,27 @@ def hard_coded_names(m, keep):
     return _q(copy.deepcopy(m), {"0"})  # the names of one model, not the ones asked for
 
 
+def first_name_only(m, keep):
+    """Keeps only one of the names asked for (the first, sorted) FP32."""
+    return _q(copy.deepcopy(m), {sorted(keep)[0]})
+
+
+def dynamic_activation_config(m, keep):  # right too: INT8 weights and dynamically quantized INT8 activations
+    from torchao.quantization import Int8DynamicActivationInt8WeightConfig
+
+    return _q(copy.deepcopy(m), keep, config=Int8DynamicActivationInt8WeightConfig())
+
+
+def layer_by_layer(m, keep):  # right too: quantize_ called on each Linear to quantize
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    q = copy.deepcopy(m)
+    for name, mod in q.named_modules():
+        if isinstance(mod, nn.Linear) and name not in keep:
+            quantize_(mod, Int8WeightOnlyConfig())
+    return q
+
+
 TORCHAO_WRONG = [
     (unquantized_copy, "not torchao INT8"),
     (legacy_quantize_dynamic, "quantize_dynamic"),
@@ -110,7 +131,14 @@ TORCHAO_WRONG = [
     (in_place, "changed: quantize a copy"),
     (half_instead, "must stay FP32"),
     (decoy, "no INT8 weight of|was never used while the model ran"),  # which layer is checked first varies
+    (first_name_only, r"must stay FP32 \(keep_fp32=\['\d', '\d'\]\)"),  # the call asking for two names fails
 ]
+
+
+@pytest.mark.parametrize("fn", [dynamic_activation_config, layer_by_layer])
+def test_torchao_mlp_alternatives_pass(fn):
+    bad = {s: v for s in range(20) if (v := verdict("05.torchao-mlp", fn, seed=s)) != "accepted"}
+    assert not bad, bad
 
 
 @pytest.mark.parametrize("fn, reason", TORCHAO_WRONG, ids=[f.__name__ for f, _ in TORCHAO_WRONG])
@@ -217,6 +245,50 @@ def no_calibration(model, example, calib, keep):
     return _pt2e(model, example, [], keep)
 
 
+def _pt2e_export(model, example, calib, keep, dynamic_shapes, config=None):
+    from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import (
+        X86InductorQuantizer,
+        get_default_x86_inductor_quantization_config,
+    )
+
+    exported = torch.export.export(model, example, dynamic_shapes=dynamic_shapes)
+    quantizer = X86InductorQuantizer().set_global(config or get_default_x86_inductor_quantization_config())
+    quantizer.set_module_name_qconfig(keep, None)
+    prepared = prepare_pt2e(exported.module(), quantizer)
+    with torch.no_grad():
+        for x in calib:
+            prepared(x)
+    return convert_pt2e(prepared)
+
+
+def static_batch_export(model, example, calib, keep):
+    """Exported without dynamic_shapes: the graph only takes the example's batch of 2."""
+    return _pt2e_export(model, example, calib, keep, None)
+
+
+def bounded_batch(model, example, calib, keep):
+    """A dynamic batch bounded at 8: calibration batches of 9 or more, or any larger batch later, do not fit."""
+    return _pt2e_export(model, example, calib, keep, ({0: torch.export.Dim("batch", max=8)},))
+
+
+def qat_config(model, example, calib, keep):
+    """The QAT config (fake quantizers with moving-average observers) used for post-training quantization."""
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
+
+    batch = ({0: torch.export.Dim("batch", min=1, max=1024)},)
+    return _pt2e_export(model, example, calib, keep, batch, get_default_x86_inductor_quantization_config(is_qat=True))
+
+
+def dynamic_config(model, example, calib, keep):
+    """The dynamic config: activation scales computed at run time, calibration ignored."""
+    from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
+
+    batch = ({0: torch.export.Dim("batch", min=1, max=1024)},)
+    cfg = get_default_x86_inductor_quantization_config(is_dynamic=True)
+    return _pt2e_export(model, example, calib, keep, batch, cfg)
+
+
 def dynamic_quant_instead(model, example, calib, keep):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -236,6 +308,10 @@ PT2E_WRONG = [
     (widest_only, "observers saw other data"),
     (one_batch, "observers saw other data"),
     (dynamic_quant_instead, "not the converted graph"),
+    (static_batch_export, "did not fit the exported graph"),
+    (bounded_batch, "fixed or bounded too tightly"),
+    (qat_config, "QAT config"),
+    (dynamic_config, "that is dynamic quantization"),
 ]
 
 
@@ -254,7 +330,9 @@ def test_pt2e_rejects(fn, reason):
 # what each submission's graph is rejected by: its structure (judge_pt2e_graph), the batches it ran
 # (judge_calibration_ran) or the activation scales its observers saw (judge_scales)
 PT2E_STRUCTURE = [eager_returned, exported_only, not_converted, keep_ignored_pt2e, own_choice_pt2e,
-                  dynamic_quant_instead]  # fmt: skip
+                  dynamic_quant_instead, dynamic_config]  # fmt: skip
+PT2E_BATCH = [static_batch_export, bounded_batch]  # the exported batch dimension (test_pt2e_serving_batch_...)
+PT2E_QAT = [qat_config]  # test_pt2e_qat_config_named_on_seeds
 PT2E_RAN = {first_batch_only: lambda calib: calib[:1], no_calibration: lambda calib: []}
 PT2E_SCALES = {
     throwaway_calibration: lambda calib: [torch.randn_like(x) for x in calib],
@@ -272,7 +350,7 @@ PT2E_RIGHT_FEEDS = {
 
 
 def test_pt2e_covers_every_submission_in_the_sweeps():
-    assert {f for f, _ in PT2E_WRONG} == {*PT2E_STRUCTURE, *PT2E_RAN, *PT2E_SCALES}
+    assert {f for f, _ in PT2E_WRONG} == {*PT2E_STRUCTURE, *PT2E_RAN, *PT2E_SCALES, *PT2E_BATCH, *PT2E_QAT}
     assert set(PT2E_RIGHT) == set(PT2E_RIGHT_FEEDS)
 
 
@@ -362,3 +440,32 @@ def test_pt2e_graph_scales_are_the_observers():
         got, want = l05.graph_scales(gm), l05.activation_scales(model, feed(calib))
         assert "input" in got and set(got) <= set(want), (got, want)  # the kept conv's input is not quantized
         assert all(abs(got[n] / want[n] - 1) < 1e-3 for n in got), (got, want)
+
+
+def test_pt2e_serving_batch_exceeds_every_calibration_batch_on_200_seeds():
+    """The graph is served a batch of every calibration image at once: larger than any calibration batch, so a
+    batch dimension bounded just wide enough for calibration (or fixed at the example's) is rejected by name on
+    every seed (the full path of static_batch_export and bounded_batch runs in test_pt2e_rejects)."""
+    from course_utils.check.lesson_exercises import l05
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    for seed in range(200):
+        _, _, calib, example, _ = l05.draw_pt2e_case(Cases(seed))
+        sizes = [x.shape[0] for x in calib]
+        assert torch.cat(calib).shape[0] > max(sizes) > example[0].shape[0], (seed, sizes)
+
+
+def test_pt2e_qat_config_named_on_seeds():
+    """A graph calibrated with the QAT config holds the input scale its fake quantizer gives (test_pt2e_rejects
+    runs the full path): judged against the given batches' scales, it is named on every seed, and the right
+    scales are not taken for it. On 8 seeds: the default observers' parameter search is what costs (see
+    SCALE_SEEDS)."""
+    from course_utils.check.lesson_exercises import l05
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    for seed in range(8):
+        model, _, calib, _, _ = l05.draw_pt2e_case(Cases(seed))
+        expected, qat = l05.activation_scales(model, calib), l05.activation_scales(model, calib, is_qat=True)
+        with pytest.raises(AssertionError, match=_reason(qat_config)):
+            l05.judge_scales(dict(qat), expected, qat)
+        l05.judge_scales(dict(expected), expected, qat)

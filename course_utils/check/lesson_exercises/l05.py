@@ -49,10 +49,14 @@ def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
     with cases("05.torchao-mlp") as c:
         mlp = _random_mlp(c)
         names = [n for n, m in mlp.named_modules() if isinstance(m, nn.Linear)]
-        # Two calls with different layers to keep: a submission that keeps a fixed name fails one of them.
+        # Two calls with different layers to keep, one of them naming two layers (in random order): a submission
+        # that keeps a fixed name fails one call, one that keeps only one of the names it is given (the first, say)
+        # fails the two-name call.
         before = copy.deepcopy(mlp.state_dict())
-        for kept in c.rng.sample(names, 2):
-            keep = {kept}
+        a, b, d = c.rng.sample(names, 3)
+        keeps = [{a}, {b, d}]
+        c.rng.shuffle(keeps)
+        for keep in keeps:
             q = fn(mlp, set(keep))
             assert isinstance(q, nn.Module), f"return the quantized model (an nn.Module), not {type(q).__name__}"
             after = mlp.state_dict()
@@ -72,7 +76,7 @@ def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
                 why = torchao_int8_weight(linears[name])
                 assert why is not None, (
                     f"'{name}' must stay FP32 (keep_fp32={sorted(keep)}) but holds INT8 weights: pass quantize_ a "
-                    "filter_fn(module, fqn) that returns False for the names in keep_fp32"
+                    "filter_fn(module, fqn) that returns False for every name in keep_fp32"
                 )
                 assert linears[name].weight.dtype == torch.float32, (
                     f"'{name}' must stay FP32, it is {linears[name].weight.dtype}"
@@ -184,12 +188,13 @@ def draw_calibration(c: Any, model: nn.Module) -> list[torch.Tensor]:
     return calib
 
 
-def activation_scales(model: nn.Module, batches: list[torch.Tensor]) -> dict[str, float]:
-    """The INT8 scale an X86InductorQuantizer activation observer gives the model's input and each ReLU's output
-    when the batches run through the model in order (forward hooks on the eager model: no export needed)."""
+def activation_scales(model: nn.Module, batches: list[torch.Tensor], *, is_qat: bool = False) -> dict[str, float]:
+    """The INT8 scale an X86InductorQuantizer activation observer (the default config's, or with ``is_qat`` the
+    QAT config's fake quantizer) gives the model's input and each ReLU's output when the batches run through the
+    model in order (forward hooks on the eager model: no export needed)."""
     from torchao.quantization.pt2e.quantizer.x86_inductor_quantizer import get_default_x86_inductor_quantization_config
 
-    spec = get_default_x86_inductor_quantization_config().input_activation
+    spec = get_default_x86_inductor_quantization_config(is_qat=is_qat).input_activation
     names = ["input", *(n for n, m in model.named_children() if isinstance(m, nn.ReLU))]
     observers = {n: spec.observer_or_fake_quant_ctr() for n in names}
     seen: dict[str, torch.Tensor] = {}
@@ -212,7 +217,7 @@ def graph_scales(gm: torch.fx.GraphModule) -> dict[str, float]:
     """The INT8 scale of each activation quantized in the converted graph: the input's and each ReLU's output."""
     out = {}
     for n in gm.graph.nodes:
-        if n.op == "call_function" and QUANT in str(n.target):
+        if n.op == "call_function" and QUANT in str(n.target) and isinstance(n.args[1], float):
             src = n.args[0]
             if getattr(src, "op", "") == "placeholder":
                 out["input"] = float(n.args[1])
@@ -221,9 +226,21 @@ def graph_scales(gm: torch.fx.GraphModule) -> dict[str, float]:
     return out
 
 
-def judge_scales(got: dict[str, float], expected: dict[str, float]) -> None:
-    """Every activation scale in the graph within :data:`SCALE_TOL` of what the given batches give."""
+def _scales_match(got: dict[str, float], expected: dict[str, float]) -> bool:
+    return all(abs(scale / expected[name] - 1) <= SCALE_TOL for name, scale in got.items())
+
+
+def judge_scales(got: dict[str, float], expected: dict[str, float], qat: dict[str, float] | None = None) -> None:
+    """Every activation scale in the graph within :data:`SCALE_TOL` of what the given batches give. ``qat``: the
+    scales the QAT config's fake quantizers give for the same batches; a graph whose input scale is that one is
+    named as such (only the input's: the later activations a QAT graph saw were fake-quantized)."""
     assert "input" in got, "the model's input is not quantized in the graph: calibrate and convert the whole model"
+    if qat is not None and not _scales_match(got, expected) and _scales_match({"input": got["input"]}, qat):
+        raise AssertionError(
+            "the input's INT8 scale is the one the QAT config's fake quantizer gives for the calibration batches "
+            "(get_default_x86_inductor_quantization_config(is_qat=True)): post-training static INT8 uses the "
+            "default config, get_default_x86_inductor_quantization_config()"
+        )
     for name, scale in got.items():
         ratio = scale / expected[name]
         where = "the input" if name == "input" else f"the output of ReLU '{name}'"
@@ -257,6 +274,11 @@ def judge_pt2e_graph(gm: Any, convs: list[str], keep: str) -> dict[str, dict[str
     observers = [n for n, _ in gm.named_modules() if "activation_post_process" in n]
     assert not observers, f"observers {observers[:2]} are still in the graph: call convert_pt2e after calibrating"
     targets = [str(n.target) for n in gm.graph.nodes if n.op == "call_function"]
+    assert not any("choose_qparams" in t for t in targets), (
+        "the graph computes activation scales while it runs (choose_qparams nodes): that is dynamic quantization "
+        "(a config with is_dynamic=True). Static INT8 takes its scales from calibration: "
+        "get_default_x86_inductor_quantization_config()"
+    )
     assert any(QUANT in t for t in targets) and any(DEQUANT_W in t for t in targets), (
         "the graph holds no INT8 quantize/dequantize ops: prepare_pt2e with "
         "X86InductorQuantizer().set_global(get_default_x86_inductor_quantization_config()), calibrate, "
@@ -290,6 +312,22 @@ def judge_calibration_ran(ran: set[tuple[int, ...]], calib: list[torch.Tensor]) 
     )
 
 
+DYNAMIC_BATCH = "Export with a dynamic batch, dynamic_shapes=({0: torch.export.Dim('batch', min=1, max=...)},)"
+
+
+def serve(gm: Any, x: torch.Tensor) -> torch.Tensor:
+    """The converted graph's output for ``x``; a batch size its export guards reject is named."""
+    try:
+        return gm(x)
+    except Exception as exc:
+        if "Guard failed" in str(exc) and "size()[0]" in str(exc):
+            raise AssertionError(
+                f"the returned graph rejects a batch of {x.shape[0]} ({exc}): its batch dimension is fixed or bounded "
+                f"too tightly to serve any batch size. {DYNAMIC_BATCH} with a max well above the calibration batches"
+            ) from None
+        raise
+
+
 def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Module]) -> None:
     with cases("05.pt2e") as c:
         model, convs, calib, example, keeps = draw_pt2e_case(c)
@@ -297,13 +335,30 @@ def _check_pt2e(fn: Callable[[nn.Module, tuple, list[torch.Tensor], str], nn.Mod
         seen = []
         for keep in keeps:
             with OpLog() as log:
-                gm = fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep)
+                try:
+                    gm = fn(copy.deepcopy(model), example, [x.clone() for x in calib], keep)
+                except Exception as exc:
+                    if "Guard failed" in str(exc) and "size()[0]" in str(exc):
+                        sizes = sorted(x.shape[0] for x in calib)
+                        raise AssertionError(
+                            f"a calibration batch did not fit the exported graph ({exc}): its batch dimension is "
+                            f"fixed or bounded too tightly. {DYNAMIC_BATCH}, covering every batch (sizes {sizes})"
+                        ) from None
+                    raise
             judge_pt2e_graph(gm, convs, keep)
             judge_calibration_ran(conv_input_shapes(log), calib)
-            judge_scales(graph_scales(gm), expected)
-            x = calib[c.randint(0, len(calib) - 1)][:4].clone()
+            got = graph_scales(gm)
+            judge_scales(
+                got, expected, None if _scales_match(got, expected) else activation_scales(model, calib, is_qat=True)
+            )
+            # served at batch 1 and at every calibration image at once (a batch larger than any calibration batch)
+            one, x = calib[c.randint(0, len(calib) - 1)][:1].clone(), torch.cat(calib)
             with torch.no_grad():
-                cmp = compare_outputs(gm(x), model(x), "int8")
+                outs = [serve(gm, one), serve(gm, x)]
+                assert tuple(outs[0].shape) == tuple(model(one).shape), (
+                    f"the graph returns shape {tuple(outs[0].shape)} for a batch of 1, FP32 {tuple(model(one).shape)}"
+                )
+                cmp = compare_outputs(outs[1], model(x), "int8")
             assert cmp.cosine >= 0.95, f"the INT8 graph's output cosine to FP32 is {cmp.cosine:.4f} (< 0.95): {cmp}"
             seen.append(f"keep '{keep}': {len(convs) - 1} convs with INT8 weights and inputs, '{keep}' without; the "
                         f"activation scales of {sorted(graph_scales(gm))} within {SCALE_TOL:.0%} of what observers "
