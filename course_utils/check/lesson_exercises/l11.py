@@ -55,7 +55,8 @@ def _check_on(make: Callable[[torch.nn.Module, torch.Tensor], Runner], device: s
     inner = inner.to(device)
     model = _Watched(inner)
     xs = [c.randn(batch, cin, side, side).to(device) for _ in range(3)]
-    with _no_shortcuts():
+    given = [x.clone() for x in xs]
+    with _no_shortcuts(), _cuda_rules():
         run = make(model, xs[0])
         assert callable(run), "return a function run(x)"
         shortcut = _compiled_inside(run)
@@ -67,26 +68,58 @@ def _check_on(make: Callable[[torch.nn.Module, torch.Tensor], Runner], device: s
             with OpLog(watch={"conv weight": inner[0].weight, "the caller's x": x}) as log:
                 outs.append(run(x))
             logs.append(log)
+    changed = [i for i, (x, g) in enumerate(zip(xs, given, strict=True)) if not torch.equal(x, g)]
+    assert not changed, (
+        f"run() changed the caller's tensor{'s' if len(changed) > 1 else ''} {changed} (0 is the example you were "
+        "given): the example itself became your input buffer. Copy it once (static_in = example.clone()) and "
+        "copy_ each batch into that copy"
+    )
     with torch.inference_mode():
         refs = [inner(x) for x in xs]
     for i, (out, ref) in enumerate(zip(outs, refs, strict=True)):
         assert isinstance(out, torch.Tensor) and out.shape == ref.shape, f"run(batch {i}) should return {ref.shape}"
-        assert torch.allclose(out, ref, atol=1e-4), f"batch {i}: the result differs from model(x)" + (
-            " (kept from an earlier call, it was overwritten: return a clone of the static output)" if i < 2 else ""
-        )
-    try:
-        with _no_shortcuts():
-            run(c.randn(batch + 1, cin, side, side).to(device))
-    except ValueError:
-        pass
-    except AssertionError:
-        raise
-    except Exception as exc:  # noqa: BLE001 - any other error is the wrong answer
-        raise AssertionError(
-            f"a batch of another shape raised {type(exc).__name__}: check x.shape first and raise ValueError"
-        ) from None
-    else:
-        raise AssertionError("a batch of another shape must raise ValueError: the buffers (and a graph) are fixed")
+        if torch.allclose(out, ref, atol=1e-4):
+            continue
+        if i < len(refs) - 1 and torch.allclose(out, refs[-1], atol=1e-4):
+            why = (
+                " (kept from an earlier call, it was overwritten by the last call's result: return a clone of the "
+                "static output)"
+            )
+        elif i > 0 and torch.allclose(out, refs[0], atol=1e-4):
+            why = (
+                ": it is the example's result. The model (or the graph) reads the static input: copy each batch "
+                "into it with static_in.copy_(x); binding the name to a new tensor does not change what it reads"
+            )
+        else:
+            why = ""
+        raise AssertionError(f"batch {i}: the result differs from model(x){why}")
+    grads = [i for i, out in enumerate(outs) if out.requires_grad]
+    assert not grads, (
+        f"run(batch {grads[0]}) returned a result that requires grad (an autograd graph): run the model under "
+        "torch.inference_mode() (on CUDA the warm-up and the capture too), or every call keeps its activations "
+        "alive for a backward that never comes"
+    )
+    for other, what in (
+        ((batch + 1, cin, side, side), "a batch of another size"),
+        ((batch, cin, side + 1, side + 1), "images of another size (the same batch size)"),
+    ):
+        try:
+            with _no_shortcuts(), _cuda_rules():
+                run(c.randn(*other).to(device))
+        except ValueError:
+            pass
+        except AssertionError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - any other error is the wrong answer
+            raise AssertionError(
+                f"{what} {other} raised {type(exc).__name__}: compare the whole x.shape with the buffer's first "
+                "and raise ValueError"
+            ) from None
+        else:
+            raise AssertionError(
+                f"{what} {other} must raise ValueError: the buffers (and a graph) are fixed; compare the whole "
+                "x.shape, not only the batch"
+            )
     convs = [[op for op in log.named(*CONV_OPS) if "conv weight" in op.watched] for log in logs]
     if device == "cuda":
         ran = sum(len(cv) for cv in convs)
@@ -124,6 +157,17 @@ def _replays() -> int:
     from course_utils.fakegpu.standins import rehearsal
 
     return rehearsal.checks().get("graph replays", 0) if rehearsal.active() else -1
+
+
+@contextlib.contextmanager
+def _cuda_rules() -> Iterator[None]:
+    """A CUDA rule the rehearsal's stand-in GPU enforces (capture without warm-up ...), broken: a rejection."""
+    from course_utils.fakegpu.standins.rehearsal import RehearsalError
+
+    try:
+        yield
+    except RehearsalError as exc:
+        raise AssertionError(f"on the GPU your runner broke a CUDA rule: {exc}") from None
 
 
 @contextlib.contextmanager
