@@ -296,3 +296,120 @@ def test_a_difference_below_the_printed_precision_is_not_claimed():
     assert Ratio("v", "b", estimate=1.01, low=1.006, high=1.02, rounds=[]).verdict == "faster"
     assert Ratio("v", "b", estimate=1.0002, low=1.0001, high=1.0003, rounds=[]).verdict == NO_DIFFERENCE
     assert Ratio("v", "b", estimate=0.99, low=0.98, high=0.994, rounds=[]).verdict == "slower"
+
+
+def test_judge_at_the_exact_target_ends():
+    """The low end exactly at the target is "met"; the high end exactly at it is not "missed" (it reaches it)."""
+    assert Ratio("v", "b", estimate=1.45, low=1.4, high=1.5, rounds=[]).judge(1.5) == "not shown"
+    assert Ratio("v", "b", estimate=1.45, low=1.4, high=1.4999, rounds=[]).judge(1.5) == "missed"
+
+
+def test_a_band_is_never_judged_on_stand_in_or_drifted_numbers():
+    inside = dict(estimate=1.0, low=0.95, high=1.05, rounds=[])
+    assert Ratio("v", "b", **inside).judge_within(0.9, 1.1) == "met"
+    assert Ratio("v", "b", **inside, drifted=True, drift_reason="x").judge_within(0.9, 1.1) == "not judged (drifted)"
+    assert Ratio("v", "b", **inside, standin=True).judge_within(0.9, 1.1) == "not judged (stand-in timing)"
+
+
+def test_half_width_is_half_the_interval_relative_to_the_estimate():
+    assert Ratio("v", "b", estimate=2.0, low=1.8, high=2.2, rounds=[]).half_width == pytest.approx(0.1)
+    assert Ratio("v", "b", estimate=0.0, low=0.0, high=0.0, rounds=[]).half_width == float("inf")
+
+
+@pytest.mark.parametrize(("x", "text"), [(10.0, "10.0"), (9.996, "10.00"), (0.1, "0.10"), (0.0999, "0.0999")])
+def test_format_at_the_switch_points(x, text):
+    assert intervals.fmt(x) == text
+
+
+def test_rounds_that_are_not_finite_are_left_out():
+    r = ratio_from_rounds("v", "b", [2.0, float("nan"), 2.0, float("inf"), 2.0])
+    assert r.rounds == [2.0, 2.0, 2.0] and (r.estimate, r.low, r.high) == (2.0, 2.0, 2.0)
+    with pytest.raises(ValueError, match="no finite per-round ratio"):
+        ratio_from_rounds("v", "b", [float("inf"), float("nan")])
+
+
+def test_says_phrases_each_verdict():
+    slower = Ratio("v", "b", estimate=0.8, low=0.7, high=0.9, rounds=[])
+    assert slower.says("int8", "fp32") == "int8 is 0.80x (95% CI 0.70-0.90) vs fp32: slower"
+    faster = Ratio("v", "b", estimate=1.5, low=1.4, high=1.6, rounds=[], drifted=True, drift_reason="load")
+    assert faster.says("int8", "fp32", better="the throughput of") == (
+        "int8 is 1.50x (95% CI 1.40-1.60) the throughput of fp32 [drifted: load]"
+    )
+
+
+def test_baseline_drift_is_flagged_only_beyond_twice():
+    assert comparing._baseline_drift([1.0, 1.0, 2.0, 2.0]) == ""  # exactly 2x: the limit, not beyond it
+    assert "moved from 1 to 2.01" in comparing._baseline_drift([1.0, 1.0, 2.01, 2.01])
+    assert "moved from 3 to 1" in comparing._baseline_drift([3.0, 3.0, 1.0, 1.0])  # faster later counts too
+    assert comparing._baseline_drift([1.0, 3.0, 3.0]) == ""  # under 4 rounds: no halves to compare
+
+
+def _comparison(per_round, ratios=None):
+    from course_utils.measuring.timing import Measurement
+
+    return comparing.Comparison(baseline="a", label="", kind="time", per_round=per_round,
+                                measurements={n: Measurement(times_ms=v) for n, v in per_round.items()},
+                                ratios=ratios or {})  # fmt: skip
+
+
+def test_ratio_vs_a_variant_checks_that_variant_for_drift():
+    cmp = _comparison({"a": [1.0] * 8, "b": [1.0] * 4 + [3.0] * 4, "c": [0.5] * 8})
+    against_b = cmp.ratio("c", vs="b")
+    assert against_b.drifted and "moved from 1 to 3" in against_b.drift_reason
+    against_c = cmp.ratio("b", vs="c")
+    assert not against_c.drifted and against_c.rounds == [0.5] * 4 + [1 / 6] * 4
+
+
+def test_ratio_vs_a_variant_keeps_the_stand_in_label():
+    standin = Ratio("b", "a", estimate=1.0, low=1.0, high=1.0, rounds=[1.0], standin=True)
+    r = _comparison({"a": [1.0] * 6, "b": [1.0] * 6, "c": [0.5] * 6}, {"b": standin}).ratio("c", vs="b")
+    assert r.standin and r.judge(1.5) == "not judged (stand-in timing)"
+
+
+def test_warmup_rounds_and_calls_are_counted(clock):
+    cu.compare({"a": clock.work("a", 1.0), "b": clock.work("b", 2.0)}, baseline="a", device="cpu", rounds=3,
+               warmup=4, min_round_s=0.0, min_calls=5)  # fmt: skip
+    assert clock.calls.count("a") == clock.calls.count("b") == 4 + 3 * 5
+    assert clock.calls[:4] in (["a"] * 4, ["b"] * 4), "each variant's warm-up calls run before any round"
+
+
+@pytest.mark.parametrize(("smoke", "rounds", "warmup", "block"), [("1", 7, 2, 5), ("0", 15, 5, 50)])
+def test_default_rounds_warmup_and_block_length(clock, monkeypatch, smoke, rounds, warmup, block):
+    monkeypatch.setenv("COURSE_SMOKE", smoke)
+    cmp = cu.compare({"a": clock.work("a", 1.0), "b": clock.work("b", 1.0)}, baseline="a", device="cpu")
+    timed = cmp.measurements["a"].n
+    assert len(cmp.per_round["a"]) == rounds and clock.calls.count("a") - timed == warmup
+    assert rounds * block <= timed <= rounds * (block + 1)  # 1 ms calls fill each 5 (smoke) or 50 ms block
+
+
+def test_zero_rounds_is_refused():
+    with pytest.raises(ValueError, match="at least 1 round"):
+        cu.compare({"a": lambda: None, "b": lambda: None}, baseline="a", device="cpu", rounds=0)
+    with pytest.raises(ValueError, match="at least 1 round"):
+        cu.comparing.compare_runs({"a": lambda: 1.0, "b": lambda: 1.0}, baseline="a", rounds=0,
+                                  higher_is_better=True)  # fmt: skip
+
+
+def test_compare_runs_table_median_and_no_shared_work():
+    values = {"a": iter([1.0, 1.0, 10.0, 1.0, 1.0]), "b": iter([2.0, 2.0, 2.0, 20.0, 2.0])}
+    runs = {n: (lambda n=n: {"value": next(values[n])}) for n in values}  # a mapping without shared_s
+    cmp = cu.comparing.compare_runs(runs, baseline="a", rounds=5, higher_is_better=True, seed=0)
+    t = cmp.table().set_index("variant")
+    assert (t.loc["a", "median"], t.loc["b", "median"]) == (1.0, 2.0)  # medians, not the means 2.8 and 5.6
+    r = cmp.ratio("b")
+    assert r.estimate == 2.0 and not r.drifted and cmp.shared_s == {}, "no shared_s returned: no shared work"
+
+
+def test_compare_runs_flags_a_drifting_baseline():
+    calls = {"a": 0, "b": 0}
+
+    def run(name, value):
+        def fn():
+            calls[name] += 1
+            return value * (1.0 if calls[name] <= 4 else 3.0)
+
+        return fn
+
+    r = cu.comparing.compare_runs({"a": run("a", 10.0), "b": run("b", 20.0)}, baseline="a", rounds=8,
+                                  higher_is_better=True, seed=0).ratio("b")  # fmt: skip
+    assert r.estimate == 2.0 and r.drifted and "baseline's rounds moved from 10 to 30" in r.drift_reason
