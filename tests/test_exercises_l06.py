@@ -63,6 +63,33 @@ def reordered(compiled, xs):
     return [compiled(x) for x in reversed(_marked(xs))]
 
 
+def bounded_at_32(compiled, xs):
+    """A dynamic range bounded at a guessed power of two: the batch above 32 is refused."""
+    outs = []
+    for x in xs:
+        torch._dynamo.mark_dynamic(x, 0, min=2, max=32)
+        outs.append(compiled(x))
+    return outs
+
+
+def min_only(compiled, xs):
+    """min=1 without max (batch 1 is a valid request): Dynamo cannot build that range."""
+    outs = []
+    for x in xs:
+        torch._dynamo.mark_dynamic(x, 0, min=1)
+        outs.append(compiled(x))
+    return outs
+
+
+def clone_after_mark(compiled, xs):
+    """Marks x, then calls with x.clone(): the copy carries no mark, so each size compiles its own graph."""
+    outs = []
+    for x in xs:
+        torch._dynamo.mark_dynamic(x, 0)
+        outs.append(compiled(x.clone()))
+    return outs
+
+
 MARK_DYNAMIC_WRONG = [
     (plain_loop, "graphs were compiled"),
     (eager_only, "never ran"),
@@ -73,6 +100,9 @@ MARK_DYNAMIC_WRONG = [
     (throwaway_then_eager, "ran eagerly"),
     (compiled_but_eager_returned, "differs from what the compiled model returns"),
     (reordered, "expected an output of shape"),
+    (bounded_at_32, "outside the range marked dynamic"),
+    (min_only, "only min= or only max="),
+    (clone_after_mark, "graphs were compiled"),
 ]
 
 
@@ -119,6 +149,20 @@ def row_by_row(compiled, x, size):
     return torch.cat([compiled(torch.cat([r[None], r.new_zeros(size - 1, *r.shape)]))[:1] for r in x])
 
 
+def full_chunks_only(compiled, x, size):
+    """Pads only a request smaller than size; of a larger one, runs the full chunks and drops the remainder."""
+    if len(x) < size:
+        return compiled(torch.cat([x, x.new_zeros(size - len(x), *x.shape[1:])]))[: len(x)]
+    return torch.cat([compiled(x[i * size : (i + 1) * size]) for i in range(len(x) // size)])
+
+
+def pad_whole_to_next_multiple(compiled, x, size):
+    """Pads by size - n % size: a request of exactly size (or a multiple) gets a whole chunk of zeros more."""
+    n = len(x)
+    padded = torch.cat([x, x.new_zeros(size - n % size, *x.shape[1:])])
+    return torch.cat([compiled(chunk) for chunk in padded.split(size)])[:n]
+
+
 PAD_WRONG = [
     (no_padding, "compiled a new graph"),
     (padded_rows_returned, "slice off the padding"),
@@ -126,6 +170,8 @@ PAD_WRONG = [
     (remainder_eager, "pad to|compiled call"),  # which request comes first is random
     (padded_throwaway_then_eager, "differs from what the compiled model returns"),
     (row_by_row, "compiled call"),
+    (full_chunks_only, "every row needs its output"),
+    (pad_whole_to_next_multiple, "compiled call"),
 ]
 
 
@@ -160,6 +206,22 @@ def compiled_returned(model, example, max_batch):
     return torch.compile(model)
 
 
+def min_two(model, example, max_batch):
+    """min=2, as in examples that avoid the 0/1 specialization: batch 1 is outside the range."""
+    batch = torch.export.Dim("batch", min=2, max=max_batch)
+    return torch.export.export(model, example, dynamic_shapes=({0: batch}, {0: batch}))
+
+
+def auto_dims(model, example, max_batch):
+    """Dim.AUTO: one symbol (the broadcast ties them), but its range starts at 2."""
+    return torch.export.export(model, example, dynamic_shapes=({0: torch.export.Dim.AUTO}, {0: torch.export.Dim.AUTO}))
+
+
+def x_dynamic_only(model, example, max_batch):
+    batch = torch.export.Dim("batch", min=1, max=max_batch)
+    return torch.export.export(model, example, dynamic_shapes=({0: batch}, None))
+
+
 EXPORT_WRONG = [
     (traced, "torch.jit.trace is legacy"),
     (static_export, "specialized"),
@@ -167,6 +229,9 @@ EXPORT_WRONG = [
     (range_too_small, "must cover"),
     (module_returned, "return the torch.export.ExportedProgram"),
     (compiled_returned, "torch.compile is not an export"),
+    (min_two, "must cover 1"),
+    (auto_dims, "must cover 1"),
+    (x_dynamic_only, "your export raised UserError: Constraints violated"),
 ]
 
 
@@ -198,7 +263,30 @@ def named_shapes(model, example, max_batch):  # right too: dynamic_shapes keyed 
     return torch.export.export(model, example, dynamic_shapes={"x": {0: batch}, "mask": {0: batch}})
 
 
-RIGHT = {"06.mark-dynamic": [marked_first], "06.pad-batch": [f_pad], "06.export": [named_shapes]}
+def bounded_by_the_batches(compiled, xs):  # right too: min and max covering every batch given
+    top = max(len(x) for x in xs)
+    for x in xs:
+        torch._dynamo.mark_dynamic(x, 0, min=2, max=top)
+    return [compiled(x) for x in xs]
+
+
+def chunked_evenly(compiled, x, size):  # right too: x.chunk into ceil(n / size) pieces, each padded to size
+    outs = []
+    for chunk in x.chunk(-(-len(x) // size)):
+        outs.append(compiled(torch.nn.functional.pad(chunk, (0, 0, 0, size - len(chunk))))[: len(chunk)])
+    return torch.cat(outs)
+
+
+def decomposed(model, example, max_batch):  # right too: an ExportedProgram after run_decompositions
+    batch = torch.export.Dim("batch", max=max_batch)
+    return torch.export.export(model, example, dynamic_shapes=({0: batch}, {0: batch})).run_decompositions()
+
+
+RIGHT = {
+    "06.mark-dynamic": [marked_first, bounded_by_the_batches],
+    "06.pad-batch": [f_pad, chunked_evenly],
+    "06.export": [named_shapes, decomposed],
+}
 WRONG = {"06.mark-dynamic": MARK_DYNAMIC_WRONG, "06.pad-batch": PAD_WRONG, "06.export": EXPORT_WRONG}
 
 
@@ -238,12 +326,14 @@ def test_every_drawn_case_holds_what_rejects_each_wrong_answer_on_200_seeds():
         assert [len(b) for b in batches] == sizes and len(set(sizes)) == len(sizes), seed  # reordered, pad_to_max
         assert 4 <= len(sizes) < limit, seed  # plain_loop: one graph per size, none left to eager by the limit
         assert sum(sizes) not in sizes, seed  # concat_and_split: the one call is told from a single batch
+        assert max(sizes) > 32, seed  # bounded_at_32
         assert _watermark_seen(model, [(b,) for b in batches]), seed  # eager outputs returned
 
         model, size, capture, requests = l06.pad_case(Cases(seed))
         rows = sorted(len(x) for x in requests)
         assert capture.shape[0] == size >= 4 and rows[0] < size == rows[1] < rows[2] <= 3 * size, seed
         assert rows[0] % size and size > 1, seed  # padded rows returned, remainder eager, row by row
+        assert rows[2] % size, seed  # full_chunks_only: the large request leaves a remainder
         assert _watermark_seen(model, [(x,) for x in requests]), seed
 
         model, features, example, max_batch = l06.export_case(Cases(seed))

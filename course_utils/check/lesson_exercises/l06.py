@@ -73,10 +73,34 @@ def _compiled(model: nn.Module, counter: GraphCalls):
 
 def mark_dynamic_case(c: Cases) -> tuple[nn.Module, list[int], list[torch.Tensor]]:
     """One call's case: a random MLP and 4-6 distinct batch sizes of 2-40 rows (fewer sizes than Dynamo's
-    recompile limit, so a plain loop compiles one graph per size; their sum is none of them)."""
+    recompile limit, so a plain loop compiles one graph per size; their sum is none of them), one of them above
+    32 (a dynamic range bounded at a power of two as small as 32 refuses it), in random order."""
     model, width = _random_mlp(c)
-    sizes = c.rng.sample(range(2, 41), c.randint(4, 6))
+    big = c.randint(33, 40)
+    sizes = [*c.rng.sample([s for s in range(2, 41) if s != big], c.randint(3, 5)), big]
+    c.rng.shuffle(sizes)
     return model, sizes, [c.randn(s, width) for s in sizes]
+
+
+def _serve_marked(fn, compiled, batches: list[torch.Tensor]):
+    """``fn(compiled, batches)``; the errors Dynamo raises for a badly bounded mark_dynamic are named."""
+    try:
+        return fn(compiled, batches)
+    except Exception as exc:
+        text = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        sizes = sorted(len(b) for b in batches)
+        if "not in range" in text:
+            raise AssertionError(
+                f"a batch is outside the range marked dynamic ({text}): the batch sizes are {sizes}. Mark dim 0 "
+                "without bounds, torch._dynamo.mark_dynamic(x, 0), or with a min and max covering every batch"
+            ) from None
+        if "not simple sympy type" in text:
+            raise AssertionError(
+                f"Dynamo failed on the bounds given to mark_dynamic ({text}): with only min= or only max= it "
+                "cannot build the range. Mark dim 0 without bounds, torch._dynamo.mark_dynamic(x, 0), or pass "
+                f"both min= and max= covering every batch (sizes {sizes})"
+            ) from None
+        raise
 
 
 def _check_mark_dynamic(fn: Callable[[Callable[..., torch.Tensor], list[torch.Tensor]], list[torch.Tensor]]) -> None:
@@ -86,7 +110,7 @@ def _check_mark_dynamic(fn: Callable[[Callable[..., torch.Tensor], list[torch.Te
         counter = GraphCalls()
         compiled = _compiled(model, counter)
         try:
-            outs = fn(compiled, [b.clone() for b in batches])
+            outs = _serve_marked(fn, compiled, [b.clone() for b in batches])
         finally:
             torch._dynamo.reset()
         assert isinstance(outs, list | tuple) and len(outs) == len(batches), (
@@ -142,11 +166,12 @@ def serve(compiled: Callable[..., torch.Tensor], batches: list[torch.Tensor]) ->
 
 def pad_case(c: Cases) -> tuple[nn.Module, int, torch.Tensor, list[torch.Tensor]]:
     """One call's case: a random MLP, the captured batch ``size`` (4-12), the capture input, and three requests
-    in random order: fewer rows than ``size``, exactly ``size``, and more (up to 3 x ``size``)."""
+    in random order: fewer rows than ``size``, exactly ``size``, and more (below 3 x ``size``, never a multiple of
+    ``size``: a remainder is always left for the last, padded chunk)."""
     model, width = _random_mlp(c)
     size = c.randint(4, 12)
     capture = c.randn(size, width)
-    rows = [c.randint(1, size - 1), size, c.randint(size + 1, 3 * size)]
+    rows = [c.randint(1, size - 1), size, c.randint(1, 2) * size + c.randint(1, size - 1)]  # the last: no multiple
     return model, size, capture, [c.randn(n, width) for n in c.rng.sample(rows, len(rows))]
 
 
@@ -169,6 +194,11 @@ def _check_pad(fn: Callable[[Callable[..., torch.Tensor], torch.Tensor, int], to
                         f"a request of {n} rows raised ValueError ({exc}): split it into chunks of {size}, pad "
                         "the last chunk, and run each chunk through the compiled model"
                     ) from None
+                if isinstance(out, torch.Tensor) and out.shape[1:] == ref.shape[1:] and len(out) < n:
+                    raise AssertionError(
+                        f"a request of {n} rows got {len(out)} output rows: every row needs its output, the last "
+                        f"chunk's {n % size or size} rows too (zero-pad that chunk to {size} and keep its real rows)"
+                    )
                 assert isinstance(out, torch.Tensor) and out.shape == ref.shape, (
                     f"a request of {n} rows: return its {n} real rows (shape {tuple(ref.shape)}), got "
                     f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}: "
