@@ -124,6 +124,38 @@ class PaddedLinear(nn.Module):
         return self.classifier[3](self.classifier[2](z))
 
 
+def rebuilt(model, keep, idx, padding=None):
+    """The reference's rebuild around the channels ``idx`` (in that order); ``padding`` for the new conv."""
+    new = copy.deepcopy(model).eval()
+    conv, bn, fc = model.features[7], model.features[8], model.classifier[1]
+    cols = (idx[:, None] * 4 + torch.arange(4)[None, :]).flatten()
+    nconv = nn.Conv2d(64, keep, 3, padding=conv.padding if padding is None else padding)
+    nbn, nfc = nn.BatchNorm2d(keep).eval(), nn.Linear(keep * 4, 256)
+    with torch.no_grad():
+        nconv.weight.copy_(conv.weight[idx])
+        nconv.bias.copy_(conv.bias[idx])
+        for attr in ("weight", "bias", "running_mean", "running_var"):
+            getattr(nbn, attr).copy_(getattr(bn, attr)[idx])
+        nfc.weight.copy_(fc.weight[:, cols])
+        nfc.bias.copy_(fc.bias)
+    new.features[7], new.features[8], new.classifier[1] = nconv, nbn, nfc
+    return new
+
+
+def topk_order(model, keep):  # the right filters, in topk's order (largest norm first), not sorted back
+    norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
+    return rebuilt(model, keep, norms.topk(keep).indices)
+
+
+def no_padding(model, keep):  # Conv2d(64, keep, 3) without the original's padding=1: a 2x2 map becomes 1x1
+    return rebuilt(model, keep, _kept(model, keep), padding=0)
+
+
+def l2_norm(model, keep):  # the largest L2 norms, not L1
+    norms = model.features[7].weight.detach().pow(2).flatten(1).sum(1)
+    return rebuilt(model, keep, norms.topk(keep).indices.sort().values)
+
+
 def sliced_parameters(model, keep):  # right too: the copy's own layers, their parameters replaced by slices
     new = copy.deepcopy(model).eval()
     conv, bn, fc = new.features[7], new.features[8], new.classifier[1]
@@ -151,6 +183,9 @@ WRONG = {
     "masked-look-alike": (_LookAlike, "full 128-channel one with a mask"),
     "calls-original": (CallsOriginal, "read the original model's tensors"),
     "padded-linear": (PaddedLinear, "512 inputs"),
+    "topk-order": (topk_order, "in the order of their norms"),
+    "no-padding": (no_padding, "padding=(0, 0) (the original has (1, 1))"),
+    "l2-norm": (l2_norm, "largest L1 norms"),
 }
 
 

@@ -56,6 +56,13 @@ def judge_layers(model: nn.Module, before: dict, new: object, keep: int) -> torc
         f"{tuple(conv3.weight.shape)}"
         + (" (zeroing channels is not removing them)" if conv3.weight.shape[0] == 128 else "")
     )
+    geometry = {a: getattr(model.features[7], a) for a in ("kernel_size", "stride", "padding", "dilation")}
+    got = {a: getattr(conv3, a, None) for a in geometry}
+    assert got == geometry, (
+        "features[7] must be built like the original, only with fewer filters: "
+        + ", ".join(f"{a}={got[a]} (the original has {geometry[a]})" for a in geometry if got[a] != geometry[a])
+        + ": the feature map would change size, and classifier[1] would read other positions"
+    )
     assert bn3.num_features == keep and bn3.running_mean.shape == (keep,), (
         f"features[8] (BatchNorm2d) must have {keep} features with the kept channels' statistics"
     )
@@ -64,9 +71,17 @@ def judge_layers(model: nn.Module, before: dict, new: object, keep: int) -> torc
     )
     norms = model.features[7].weight.detach().abs().flatten(1).sum(1)
     kept = norms.topk(keep).indices.sort().values
-    assert torch.equal(conv3.weight.detach(), model.features[7].weight.detach()[kept]), (
-        "features[7] must hold the original filters with the largest L1 norms, in their original order"
-    )
+    w = conv3.weight.detach()
+    if not torch.equal(w, model.features[7].weight.detach()[kept]):
+        by_norm = model.features[7].weight.detach()[norms.topk(keep).indices]
+        assert not torch.equal(w, by_norm), (
+            "features[7] holds the filters with the largest L1 norms, but in the order of their norms (topk's "
+            "order): keep them in their original order (sort the indices), as BatchNorm and classifier[1] expect"
+        )
+        raise AssertionError(
+            "features[7] must hold the original filters with the largest L1 norms (per filter, the sum of |w| over "
+            "its input channels and kernel), in their original order"
+        )
     return kept
 
 
