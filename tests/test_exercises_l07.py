@@ -109,6 +109,18 @@ def made_before(p, level, t):
     return _CACHED.setdefault("s", ort.InferenceSession(p, _options(level, t), providers=["CPUExecutionProvider"]))
 
 
+def cuda_listed_first(p, level, t):
+    """CUDA first "to use the GPU when there is one": on a machine with CUDA the session would not run on the CPU."""
+    return ort.InferenceSession(p, _options(level, t), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
+
+
+def inter_op_settings_too(p, level, t):  # right too: inter-op threads and spinning set as well
+    so = _options(level, t)
+    so.inter_op_num_threads = t
+    so.add_session_config_entry("session.inter_op.allow_spinning", "0")
+    return ort.InferenceSession(p, so, providers=["CPUExecutionProvider"])
+
+
 SESSION_WRONG = [
     (level_ignored, "was created at"),
     (changed_after_creation, "was created (at|with)"),  # the default level is "all": then threads tell
@@ -118,6 +130,7 @@ SESSION_WRONG = [
     (no_options, "created without SessionOptions"),
     (another_model, "differ from the model's"),
     (not_a_session, "InferenceSession"),
+    (cuda_listed_first, "created with providers=\\['CUDAExecutionProvider'"),
 ]
 
 
@@ -155,7 +168,8 @@ def test_session_judged_on_200_seeds():
     for seed in SWEEP:
         with tempfile.TemporaryDirectory() as tmp:
             path, x, ref, calls = l07.draw_session_case(Cases(seed), Path(tmp))
-            for fn, reason in [(exercises.get("07.session").solution, "^accepted$"), *wrong]:
+            right = [(exercises.get("07.session").solution, "^accepted$"), (inter_op_settings_too, "^accepted$")]
+            for fn, reason in [*right, *wrong]:
                 msg = _first_rejection(partial(l07.judge_session_call, fn, path, x, ref), calls)
                 assert re.search(reason, msg), (seed, fn.__name__, msg)
 
@@ -199,8 +213,29 @@ def as_list(p, level):
     return list(exercises.get("07.fusion").solution(p, level).elements())
 
 
+def _at(levels):
+    """fused_ops with its own map from level names to ORT's levels."""
+    import onnx
+
+    def fused(p, level):
+        out = Path(tempfile.mkdtemp(prefix="fused_")) / "optimized.onnx"
+        so = ort.SessionOptions()
+        so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, levels[level])
+        so.optimized_model_filepath = str(out)
+        ort.InferenceSession(p, so, providers=["CPUExecutionProvider"])
+        return collections.Counter(n.op_type for n in onnx.load(str(out)).graph.node)
+
+    return fused
+
+
+basic_as_disable = _at({"basic": "ORT_DISABLE_ALL", "extended": "ORT_ENABLE_EXTENDED"})  # 'basic' read as "none"
+basic_as_extended = _at({"basic": "ORT_ENABLE_EXTENDED", "extended": "ORT_ENABLE_EXTENDED"})
+basic_as_disable.__name__, basic_as_extended.__name__ = "basic_as_disable", "basic_as_extended"
+
 FUSION_WRONG = [
-    (counted_input, "you counted the file you were given"),
+    (counted_input, "you report the unoptimized graph's counts"),
+    (basic_as_disable, "you report the unoptimized graph's counts"),
+    (basic_as_extended, "you report the graph ORT optimizes at level 'extended'"),
     (always_extended, "you report"),
     (level_all_instead, "you report"),
     (hard_coded, "you report"),
@@ -215,20 +250,21 @@ def test_fusion_rejects(fn, reason):
         assert reason in msg and f"seed {seed}" in msg, (seed, msg)
 
 
-def _judge_fusion(fn, path, original, level, want):
-    l07.judge_fusion(fn(str(path), level), want, original, level)
+def _judge_fusion(fn, path, original, others, level, want):
+    l07.judge_fusion(fn(str(path), level), want, original, level, others)
 
 
 def test_fusion_judged_on_200_seeds():
     """Each seed's case drawn once (draw_fusion_case: the CNN, its op counts, the two levels in their order with
     ORT's optimized op counts at each), then every submission called and judged as the checker does
     (judge_fusion, level by level): the reference accepted, each wrong one rejected with its reason, on all 200
-    seeds (`basic` leaves these graphs as they are, so the level order decides which call shows a mistake)."""
+    seeds (`basic` only removes the drawn graph's Identity node, so the level order decides which call shows a
+    mistake)."""
     for seed in SWEEP:
         with tempfile.TemporaryDirectory() as tmp:
             path, original, levels = l07.draw_fusion_case(Cases(seed), Path(tmp))
             for fn, reason in [(exercises.get("07.fusion").solution, "accepted"), *FUSION_WRONG]:
-                msg = _first_rejection(partial(_judge_fusion, fn, path, original), levels)
+                msg = _first_rejection(partial(_judge_fusion, fn, path, original, dict(levels)), levels)
                 assert reason in msg, (seed, fn.__name__, msg)
 
 
@@ -301,6 +337,28 @@ def one_batch_of_all(src, dst, calib, keep):  # right too: every calibration ima
     _static(src, dst, [np.concatenate(calib)], [keep, _feeding(src, keep)])
 
 
+def qoperator_format(src, dst, calib, keep):
+    """QuantFormat.QOperator: QLinearConv nodes in the file instead of Q/DQ pairs around Conv."""
+    from onnxruntime.quantization import QuantFormat
+
+    _static(src, dst, calib, [keep, _feeding(src, keep)], fmt=QuantFormat.QOperator)
+
+
+def signed_activations(src, dst, calib, keep):  # right too: INT8 (signed) activations, not asked otherwise
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, QuantType, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {"input": x}
+
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, per_channel=True,
+                    activation_type=QuantType.QInt8, nodes_to_exclude=[keep, _feeding(src, keep)])  # fmt: skip
+
+
 def fp32_copied(src, dst, calib, keep):
     shutil.copy(src, dst)
 
@@ -320,11 +378,13 @@ STATIC_WRONG = [
     (only_the_conv_excluded, "ran in INT8 although excluded"),
     (fp32_copied, "QuantizeLinear/DequantizeLinear"),
     (nothing_written, "nothing was written"),
+    (qoperator_format, "that is the QOperator format"),
 ]
 
 
 # judged on the file's structure, the profile or what was written: the full path on STATIC_SEEDS (~30 ms a call)
-STATIC_STRUCTURE = [dynamic_instead, keep_ignored, own_choice, only_the_conv_excluded, fp32_copied, nothing_written]
+STATIC_STRUCTURE = [dynamic_instead, keep_ignored, own_choice, only_the_conv_excluded, fp32_copied, nothing_written,
+                    qoperator_format]  # fmt: skip
 STATIC_SEEDS = range(30)
 # judged on the activation scales: the drawn batches and the judge on 200 seeds (below), the full path on 3
 STATIC_FEEDS = {
@@ -355,6 +415,7 @@ def test_static_int8_reference_and_one_concatenated_batch_pass():
     assert not bad, bad
     for seed in (3, 4, 5):
         assert verdict("07.static-int8", one_batch_of_all, seed=seed) == "accepted"
+        assert verdict("07.static-int8", signed_activations, seed=seed) == "accepted"
 
 
 def _simulated_scales(path, batches):

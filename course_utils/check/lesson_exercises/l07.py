@@ -29,10 +29,11 @@ _LEVEL_NAMES = {
 SPIN = "session.intra_op.allow_spinning"
 
 
-def random_cnn_onnx(path: Path, c, blocks: int | None = None) -> tuple[Path, list[str]]:
+def random_cnn_onnx(path: Path, c, blocks: int | None = None, identity: bool = False) -> tuple[Path, list[str]]:
     """A random small CNN written directly as ONNX (Conv-Relu blocks, Flatten, Gemm); returns (path, conv names).
 
-    Built with ``onnx.helper`` (no exporter: fast), input ``input`` (N, 3, 8, 8), output ``logits``.
+    Built with ``onnx.helper`` (no exporter: fast), input ``input`` (N, 3, 8, 8), output ``logits``. With
+    ``identity`` an Identity node follows the Flatten (what the basic level's Identity elimination removes).
     """
     import onnx
     from onnx import TensorProto, helper, numpy_helper
@@ -51,10 +52,13 @@ def random_cnn_onnx(path: Path, c, blocks: int | None = None) -> tuple[Path, lis
         nodes.append(helper.make_node("Relu", [f"c{i}"], [f"r{i}"], name=f"relu_{i}"))
         prev = f"r{i}"
     nodes.append(helper.make_node("Flatten", [prev], ["flat"], name="flatten"))
+    if identity:
+        nodes.append(helper.make_node("Identity", ["flat"], ["flat_id"], name="identity"))
     feat = chans[-1] * 64
     gw = (rng.standard_normal((5, feat)) * (1 / feat) ** 0.5).astype(np.float32)
     inits += [numpy_helper.from_array(gw, "gw"), numpy_helper.from_array(np.zeros(5, np.float32), "gb")]
-    nodes.append(helper.make_node("Gemm", ["flat", "gw", "gb"], ["logits"], name="fc", transB=1))
+    nodes.append(helper.make_node("Gemm", ["flat_id" if identity else "flat", "gw", "gb"], ["logits"], name="fc",
+                                  transB=1))  # fmt: skip
     graph = helper.make_graph(
         nodes, "cnn", [helper.make_tensor_value_info("input", TensorProto.FLOAT, ["N", 3, 8, 8])],
         [helper.make_tensor_value_info("logits", TensorProto.FLOAT, ["N", 5])], initializer=inits,
@@ -85,7 +89,8 @@ def creation_options():
     original = cls.__init__
 
     def init(self, path_or_bytes, sess_options=None, providers=None, *args, **kwargs):
-        snap = {"path": str(path_or_bytes) if isinstance(path_or_bytes, str | Path) else "<bytes>", "options": None}
+        snap = {"path": str(path_or_bytes) if isinstance(path_or_bytes, str | Path) else "<bytes>", "options": None,
+                "providers": [p if isinstance(p, str) else p[0] for p in providers] if providers else None}  # fmt: skip
         if sess_options is not None:
             try:
                 spin = sess_options.get_session_config_entry(SPIN)
@@ -132,6 +137,11 @@ def judge_session_call(fn: Callable[[str, str, int], object], path: Path, x: np.
         "InferenceSession(path, so, providers=[...]) (options set afterwards change nothing that runs)"
     )
     assert sess.get_providers()[0] == "CPUExecutionProvider", f"run on the CPU provider, got {sess.get_providers()}"
+    asked = snap["providers"]
+    assert not asked or asked[0] == "CPUExecutionProvider", (
+        f"the session was created with providers={asked}: ORT takes the first one available, so on a machine "
+        "with that provider the session would not run on the CPU. Pass providers=['CPUExecutionProvider']"
+    )
     (out,) = sess.run(None, {sess.get_inputs()[0].name: x})
     cmp = compare_outputs(torch.from_numpy(out), torch.from_numpy(ref), "fp32")
     assert cmp.within, f"level {level}: outputs differ from the model's ({cmp.reason}): load onnx_path itself"
@@ -190,25 +200,35 @@ def _optimized_ops(path, level: str, out: Path) -> collections.Counter:
 
 
 def draw_fusion_case(c, tmp: Path) -> tuple[Path, collections.Counter, list[tuple[str, collections.Counter]]]:
-    """What a seed draws for 07.fusion: the CNN (written under ``tmp``), its own op counts, and the two levels in
-    random order, each with the op counts of the graph ORT optimizes at that level."""
+    """What a seed draws for 07.fusion: the CNN (written under ``tmp``, with an Identity node so that the basic
+    level changes the graph too), its own op counts, and the two levels in random order, each with the op counts
+    of the graph ORT optimizes at that level."""
     import onnx
 
-    path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c)
+    path, _ = random_cnn_onnx(Path(tmp) / "cnn.onnx", c, identity=True)
     original = collections.Counter(n.op_type for n in onnx.load(str(path)).graph.node)
     levels = c.rng.sample(["basic", "extended"], 2)
     return path, original, [(lv, _optimized_ops(path, lv, Path(tmp) / f"ref_{lv}.onnx")) for lv in levels]
 
 
-def judge_fusion(got: object, want: collections.Counter, original: collections.Counter, level: str) -> None:
-    """The op counts the learner reported for ``level`` against ORT's optimized graph at that level."""
+def judge_fusion(got: object, want: collections.Counter, original: collections.Counter, level: str,
+                 others: dict[str, collections.Counter] | None = None) -> None:  # fmt: skip
+    """The op counts the learner reported for ``level`` against ORT's optimized graph at that level (``others``:
+    the counts at the other levels drawn, so that reporting one of those is named)."""
     assert isinstance(got, collections.Counter | dict), f"return a Counter of op types, got {type(got).__name__}"
     got = collections.Counter(got)
     if got == original and want != original:
         raise AssertionError(
-            f"level '{level}': you counted the file you were given; ORT's fused graph is what runs: set "
-            "SessionOptions.optimized_model_filepath, create the session, and count the nodes of that file"
+            f"level '{level}': you report the unoptimized graph's counts: the file you were given, or one ORT wrote "
+            "at ORT_DISABLE_ALL. ORT's fused graph is what runs: set graph_optimization_level to the level asked "
+            "and SessionOptions.optimized_model_filepath, create the session, and count the nodes of that file"
         )
+    for other, counts in (others or {}).items():
+        if other != level and got == counts and want != counts:
+            raise AssertionError(
+                f"level '{level}': you report the graph ORT optimizes at level '{other}' ({dict(got)}): map "
+                f"'{level}' to GraphOptimizationLevel.{_LEVEL_NAMES[level]}"
+            )
     assert got == want, (
         f"level '{level}': you report {dict(got)}, ORT's optimized graph at that level holds {dict(want)} "
         "(set graph_optimization_level to the level asked, save with optimized_model_filepath, count op_type)"
@@ -219,7 +239,7 @@ def _check_fusion(fn: Callable[[str, str], collections.Counter]) -> None:
     with cases("07.fusion") as c, tempfile.TemporaryDirectory() as tmp:
         path, original, levels = draw_fusion_case(c, Path(tmp))
         for level, want in levels:
-            judge_fusion(fn(str(path), level), want, original, level)
+            judge_fusion(fn(str(path), level), want, original, level, dict(levels))
 
 
 @exercise(

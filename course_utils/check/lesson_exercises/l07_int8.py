@@ -155,6 +155,11 @@ def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None
                 f"no QuantizeLinear/DequantizeLinear pairs in the file (ops {dict(info['ops'])}): static INT8 in QDQ "
                 "format is quantize_static(..., calibration reader, quant_format=QuantFormat.QDQ)"
             )
+            assert not info["ops"]["QLinearConv"], (
+                f"the file holds {info['ops']['QLinearConv']} QLinearConv node(s): that is the QOperator format, "
+                "in which no conv carries its Q/DQ pairs. Write QDQ: quantize_static(..., "
+                "quant_format=QuantFormat.QDQ)"
+            )
             assert not info["weight_q"].get(keep, True), (
                 f"conv '{keep}' was quantized: pass nodes_to_exclude=['{keep}'] to keep it FP32"
             )
@@ -177,10 +182,15 @@ def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None
             import onnxruntime as ort
 
             q = ort.InferenceSession(str(out), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
-            cmp = compare_outputs(torch.from_numpy(q), torch.from_numpy(fp32_output(path, x)), "int8")
-            # a random 8x8 CNN quantized per tensor reaches cosine 0.979-1.0 with a correct pipeline (seen over seeds);
-            # wrong calibration is caught above by the activation scales, wrong nodes by the graph and the profile
-            assert cmp.cosine >= 0.95, f"INT8 output cosine to FP32 {cmp.cosine:.4f} < 0.95: {cmp}"
+            fp32 = torch.from_numpy(fp32_output(path, x))
+            cmp = compare_outputs(torch.from_numpy(q), fp32, "int8")
+            # a correct pipeline mostly reaches cosine 0.95-1.0 on three images of a random 8x8 CNN, but on some
+            # models and batches less (0.94 seen on seed 15): the bar is 0.95, or 0.02 below what the reference
+            # quantization of the same model (other layer kept) gives on the same images where that is lower.
+            # Wrong calibration is caught above by the activation scales, wrong nodes by the graph and the profile
+            ref_q = ort.InferenceSession(str(reference), providers=["CPUExecutionProvider"]).run(None, {"input": x})[0]
+            bar = min(0.95, compare_outputs(torch.from_numpy(ref_q), fp32, "int8").cosine - 0.02)
+            assert cmp.cosine >= bar, f"INT8 output cosine to FP32 {cmp.cosine:.4f} < {bar:.4f}: {cmp}"
             qdq = f"{info['ops']['QuantizeLinear']}/{info['ops']['DequantizeLinear']}"
             seen.append(f"keep '{keep}': Q/DQ nodes {qdq}, {len(info['scales'])} activation scales as the 3 batches "
                         f"give, ORT ran {ran['QLinearConv']} QLinearConv and {floats} float Conv kernel(s); cosine "
