@@ -101,6 +101,20 @@ def off_by_one_capacity(running, waiting, max_slots):
     return kept
 
 
+def admit_no_empty_check(running, waiting, max_slots):  # pops until full, even from an empty queue
+    kept = [s for s in running if not s.done]
+    while len(kept) < max_slots:
+        kept.append(waiting.popleft())
+    return kept
+
+
+def free_slots_before_retiring(running, waiting, max_slots):  # the retired sequences' slots stay idle a step
+    free = max_slots - len(running)
+    kept = [s for s in running if not s.done]
+    kept += [waiting.popleft() for _ in range(min(free, len(waiting)))]
+    return kept
+
+
 def test_admit_reference_and_equivalents_are_accepted_on_every_seed():
     for fn in (l16.admit_step, admit_in_place, admit_deque_rotation):
         bad = {s: v for s in SEEDS if (v := admit_verdict(fn, s)) != "accepted"}
@@ -120,6 +134,8 @@ def test_admit_reference_and_equivalents_are_accepted_on_every_seed():
         (admit_before_retire, "slot(s) idle while"),
         (off_by_one_capacity, "max_slots"),
         (lambda running, waiting, max_slots: None, "return the new running list"),
+        (admit_no_empty_check, "AND the queue is not empty"),
+        (free_slots_before_retiring, "count them after removing the finished sequences"),
     ],
 )
 def test_wrong_admission_is_rejected_with_its_reason_on_every_seed(answer, reason):
@@ -211,6 +227,26 @@ def verify_numpy_answer(target, context, draft):  # equivalent: numpy int64 toke
     return np.array([*draft[:n], choice[n]], dtype=np.int64)
 
 
+def count_every_match(target, context, draft):  # counts matches past the first mismatch as if a prefix
+    choice = scores(target, context, draft)
+    n = sum(d == c for d, c in zip(draft, choice, strict=False))
+    return draft[:n] + [choice[n]]
+
+
+def skip_mismatches(target, context, draft):  # keeps every matching draft token, skipping the wrong ones
+    choice = scores(target, context, draft)
+    kept = [d for d, c in zip(draft, choice, strict=False) if d == c]
+    return kept + [choice[len(kept)]]
+
+
+def logits_without_last(target, context, draft):  # drops the last position: no bonus after a full acceptance
+    choice = target(torch.tensor([context + draft]))[0, len(context) - 1 : -1].argmax(-1).tolist()
+    n = 0
+    while n < len(draft) and draft[n] == choice[n]:
+        n += 1
+    return draft[:n] + choice[n : n + 1]
+
+
 def lenient_top2(target, context, draft):  # accepts a draft token the model ranks first or second
     top = target(torch.tensor([context + draft]))[0, len(context) - 1 :].topk(2, dim=-1).indices.tolist()
     n = 0
@@ -245,6 +281,9 @@ def test_verify_reference_and_equivalents_are_accepted_on_every_seed():
         (lenient_top2, "among the model's top 2 choices"),
         (lenient_top3, "among the model's top 3 choices"),
         (lambda target, context, draft: draft, "verify never called target"),
+        (count_every_match, "accepted a draft token after the first mismatch"),
+        (skip_mismatches, "accepted a draft token after the first mismatch"),
+        (logits_without_last, "no token after a wholly accepted draft"),
     ],
 )
 def test_wrong_verification_is_rejected_with_its_reason_on_every_seed(answer, reason):

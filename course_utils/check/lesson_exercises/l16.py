@@ -7,11 +7,12 @@
   left the queue, and no slot is idle while requests wait.
   Every call draws a one-slot server, and requests that finish the step they are admitted.
 * ``16.verify``: ``verify(target, context, draft)`` is run inside a speculative decoding loop on a small random
-  causal language model with drafts drawn at random (always right, always wrong, partly right). A wrong draft token
-  is usually the model's **runner-up** there (its second or third choice), so a lenient acceptance rule (the top 2
-  or 3) is seen to accept it. The checker counts the calls of ``target`` and records their inputs: one call per
-  verification, on the context followed by the whole draft; the returned tokens must be the longest matching
-  prefix plus the model's own next token, and the decoded output identical to greedy decoding.
+  causal language model with drafts drawn at random (always right, always wrong, partly right, and a wrong token
+  followed by the model's own choice after it, which only a rule that goes on past a mismatch accepts). A wrong
+  draft token is usually the model's **runner-up** there (its second or third choice), so a lenient acceptance
+  rule (the top 2 or 3) is seen to accept it. The checker counts the calls of ``target`` and records their
+  inputs: one call per verification, on the context followed by the whole draft; the returned tokens must be the
+  longest matching prefix plus the model's own next token, and the decoded output identical to greedy decoding.
 """
 
 from __future__ import annotations
@@ -53,7 +54,14 @@ def _check_one_admit_case(fn: Callable[..., Any], rng: random.Random, max_slots:
     while step <= arrive[-1] or waiting or running:
         waiting.extend(s for s, a in zip(seqs, arrive, strict=True) if a == step)
         before_run, before_wait = list(running), list(waiting)
-        result = fn(running, waiting, max_slots)
+        try:
+            result = fn(running, waiting, max_slots)
+        except IndexError as exc:
+            raise AssertionError(
+                f"step {step}: admit_step raised IndexError ({exc}) with {len(before_wait)} request(s) waiting and "
+                f"{len(before_run)} running of {max_slots} slots: admit only while a slot is free AND the queue is "
+                "not empty"
+            ) from None
         assert isinstance(result, list), f"admit_step must return the new running list, got {type(result).__name__}"
         finished = [s for s in result if s.done]
         assert not finished, (
@@ -78,12 +86,18 @@ def _check_one_admit_case(fn: Callable[..., Any], rng: random.Random, max_slots:
         )
         if waiting and len(result) < max_slots:
             static = admitted == [] and any(not s.done for s in before_run)
+            retired = [s for s in before_run if s.done]
+            stale = retired and len(admitted) == max(0, min(max_slots - len(before_run), len(before_wait)))
             raise AssertionError(
                 f"step {step}: {max_slots - len(result)} slot(s) idle while {len(waiting)} request(s) wait"
                 + (
                     ": that is static batching (admitting only once the whole batch has finished); admit into "
                     "every free slot at every step"
                     if static
+                    else f": the {len(retired)} slot(s) retired this step were not filled (if you counted the free "
+                    "slots before retiring, count them after removing the finished sequences); keep admitting while "
+                    "a slot is free and the queue is not empty"
+                    if stale
                     else ": keep admitting while a slot is free and the queue is not empty"
                 )
             )
@@ -185,6 +199,24 @@ _OFF_BY_ONE = (
     "off by one in the accepted prefix: draft[i] is checked against the model's choice at position "
     "len(context) - 1 + i (the logits of the token before it)"
 )
+_AFTER_MISMATCH = (
+    "accepted a draft token after the first mismatch: the tokens after it were drafted from a wrong prefix, so "
+    "stop at the first draft token that differs from the model's choice (a matching PREFIX, not every match)"
+)
+
+
+def _count_matches(d: list[int], o: torch.Tensor) -> list[int]:
+    """Counts every matching draft token, as if they were a prefix."""
+    n = sum(x == int(o[i, 0]) for i, x in enumerate(d))
+    return d[:n] + [_bonus(o, n)]
+
+
+def _keep_matches(d: list[int], o: torch.Tensor) -> list[int]:
+    """Keeps every matching draft token, skipping the mismatches."""
+    kept = [x for i, x in enumerate(d) if x == int(o[i, 0])]
+    return kept + [_bonus(o, len(kept))]
+
+
 _RULES: list[tuple[Callable[[list[int], torch.Tensor], list[int]], bool, str]] = [
     (lambda d, o: d + [_bonus(o, len(d))], False, "accepted the whole draft, even where the model disagreed: keep "
      "only the matching prefix"),
@@ -199,6 +231,11 @@ _RULES: list[tuple[Callable[[list[int], torch.Tensor], list[int]], bool, str]] =
      "rejected draft token: after the matching prefix append the MODEL's token, not the draft's"),
     (lambda d, o: [_bonus(o, 0)], False, "accepted nothing of the draft: compare each draft token with the model's "
      "choice"),
+    (lambda d, o: d if (n := _accepted(d, o)) == len(d) else d[:n] + [_bonus(o, n)], False, "no token after a "
+     "wholly accepted draft: the logits at the last position (len(context) + len(draft) - 1) give the model's "
+     "next token (the bonus): return draft + [that token]"),
+    (_count_matches, False, _AFTER_MISMATCH),
+    (_keep_matches, False, _AFTER_MISMATCH),
 ]  # fmt: skip
 
 
@@ -267,6 +304,11 @@ def _check_one_verify_case(fn: Callable[..., Any], rng: random.Random, mode: str
     while len(out) < n:
         right, here = ref[len(out) :], ranked[len(out) :]
         draft = draw_drafts(rng, mode, right, here)
+        if mode == "resume":  # a wrong token, then the token the model picks after it: right only after a mismatch
+            keep = rng.randint(0, 3)
+            draft = [*right[:keep], int(here[keep, 1])]
+            with torch.inference_mode():
+                draft.append(int(model(torch.tensor([prompt + out + draft]))[0, -1].argmax()))
         k = len(draft)
         m = next((i for i, (d, r) in enumerate(zip(draft, right, strict=False)) if d != r), k)
         want = draft[:m] + [ref[len(out) + m]]
@@ -301,7 +343,9 @@ def _check_one_verify_case(fn: Callable[..., Any], rng: random.Random, mode: str
 
 def _check_verify(fn: Callable[..., Any]) -> None:
     with cases("16.verify") as c:
-        modes = ["right", "wrong", "mixed", "near"]  # near: the first wrong token is always the runner-up
+        # near: the first wrong token is always the runner-up; resume: the draft token after the first wrong one
+        # is the model's own choice there (accepted only by a rule that does not stop at the first mismatch)
+        modes = ["right", "wrong", "mixed", "near", "resume"]
         c.rng.shuffle(modes)
         seen = [_check_one_verify_case(fn, c.rng, mode) for mode in modes]
     total = sum(s["verifications"] for s in seen)
