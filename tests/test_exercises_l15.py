@@ -255,6 +255,13 @@ def test_memory_rejects_attention_heads():
     _rejected("15.kv-memory", heads, "attention (query) heads", seeds=SEEDS)
 
 
+def test_memory_rejects_the_hidden_size_per_token():
+    def hidden(c, b, t, dt):  # K and V as wide as the hidden state: the query heads, and hidden_size, not head_dim
+        return c.num_hidden_layers * 2 * b * t * c.hidden_size * _bytes(dt)
+
+    _rejected("15.kv-memory", hidden, "you used hidden_size per token", seeds=SEEDS)
+
+
 def test_memory_rejects_missing_factor_two():
     _rejected(
         "15.kv-memory",

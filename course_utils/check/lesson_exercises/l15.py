@@ -290,6 +290,9 @@ _MISTAKES: list[tuple[Callable, str]] = [
      "you took head_dim as hidden_size // num_attention_heads: this config sets head_dim itself (config.head_dim)"),
     (lambda c, b, t, d: _formula(c, b, t, d, heads=c.num_attention_heads), "you used the attention (query) heads: "
      "K and V are stored per KV head (config.num_key_value_heads); grouped-query attention shares them"),
+    (lambda c, b, t, d: _formula(c, b, t, d, heads=1, head_dim=c.hidden_size), "you used hidden_size per token: "
+     "K and V each hold num_key_value_heads x head_dim values per token (grouped-query attention has fewer KV "
+     "heads than query heads, and head_dim x heads need not be hidden_size)"),
     (lambda c, b, t, d: _formula(c, b, t, d, two=1), "you left out the factor 2: the cache holds keys AND values"),
     (lambda c, b, t, d: _formula(c, 1, t, d), "you left out the batch size: every sequence has its own cache"),
     (lambda c, b, t, d: _formula(c, b, t, d, layers=1), "you left out the layers: each layer keeps its own K and V"),
