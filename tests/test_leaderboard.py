@@ -178,3 +178,69 @@ def test_inf_huge_and_nan_speedups_do_not_top_the_leaderboard(tmp_path):
     assert "column 'speedup_vs_baseline' holds 'nan'" in text
     best = leaderboard.best_technique(df, "14")
     assert best["speedup_vs_baseline"].max() == 2.5 and len(df) == 6  # rows kept, the bad values dropped
+
+
+def test_a_lesson_asked_as_a_number_finds_its_two_digit_rows():
+    df = lb._normalise(_rows("me_cpu", "", "Xeon", {"baseline": 2.0, "fast": 1.0}).assign(lesson="3"))
+    df["label"] = "me"
+    assert list(df["lesson"].unique()) == ["03"]
+    for asked in (3, "3", "03"):
+        assert list(lb.leaderboard(df, lesson=asked)["me"]) == [2.0, 1.0]
+    assert lb.leaderboard(df, lesson="14").empty
+
+
+def test_rows_recorded_inside_an_exercise_check_stay_off_the_board(tmp_path):
+    rows = _rows("me_cpu", "", "Xeon", {"baseline": 2.0, "fast": 0.001})
+    rows.loc[1, "mode"] = f"smoke; {results.CHECK_MARK} 03.knee"
+    rows.to_csv(tmp_path / "me.csv", index=False)
+    with pytest.warns(UserWarning, match=r"kept 1 row\(s\) of .*me.csv off the board: recorded inside an exercise"):
+        df = lb.pool([tmp_path / "me.csv"])
+    assert list(df["technique"]) == ["baseline"]
+
+
+def test_attendee_name_is_its_first_printable_line_cut_at_forty(tmp_path):
+    (tmp_path / lb.ATTENDEE_FILE).write_text("  A\x1b[31md\x07a " + "x" * 60 + "\nsecond\n")
+    name = lb.attendee_name(tmp_path)
+    assert name == ("A[31mda " + "x" * 60)[:40] and len(name) == lb.NAME_LIMIT
+    assert lb.attendee_name(tmp_path / "nobody") == ""
+
+
+def test_machines_lists_rows_lessons_and_the_newest_time():
+    old = _rows("me_cpu", "", "Xeon", {"baseline": 2.0}, time="2026-11-01T10:00:00")
+    new = _rows("me_cpu", "", "Xeon", {"baseline": 1.0, "fast": 0.5}, time="2026-11-03T10:00:00")
+    df = pd.concat([old, new], ignore_index=True).assign(label="me", origin="this folder")
+    me = lb.machines(df).set_index("label").loc["me"]
+    assert (me["rows"], me["lessons"], me["newest"]) == (3, "14", "2026-11-03T10:00:00")
+
+
+def test_speed_ups_past_ten_thousand_are_dropped_but_not_below():
+    df = _rows("me_cpu", "", "Xeon", {"baseline": 1.0, "a": 1.0, "b": 1.0})
+    df["speedup_vs_baseline"] = [1.0, 9_999.0, 20_000.0]
+    with pytest.warns(UserWarning, match=r"dropped 1 speedup_vs_baseline value\(s\) .*b = 20000\.0.*0 to 10000"):
+        out = lb._normalise(df, "f.csv")
+    assert list(out["speedup_vs_baseline"].fillna(-1)) == [1.0, 9_999.0, -1]
+    assert list(out["median_ms"]) == [1.0, 1.0, 1.0], "only the value is dropped, not the row"
+
+
+def test_install_id_is_the_machine_name_s_last_six_hex_digits_else_the_folder_s(tmp_path):
+    (tmp_path / ".install_id").write_text("123abc fingerprint\n")
+    assert lb._install_id("lab-01_Xeon_0a1b2c", tmp_path) == "0a1b2c"
+    assert lb._install_id("lab_0a1b2c_Xeon", tmp_path) == "123abc", "six hex digits inside the name are no id"
+    assert lb._install_id("lab-01_Xeon_0a1b2c7", tmp_path) == "123abc"
+    assert lb._install_id("lab", tmp_path / "none") == ""
+
+
+def test_labels_show_only_a_six_digit_install_id_after_host_and_hardware():
+    row = {"gpu": "", "cpu": "Xeon", "mode": "full"}
+    assert lb._label(pd.Series({**row, "machine": "lab_abcdef"})) == "Xeon [lab]"  # two parts: host_hw, no id
+    assert lb._label(pd.Series({**row, "machine": "lab_Xeon_0a1b2c7"})) == "Xeon [lab]"
+    assert lb._label(pd.Series({**row, "machine": "lab_Xeon_abc"})) == "Xeon [lab]"
+    assert lb._label(pd.Series({**row, "machine": "lab_Xeon_abc123", "gpu": "NVIDIA L4"})) == "NVIDIA L4 [lab #abc123]"
+
+
+def test_a_reference_without_env_file_is_dated_by_its_newest_row(tmp_path):
+    old = _rows("lab_H100", "NVIDIA H100", "Xeon", {"baseline": 0.2}, time="2026-11-01T10:00:00")
+    new = _rows("lab_H100", "NVIDIA H100", "Xeon", {"fast": 0.1, "baseline": 0.2}, time="2026-11-05T10:00:00")
+    pd.concat([old, new]).to_csv(tmp_path / "H100.csv", index=False)
+    refs = lb.references(tmp_path)
+    assert set(refs["label"]) == {"reference: NVIDIA H100 (torch 2.14.1; 2026-11-05)"}

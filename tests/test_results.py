@@ -578,3 +578,66 @@ def test_a_spreadsheet_utf8_file_with_bom_loads(tmp_path):
     bom.write_bytes(b"\xef\xbb\xbf" + good.read_bytes())
     df = results.load_results([bom])
     assert df["lesson"].tolist() == ["14"] and df["notes"].tolist() == ["café"]
+
+
+def test_nested_checks_mark_rows_with_the_inner_check_and_restore_the_outer():
+    assert os.environ.get(results.INSIDE_CHECK_VAR) is None
+    with results.inside_check("03.outer"):
+        with results.inside_check("05.inner"):
+            row = results.record("99", "t", median_ms=1.0)
+            assert os.environ[results.INSIDE_CHECK_VAR] == "05.inner"
+        assert os.environ[results.INSIDE_CHECK_VAR] == "03.outer", "the outer check's variable is back"
+        outer = results.record("99", "u", median_ms=1.0)
+    assert os.environ.get(results.INSIDE_CHECK_VAR) is None
+    assert row["mode"].endswith(f"; {results.CHECK_MARK} 05.inner") and outer["mode"].endswith("check 03.outer")
+    plain = results.record("99", "v", median_ms=1.0)
+    assert list(results.recorded_in_check(results.load_results())) == [True, True, False]
+    assert results.CHECK_MARK not in plain["mode"]
+
+
+def test_a_field_is_cut_only_beyond_the_text_limit():
+    at_limit = "x" * results.TEXT_LIMIT
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert results._safe_text("notes", at_limit) == at_limit
+    with pytest.warns(UserWarning, match=f"recorded its first {results.TEXT_LIMIT}"):
+        assert results._safe_text("notes", at_limit + "y") == at_limit + " [cut]"
+
+
+def test_a_file_without_the_machine_column_is_skipped_naming_it(tmp_path):
+    f = tmp_path / "no_machine.csv"
+    f.write_text("lesson,technique,median_ms\n03,baseline,1.0\n")
+    with pytest.warns(UserWarning, match=r"skipped results file .*no_machine.csv: missing columns \['machine'\]"):
+        assert results.load_results([f]).empty
+
+
+def test_only_a_results_header_is_taken_as_a_file_s_own_columns(tmp_path):
+    f = tmp_path / "x.csv"
+    f.write_text("foo,bar\n1,2\n")
+    assert results._existing_header(f) is None, "not a results file's header: the course's columns are used"
+    f.write_text(",".join(results.COLUMNS) + "\n")
+    assert results._existing_header(f) is None
+    older = [c for c in results.COLUMNS if c != "speedup_low"]
+    f.write_text(",".join(older) + "\n")
+    assert results._existing_header(f) == older
+    assert results._existing_header(tmp_path / "missing.csv") is None
+
+
+def test_the_warning_counts_the_skipped_rows_beyond_the_five_it_names(tmp_path):
+    f = tmp_path / "many.csv"
+    f.write_text("lesson,technique,median_ms,machine\n03,ok,1.0,m\n" + "".join(f"03,bad{i},1.0\n" for i in range(7)))
+    with pytest.warns(UserWarning, match=r"skipped 7 malformed row\(s\) .*line 7: .* and 2 more\); kept its 1 good"):
+        df = results.read_rows(f)
+    assert list(df["technique"]) == ["ok"]
+
+
+@pytest.mark.parametrize("spelled", ["nan", "-nan", "+NaN"])
+def test_nan_spelled_out_is_dropped_from_its_row_which_is_kept(spelled):
+    header, good, bad = results.results_file.parse_rows(f"technique,median_ms\na,{spelled}\nb,2.0\n", ["median_ms"])
+    assert good == [["a", ""], ["b", "2.0"]]
+    assert bad == ["line 2: column 'median_ms' holds 'nan' (value dropped, row kept)"]
+
+
+def test_blank_lines_are_neither_rows_nor_errors():
+    header, good, bad = results.results_file.parse_rows("a,b\n1,2\n\n,\n3,4\n", ["b"])
+    assert header == ["a", "b"] and good == [["1", "2"], ["3", "4"]] and bad == []
