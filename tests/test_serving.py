@@ -826,3 +826,99 @@ def test_stop_kills_a_group_that_ignores_sigterm(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
         proc.stdout.close()
+
+
+class _EchoHandler(BaseHTTPRequestHandler):
+    """``/status/NNN`` answers NNN; ``/echo`` streams a blank line, then the body; both count requests and the
+    most in flight at once (``/slow`` first waits 0.2 s)."""
+
+    lock = threading.Lock()
+    seen = {"requests": 0, "now": 0, "peak": 0}
+
+    def do_POST(self):  # noqa: N802 - http.server's naming
+        body = self.rfile.read(int(self.headers.get("content-length", 0)))
+        with self.lock:
+            self.seen["requests"] += 1
+            self.seen["now"] += 1
+            self.seen["peak"] = max(self.seen["peak"], self.seen["now"])
+        try:
+            if self.path == "/slow":
+                time.sleep(0.2)
+            status = int(self.path.rsplit("/", 1)[1]) if self.path.startswith("/status/") else 200
+            out = b"\n" + body + b"\n" if self.path == "/echo" else b'{"ok": 1}'
+            self.send_response(status)
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+        finally:
+            with self.lock:
+                self.seen["now"] -= 1
+
+    def log_message(self, *args):
+        pass
+
+
+@pytest.fixture
+def echo_server():
+    _EchoHandler.seen.update(requests=0, now=0, peak=0)
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _EchoHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}", _EchoHandler.seen
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(5)
+
+
+def test_every_2xx_is_good_and_other_answers_are_failed(echo_server):
+    url, _ = echo_server
+    created = load_generator.closed_loop(f"{url}/status/201", [b"{}"], n_requests=4, concurrency=2)
+    assert (created.n_ok, created.n_failed, created.statuses, len(created.latencies_ms)) == (4, 0, {201: 4}, 4)
+    bad = load_generator.closed_loop(f"{url}/status/500", [b"{}"], n_requests=4, concurrency=2)
+    assert (bad.n_ok, bad.n_failed, bad.statuses, bad.latencies_ms) == (0, 4, {500: 4}, [])
+    opened = load_generator.open_loop(f"{url}/status/204", [b"{}"], rate=1e6, n_requests=3, seed=0)
+    assert (opened.n_ok, opened.n_failed, opened.statuses) == (3, 0, {204: 3})
+
+
+def test_closed_loop_sends_its_warmup_first_and_keeps_its_clients_busy(echo_server):
+    url, seen = echo_server
+    r = load_generator.closed_loop(f"{url}/slow", [b"{}"], n_requests=8, concurrency=4, warmup=2)
+    assert r.n_ok == 8 and seen["requests"] == 2 + 8, "the 2 warm-up requests are sent, not counted"
+    assert seen["peak"] >= 2, "4 clients: more than one request in flight at a time"
+
+
+def test_the_first_open_loop_arrival_goes_at_once(echo_server):
+    url, seen = echo_server
+    # at 0.01 requests/s the second arrival is due ~80 s later (seed 0), beyond max_seconds: only the first goes
+    r = load_generator.open_loop(f"{url}/echo", [b"{}"], rate=0.01, n_requests=2, max_seconds=1.0, seed=0)
+    assert (r.n_ok, seen["requests"]) == (1, 1)
+    answers = stream_load.open_loop_stream(f"{url}/echo", [b"{}"], rate=0.01, n_requests=2, max_seconds=1.0, seed=0)
+    assert [a.due_s for a in answers] == [0.0] and answers[0].ok
+
+
+def test_a_load_of_zero_seconds_is_refused(echo_server):
+    url, seen = echo_server
+    with pytest.raises(ValueError, match="max_seconds > 0"):
+        load_generator.closed_loop(url, [b"{}"], n_requests=1, concurrency=1, max_seconds=0)
+    with pytest.raises(ValueError, match="max_seconds > 0"):
+        load_generator.open_loop(url, [b"{}"], rate=1.0, n_requests=1, max_seconds=0)
+    assert seen["requests"] == 0
+
+
+def test_post_many_gives_status_0_to_a_request_without_answer():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]  # closed again below: nothing listens there
+    [(status, text)] = load_generator.post_many(f"http://127.0.0.1:{port}/p", [{"x": 1}], timeout=5)
+    assert status == 0 and text.startswith("ConnectError"), (status, text)
+
+
+def test_streamed_lines_skip_blanks_and_each_request_sends_its_own_body(echo_server):
+    url, _ = echo_server
+    bodies = [{"i": 0}, {"i": 1}, {"i": 2}]
+    answers = stream_load.open_loop_stream(f"{url}/echo", bodies, rate=1e6, n_requests=5, timeout=30)
+    assert [a.lines for a in answers] == [[{"i": i % 3}] for i in range(5)], "blank lines are no lines"
+    assert all(a.ok and len(a.times_s) == 1 for a in answers)
+    assert not stream_load.StreamedAnswer(0, 0.0, status=200, error="ReadTimeout: cut").ok
