@@ -7,6 +7,7 @@ import sys
 
 import pytest
 import torch
+from torch.cuda import empty_cache  # a sweep below frees memory through this imported name
 
 from course_utils.check import exercises
 from course_utils.techniques.batching_sim import simulate
@@ -50,6 +51,15 @@ def strictly_below(arrivals, service, b, target, candidates):  # "meets" read as
     return max(ok) if ok else None
 
 
+def stops_at_first_miss(arrivals, service, b, target, candidates):  # assumes p99 grows with the wait
+    best = None
+    for w in sorted(candidates):
+        if p99(arrivals, service, b, w) > target:
+            break
+        best = w
+    return best
+
+
 def numpy_answer(arrivals, service, b, target, candidates):  # right: a numpy float
     import numpy as np
 
@@ -65,6 +75,7 @@ WRONG_RULES = [
     (never_none, "return None"),
     (returns_p99, "one of the candidates"),
     (strictly_below, "meeting it means p99 <= target, not <"),
+    (stops_at_first_miss, "rather than stop at the first that misses"),
 ]
 
 
@@ -340,6 +351,49 @@ def guarded_empty_cache(model, make_input, batch_sizes, measure):  # right: empt
     return rows
 
 
+def imported_empty_cache(model, make_input, batch_sizes, measure):  # right: `from torch.cuda import empty_cache`
+    rows, x, oom = [], None, False
+    with torch.inference_mode():
+        for b in batch_sizes:
+            try:
+                x = make_input(b)
+                ms = measure(lambda x=x: model(x))
+            except torch.OutOfMemoryError:
+                oom = True
+            if oom:
+                break
+            rows.append({"batch_size": b, "ms": ms})
+    if oom:
+        x = None
+        gc.collect()
+        empty_cache()
+    return rows
+
+
+def measures_a_result(model, make_input, batch_sizes, measure):  # measure(model(x)): the model ran before timing
+    rows, x, oom = [], None, False
+    with torch.inference_mode():
+        for b in batch_sizes:
+            try:
+                x = make_input(b)
+                ms = measure(model(x))
+            except torch.OutOfMemoryError:
+                oom = True
+            if oom:
+                break
+            rows.append({"batch_size": b, "ms": ms})
+    if oom:
+        x = None
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
+def other_keys(model, make_input, batch_sizes, measure):  # rows keyed "batch"/"time", not batch_size/ms
+    rows = imported_empty_cache(model, make_input, batch_sizes, measure)
+    return [{"batch": r["batch_size"], "time": r["ms"]} for r in rows]
+
+
 WRONG_SWEEPS = [
     (frees_inside_except, "ran inside the except block"),
     (keeps_x, "still referenced"),
@@ -352,6 +406,8 @@ WRONG_SWEEPS = [
     (own_clock, "but measure() reported|perf_counter"),
     (catches_everything, "caught the RuntimeError"),
     (catches_runtime_error, "caught the RuntimeError"),
+    (measures_a_result, "not a function: the model already ran before measure"),
+    (other_keys, "these two keys"),
 ]
 
 
@@ -430,8 +486,9 @@ def test_oom_sweep_accepts_the_reference_and_alternatives_over_200_seeds(frozen_
 
     with gpu() as device:
         for seed in range(200):
-            for fn in (exercises.get("03.oom-sweep").solution, guarded_empty_cache):
+            for fn in (exercises.get("03.oom-sweep").solution, guarded_empty_cache, imported_empty_cache):
                 assert sweeps(fn, seed, device) == "accepted", (seed, fn.__name__)
+    assert empty_cache is torch.cuda.memory.empty_cache, "the check gives the sweep's module its name back"
     for seed in range(3, 8):  # and the full check on five more seeds (1 and 2 run above)
         for fn in (exercises.get("03.oom-sweep").solution, guarded_empty_cache):
             assert exercises.verdict("03.oom-sweep", fn, seed=seed) == "accepted", (seed, fn.__name__)

@@ -75,6 +75,10 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
         return torch.randn(b, model.features, device=device)
 
     def measure(call: Callable[[], Any]) -> float:
+        assert callable(call), (
+            f"measure() was given {type(call).__name__}, not a function: the model already ran before measure "
+            "could time it. Give it the call to time: measure(lambda x=x: model(x))"
+        )
         before = len(model.calls)
         call()
         assert len(model.calls) > before, "measure(f) was given a function that does not call the model"
@@ -86,8 +90,17 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
         alive = any(r() is not None for r in model.failed)
         freed.append((sys.exc_info()[0] is not None, alive))
 
-    real = torch.cuda.empty_cache
-    torch.cuda.empty_cache = recorder
+    real, real_memory = torch.cuda.empty_cache, torch.cuda.memory.empty_cache  # (the stand-in GPU replaces the first)
+    # the same function under the names a sweep may call it by: torch.cuda.memory.empty_cache, or a name imported
+    # with `from torch.cuda import empty_cache` into the sweep's module
+    scope = getattr(fn, "__globals__", {})
+    imported = {
+        name: value
+        for name, value in list(scope.items())
+        if (value is real or value is real_memory) and not name.startswith("__")
+    }
+    torch.cuda.empty_cache = torch.cuda.memory.empty_cache = recorder
+    scope.update(dict.fromkeys(imported, recorder))
     failure = f"a RuntimeError (no OOM) at batch {limit}" if bug else f"out of memory from batch {limit}"
     where = f"batch sizes {sizes} on {device}, " + ("no OOM" if limit is None else failure)
     try:
@@ -105,7 +118,8 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
                 return "a planted RuntimeError (no OOM) propagated"
             raise
     finally:
-        torch.cuda.empty_cache = real
+        torch.cuda.empty_cache, torch.cuda.memory.empty_cache = real, real_memory
+        scope.update(imported)
     if bug:
         raise AssertionError(
             f"{where}: your sweep caught the RuntimeError raised at batch {limit} (a bug: wrong shapes, not memory) "
@@ -116,6 +130,10 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
         f"{where}: return a list of dicts, one per batch size that ran: {{'batch_size': b, 'ms': measure(...)}}"
     )
     fit = sizes if limit is None else [b for b in sizes if b < limit]
+    keyless = [sorted(r) for r in rows if "batch_size" not in r or "ms" not in r]
+    assert not keyless, (
+        f"{where}: a row has the keys {keyless[0]}: each row is {{'batch_size': b, 'ms': measure(...)}}, these two keys"
+    )
     got = [r.get("batch_size") for r in rows]
     assert got == fit, (
         f"{where}: your rows are for batches {got}, expected {fit}: one row per batch size that fit, in order, "
@@ -217,14 +235,19 @@ def _p99(arrivals: np.ndarray, service: Callable[[int], float], b: int, wait: fl
     return simulate(arrivals, service, max_batch_size=b, max_wait_ms=wait).p99_ms
 
 
-def pick_target(c: Cases, p99: dict[float, float], exact: bool = False) -> tuple[float, float] | None:
+def pick_target(c: Cases, p99: dict[float, float], exact: bool = False,
+                gap: bool = False) -> tuple[float, float] | None:  # fmt: skip
     """A p99 target exactly equal to one candidate's p99 ("meets" means <=, so a strict < is seen), chosen so that
     two or more candidates meet it (the largest and the smallest differ); and the largest that does. With
     ``exact``, only a candidate that is itself the largest to meet its p99 and that another beats (a strict <
-    then returns another wait). None when no such target exists for these p99s."""
+    then returns another wait). With ``gap``, only a target that a smaller wait misses and a larger one meets
+    (p99 does not always grow with the wait: a search that stops at the first miss returns too small a wait or
+    None). None when no such target exists for these p99s."""
 
     def fits(w: float) -> bool:
         meet = [v for v in CANDIDATES if p99[v] <= p99[w]]
+        if gap and not any(p99[v] > p99[w] for v in CANDIDATES if v < max(meet)):
+            return False
         return len(meet) >= 2 and (not exact or (max(meet) == w and any(p99[v] < p99[w] for v in meet)))
 
     options = [w for w in CANDIDATES[1:-1] if fits(w)]
@@ -236,7 +259,14 @@ def pick_target(c: Cases, p99: dict[float, float], exact: bool = False) -> tuple
 
 def judge_wait(got: Any, p99: dict[float, float], target: float, want: float, where: str) -> None:
     """The answer against the simulated p99 of every candidate (``want``: the largest that meets the target)."""
-    assert got is not None, f"{where}: some candidates meet the target, you returned None"
+    first_miss = next((v for v in CANDIDATES if p99[v] > target), None)
+    assert got is not None, (
+        f"{where}: some candidates meet the target ({', '.join(str(v) for v in CANDIDATES if p99[v] <= target)}), "
+        "you returned None"
+        + (f": {first_miss} misses it, larger waits do not (p99 does not always grow with the wait): simulate every "
+           "candidate rather than stop at the first that misses"
+           if first_miss is not None and first_miss < want else "")
+    )  # fmt: skip
     match = [w for w in CANDIDATES if _same_number(got, w)]
     assert match, f"{where}: return one of the candidates (a max_wait_ms), got {got!r}"
     w = match[0]
@@ -244,12 +274,18 @@ def judge_wait(got: Any, p99: dict[float, float], target: float, want: float, wh
         f"{where}: max_wait_ms={w} gives p99 {p99[w]:.2f} ms, over the target: simulate each candidate"
     )
     if w != want:
+        missed = [v for v in CANDIDATES if w < v < want and p99[v] > target]
+        # the wait right after yours misses: a search that stopped there; and/or a strict < at an exact p99
+        after = [v for v in CANDIDATES if v > w]
+        missed = missed if missed and missed[0] == after[0] else []
         exact = [v for v in CANDIDATES if p99[v] == target and v > w]
         raise AssertionError(
             f"{where}: {w} meets the target, but a larger wait, {want}, does too (p99 {p99[want]:.2f} ms"
             + (f"; {exact[0]} gives p99 exactly the target, and meeting it means p99 <= target, not <" if exact else "")
+            + (f"; {missed[0]} misses it in between: p99 does not always grow with the wait, so simulate every "
+               "candidate rather than stop at the first that misses" if missed else "")
             + "): return the largest candidate that meets it (fuller batches)"
-        )
+        )  # fmt: skip
 
 
 def _same_number(got: Any, w: float) -> bool:
@@ -264,17 +300,20 @@ def _check_max_wait(fn: Callable[..., float | None]) -> None:
 
     with cases("03.max-wait") as c:
         seen = []
-        for _ in range(12):
+        sizes = [8, 16, 32]  # each server its own max batch size: a batch size typed in is wrong on two of them
+        c.rng.shuffle(sizes)
+        for _ in range(16):
             if len(seen) == 3:
                 break
             fixed, per_item = round(c.rng.uniform(1.0, 12.0), 2), round(c.rng.uniform(0.1, 1.2), 2)
-            b = c.choice([8, 16, 32])
+            b = sizes[len(seen)]
             rate = round(c.rng.uniform(0.3, 0.8) * 1000 * b / (fixed + per_item * b), 1)  # below capacity
             service = _service(fixed, per_item)
             arrivals = poisson_arrivals(rate, 800, seed=c.randint(0, 10_000))
             p99 = {w: _p99(arrivals, service, b, w) for w in CANDIDATES}
             # the first server's target is the p99 of the wait to return (a strict < misses it on every check)
-            picked = pick_target(c, p99, exact=not seen)
+            # and the second's is one that a smaller wait misses (a search stopping at the first miss fails it)
+            picked = pick_target(c, p99, exact=not seen, gap=len(seen) == 1)
             if picked is None:
                 continue  # no target that two candidates meet: a case that cannot tell largest from smallest
             target, want = picked
