@@ -261,9 +261,30 @@ def roof_by_side(i, a, pf, pb):  # right: each side of the ridge against its own
     return "overhead-bound" if a / i < 0.1 * pb else "memory-bound"  # achieved bytes/s against peak_bw
 
 
-def test_classify_accepts_right_alternatives():
+def ten_percent_inclusive(i, a, pf, pb):  # "under 10%" written as <=: exactly 10% called overhead-bound
+    if a <= 0.1 * min(pf, i * pb):
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+def fraction_of_roof(
+    i, a, pf, pb
+):  # right: the fraction of the roof, and the ridge as intensity * peak_bw >= peak_flops
+    if a / min(pf, i * pb) < 0.1:
+        return "overhead-bound"
+    return "compute-bound" if i * pb >= pf else "memory-bound"
+
+
+def ten_times_achieved(i, a, pf, pb):  # right: 10 * achieved against the roof, in percent
+    if 100 * (10 * a) / min(pf, i * pb) < 100:
+        return "overhead-bound"
+    return "compute-bound" if i >= pf / pb else "memory-bound"
+
+
+@pytest.mark.parametrize("right", [roof_by_side, fraction_of_roof, ten_times_achieved])
+def test_classify_accepts_right_alternatives(right):
     for seed in range(200):
-        assert exercises.verdict("01.classify", roof_by_side, seed=seed) == "accepted", seed
+        assert exercises.verdict("01.classify", right, seed=seed) == "accepted", seed
 
 
 def test_classify_reference_passes():
@@ -284,6 +305,7 @@ def test_classify_reference_passes():
         (bandwidth_roof_only, "that is not under 10%"),
         (one_percent_threshold, "expected 'overhead-bound'"),
         (twenty_percent_threshold, "that is not under 10%"),
+        (ten_percent_inclusive, "exactly 10% of the roof"),
     ],
 )
 def test_classify_rejects(wrong, message):

@@ -301,6 +301,23 @@ def _check_classify(fn: Callable[[float, float, float, float], str]) -> None:
                    f"It reaches {frac:.1%} of the roof min(peak_flops, intensity * peak_bw) at its intensity: "
                    "that is not under 10%")
             )  # fmt: skip
+        # exactly at the 10% line, on both sides of the ridge, in round numbers (so 0.1 * roof, roof / 10 and
+        # achieved / roof all compute it exactly): "under 10%" excludes 10% itself
+        for side in c.rng.sample(["compute-bound", "memory-bound"], 2):
+            peak_bw = float(10 ** c.randint(10, 12))
+            if side == "compute-bound":
+                peak_flops = float(c.choice([1, 2, 4, 5, 8]) * 10 ** c.randint(12, 15))
+                intensity, roof = peak_flops / peak_bw * c.choice([10, 100]), peak_flops
+            else:
+                intensity = float(c.choice([1, 2, 5]) * 10 ** c.randint(0, 2))
+                roof = intensity * peak_bw
+                peak_flops = roof * c.choice([10, 100])
+            got = fn(intensity, roof / 10, peak_flops, peak_bw)
+            assert got == side, (
+                f"intensity {intensity:.3g} FLOP/byte, achieved {roof / 10:.3g} FLOP/s, peaks {peak_flops:.3g} "
+                f"FLOP/s and {peak_bw:.3g} B/s: exactly 10% of the roof {roof:.3g} FLOP/s. Expected '{side}', got "
+                f"'{got}': overhead-bound is under 10% (achieved < 0.1 * roof), and 10% is not under 10%"
+            )
 
 
 @exercise(
