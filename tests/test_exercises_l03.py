@@ -60,6 +60,17 @@ def stops_at_first_miss(arrivals, service, b, target, candidates):  # assumes p9
     return best
 
 
+def p95_for_p99(arrivals, service, b, target, candidates):  # the wrong percentile: the p95 held to the p99 target
+    import numpy as np
+
+    ok = [
+        w
+        for w in candidates
+        if np.percentile(simulate(arrivals, service, max_batch_size=b, max_wait_ms=w).latencies_ms, 95) <= target
+    ]
+    return max(ok) if ok else None
+
+
 def numpy_answer(arrivals, service, b, target, candidates):  # right: a numpy float
     import numpy as np
 
@@ -76,6 +87,7 @@ WRONG_RULES = [
     (returns_p99, "one of the candidates"),
     (strictly_below, "meeting it means p99 <= target, not <"),
     (stops_at_first_miss, "rather than stop at the first that misses"),
+    (p95_for_p99, "over the target: simulate each candidate .* not the p50, p95 or mean"),
 ]
 
 
