@@ -122,3 +122,38 @@ def test_the_reference_and_a_slow_loader_over_some_seeds():
 def test_a_storage_that_does_not_wait_needs_a_fixed_target():
     with pytest.raises(ValueError, match="fixed target_ips"):
         verdict(exercises.get(KEY).solution, wait_s=0.0)
+
+
+def peek_then_load(ds):
+    """Reads one sample in the main process to look at its shape before building the loader: an honest look, not
+    loading; the passes still read in workers, so the loader is accepted."""
+    x, _ = ds[0]
+    assert x.shape[0] == 3
+    return DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True)
+
+
+def batch_sampler_loader(ds):
+    """The same loader written with an explicit BatchSampler (batch_size=None): accepted."""
+    sampler = torch.utils.data.BatchSampler(torch.utils.data.SequentialSampler(ds), 8, drop_last=False)
+    return DataLoader(ds, batch_sampler=sampler, num_workers=2, persistent_workers=True)
+
+
+def scaled_to_float(ds):
+    """Converts the images to float in [0, 1] in the loader's collate_fn: not the data set's tensors."""
+
+    def collate(batch):
+        return torch.stack([x for x, _ in batch]).float() / 255, torch.tensor([i for _, i in batch])
+
+    return DataLoader(ds, batch_size=8, num_workers=2, persistent_workers=True, collate_fn=collate)
+
+
+@pytest.mark.parametrize("make", [peek_then_load, batch_sampler_loader], ids=["peek", "batch-sampler"])
+def test_right_loaders_written_otherwise_are_accepted(make):
+    for seed in range(5):  # real worker processes: see SEEDS_WITH_WORKERS
+        assert verdict(make, target_ips=1.0, wait_s=0.0, seed=seed) == "accepted", seed
+
+
+def test_a_loader_that_converts_the_dtype_is_told_so():
+    for seed in range(5):
+        reason = verdict(scaled_to_float, target_ips=1.0, wait_s=0.0, seed=seed)
+        assert "torch.float32, not the data set's torch.uint8" in reason, (seed, reason)

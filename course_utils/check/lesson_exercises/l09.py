@@ -91,6 +91,11 @@ def _one_pass(loader: DataLoader, ds: SlowStorageDataset, epoch: int, what: str)
         f"{what}: expected {len(want)} batches of {BATCH} images ({ds.n} samples) in order; got {len(got)} batches of "
         f"shapes {shapes}: keep batch_size={BATCH} and shuffle off"
     )
+    dtypes = sorted({str(a.dtype) for a in got} - {str(torch.uint8)})
+    assert not dtypes, (
+        f"{what}: your batches are {', '.join(dtypes)}, not the data set's {torch.uint8}: the loader must return the "
+        "data set's own tensors (convert them for the model after loading, not in the collate_fn)"
+    )
     if not all(torch.equal(a, b) for a, b in zip(got, want, strict=True)):
         stale = all(
             torch.equal(a, torch.stack([ds.sample(epoch - 1, i) for i in range(s, s + len(a))]))
@@ -146,12 +151,15 @@ def _check_loader(fn: Callable[[Dataset], DataLoader], target_ips: float | None 
                 f"pass {epoch} read {per_pass[epoch]} of the {n} samples from the data set: your loader served batches "
                 "it kept from an earlier pass. A loader must call the data set every pass: no caching"
             )
-        in_main = sum(1 for pid, _, _ in reads if pid == main)
+        # only the passes' reads: a look at a sample before building the loader (epoch 0) is not loading
+        in_passes = [(pid, e) for pid, e, _ in reads if 1 <= e <= EPOCHS]
+        in_main = sum(1 for pid, _ in in_passes if pid == main)
         assert in_main == 0, (
-            f"{in_main} of {len(reads)} samples were read in the main process: with num_workers=0 the loader waits "
+            f"{in_main} of {len(in_passes)} samples were read in the main process during the passes: with "
+            "num_workers=0 the loader waits "
             "for one sample at a time. Give it worker processes (num_workers > 0): they wait on storage in parallel"
         )
-        workers = Counter(pid for pid, _, _ in reads)
+        workers = Counter(pid for pid, _ in in_passes)
         assert ips >= target_ips, (
             f"{ips:.0f} img/s over {EPOCHS} passes with {len(workers)} worker process(es), target {target_ips:.0f}"
             f"{base_txt}. Each sample waits on storage, which needs no core: more workers than cores can wait at "
