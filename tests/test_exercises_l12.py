@@ -156,6 +156,24 @@ def l2_norm(model, keep):  # the largest L2 norms, not L1
     return rebuilt(model, keep, norms.topk(keep).indices.sort().values)
 
 
+def no_fc_bias(model, keep):  # a new Linear whose weight is sliced and whose bias is left at its random init
+    new = REF(model, keep)
+    with torch.no_grad():
+        new.classifier[1].bias.copy_(nn.Linear(keep * 4, 256).bias)
+    return new
+
+
+def bn_affine_only(model, keep):  # the BatchNorm's weight and bias sliced, its running statistics left fresh
+    new = REF(model, keep)
+    bn = nn.BatchNorm2d(keep).eval()
+    idx = _kept(model, keep)
+    with torch.no_grad():
+        bn.weight.copy_(model.features[8].weight[idx])
+        bn.bias.copy_(model.features[8].bias[idx])
+    new.features[8] = bn
+    return new
+
+
 def sliced_parameters(model, keep):  # right too: the copy's own layers, their parameters replaced by slices
     new = copy.deepcopy(model).eval()
     conv, bn, fc = new.features[7], new.features[8], new.classifier[1]
@@ -178,8 +196,10 @@ WRONG = {
     "no-bn": (no_bn, "BatchNorm2d"),
     "position-major": (position_major, "columns"),
     "in-place": (in_place, "changed"),
-    "fresh-bn": (fresh_bn, "outputs differ"),
-    "no-bias": (no_bias, "outputs differ"),
+    "fresh-bn": (fresh_bn, "features[8]'s running_mean is not the kept channels'"),
+    "no-bias": (no_bias, "features[7]'s bias is not the kept filters'"),
+    "no-fc-bias": (no_fc_bias, "classifier[1]'s bias is not the original's"),
+    "bn-affine-only": (bn_affine_only, "features[8]'s running_mean is not the kept channels'"),
     "masked-look-alike": (_LookAlike, "full 128-channel one with a mask"),
     "calls-original": (CallsOriginal, "read the original model's tensors"),
     "padded-linear": (PaddedLinear, "512 inputs"),
@@ -216,15 +236,15 @@ def judged_on_200_seeds(fn):
             continue
         if keep not in _SILENCED:
             _SILENCED[keep] = l12.silenced_reference(digits_cnn(), kept, x_all)
-        by_keep[keep] = (out, _SILENCED[keep])
+        by_keep[keep] = (out, _SILENCED[keep], l12.diagnose(model, new, kept))
     reasons = {}
     for seed, (keep, rows) in draws.items():
         if isinstance(by_keep[keep], str):
             reasons[seed] = by_keep[keep]
             continue
-        out, ref = by_keep[keep]
+        out, ref, hint = by_keep[keep]
         try:
-            l12.judge_outputs(out[rows], ref[rows])
+            l12.judge_outputs(out[rows], ref[rows], hint)
             reasons[seed] = "accepted"
         except AssertionError as exc:
             reasons[seed] = str(exc)

@@ -113,13 +113,42 @@ def run_rebuilt(model: nn.Module, new: nn.Module, keep: int, x: torch.Tensor) ->
     return out
 
 
-def judge_outputs(out: torch.Tensor, ref: torch.Tensor) -> None:
-    """The rebuilt model's outputs against the original's with the dropped channels silenced (``ref``)."""
+def diagnose(model: nn.Module, new: nn.Module, kept: torch.Tensor) -> str:
+    """Which of the rebuilt layers' other tensors is not the original's kept slice ("" when all are): named when
+    the outputs differ, so the message says which copy was forgotten."""
+    conv, bn, fc = model.features[7], model.features[8], model.classifier[1]
+    cols = (kept[:, None] * 4 + torch.arange(4)[None, :]).flatten()
+    want = [
+        ("features[7]'s bias is not the kept filters'", new.features[7].bias, conv.bias[kept]),
+        *(
+            (f"features[8]'s {a} is not the kept channels'", getattr(new.features[8], a), getattr(bn, a)[kept])
+            for a in ("running_mean", "running_var", "weight", "bias")
+        ),
+        ("classifier[1]'s columns are not the kept channels' (channel c owns columns 4c..4c+3)", fc.weight[:, cols],
+         None),
+        ("classifier[1]'s bias is not the original's", new.classifier[1].bias, fc.bias),
+    ]  # fmt: skip
+    for what, got, ref in want:
+        if ref is None:
+            got, ref = new.classifier[1].weight, got
+        if got is None or ref is None or got.shape != ref.shape or not torch.allclose(got.detach(), ref.detach()):
+            return what
+    return ""
+
+
+def judge_outputs(out: torch.Tensor, ref: torch.Tensor, hint: str = "") -> None:
+    """The rebuilt model's outputs against the original's with the dropped channels silenced (``ref``); ``hint``:
+    what :func:`diagnose` found."""
     with torch.inference_mode():  # outputs only: nothing to record
         err = float((out - ref).abs().max())
         assert err < 1e-3, (
-            f"outputs differ from the original with the dropped channels silenced (max abs {err:.3g}): check the "
-            "BatchNorm statistics and which columns of classifier[1] you kept (channel c owns columns 4c..4c+3)"
+            f"outputs differ from the original with the dropped channels silenced (max abs {err:.3g}): "
+            + (
+                f"{hint}: copy it from the original (sliced to the kept channels)"
+                if hint
+                else "check the BatchNorm statistics and which columns of classifier[1] you kept (channel c owns "
+                "columns 4c..4c+3)"
+            )
         )
 
 
@@ -135,7 +164,7 @@ def _check_rebuild(fn: Callable[[nn.Module, int], nn.Module]) -> None:
         new = fn(model, keep)
         kept = judge_layers(model, before, new, keep)
         out = run_rebuilt(model, new, keep, x)
-        judge_outputs(out, silenced_reference(model, kept, x))
+        judge_outputs(out, silenced_reference(model, kept, x), diagnose(model, new, kept))
         conv3, fc1 = new.features[7], new.classifier[1]
         acc0, acc = accuracy(model, x, y), accuracy(new, x, y)
         observed(f"keep={keep}: conv3 {tuple(model.features[7].weight.shape)} -> {tuple(conv3.weight.shape)}, fc1 "
