@@ -210,6 +210,22 @@ def _whole_budget(n, m, t, b, h, i):  # the queue delay set to the whole p99 bud
     )
 
 
+def _in_ms(n, m, t, b, h, i):  # the rule right, written in milliseconds: the field is in microseconds
+    text = l13_triton.triton_config(n, m, t, b, h, i)
+    return text.replace(
+        f"max_queue_delay_microseconds: {l13_triton.queue_delay_us(t, b, h)}",
+        f"max_queue_delay_microseconds: {round(max(0.0, min(t - 2 * b - h, 2 * h)))}",
+    )
+
+
+def _one_batch(n, m, t, b, h, i):  # the budget leaves room for one batch, not two (the one queued ahead forgotten)
+    text = l13_triton.triton_config(n, m, t, b, h, i)
+    return text.replace(
+        f"max_queue_delay_microseconds: {l13_triton.queue_delay_us(t, b, h)}",
+        f"max_queue_delay_microseconds: {round(1000 * max(0.0, min(t - b - h, 2 * h)))}",
+    )
+
+
 def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at 0: a negative delay
     text = l13_triton.triton_config(n, m, t, b, h, i)
     return text.replace(
@@ -247,6 +263,8 @@ def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at
         (_cfg(add="version_policy { specific { versions: [ 7 ] } }"), "holds version 1 only"),
         (_cfg(add='model_warmup [ { name: "w", batch_size: 1 } ]'), "model_warmup"),
         (_not_capped, "does not parse|queue delay"),
+        (_in_ms, r"in milliseconds: the field is in microseconds"),
+        (_one_batch, r"queue delay .* \(2 x batch: a full batch may be running"),
         (_cfg(replace=[("kind: KIND_CPU", "kind: KIND_GPU")]), "KIND_CPU"),
         (
             lambda n, m, t, b, h, i: (
@@ -269,13 +287,15 @@ def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at
         "output-int64",
         "batch-dim",
         "zero-instances",
-        "gpu-kind",
-        "no-instances",
         "whole-budget",
         "reject-policy",
         "missing-version",
         "warmup",
         "not-capped",
+        "in-ms",
+        "one-batch",
+        "gpu-kind",
+        "no-instances",
     ],
 )
 def test_triton_config_checker_rejects(fn, words):

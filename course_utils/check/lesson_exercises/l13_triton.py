@@ -58,9 +58,30 @@ def _fields(msg: Any, prefix: tuple[str, ...] = ()) -> list[tuple[tuple[str, ...
     return out
 
 
-def judge_config(cfg: Any, name: str, mbs: int, delay: int, instances: int, where: str, budget_us: int) -> None:
-    """The parsed ``ModelConfig`` against the case (``budget_us``: the whole p99 budget, a common wrong delay):
-    asked fields right, nothing else that changes serving."""
+def _delay_hint(got: int, delay: int, budget_us: int, one_batch_us: int) -> str:
+    """What a wrong queue delay ``got`` is, where it is a usual mistake (``one_batch_us``: the rule with one batch
+    in the budget instead of two)."""
+    if abs(got - budget_us) <= 1 and abs(budget_us - delay) > 1:
+        return (
+            " (the whole budget: waiting longer than the HTTP stragglers, about two round trips behind, fills no "
+            "batch and only adds latency)"
+        )
+    if got >= 1 and abs(got - delay / 1000) <= 1:
+        return " (in milliseconds: the field is in microseconds, multiply by 1000)"
+    if abs(got - one_batch_us) <= 1 and abs(one_batch_us - delay) > 1:
+        return (
+            " (2 x batch: a full batch may be running when a request arrives, and its own batch runs after it; "
+            "your budget leaves room for one)"
+        )
+    return ""
+
+
+def judge_config(
+    cfg: Any, name: str, mbs: int, delay: int, instances: int, where: str, budget_us: int, one_batch_us: int = -9
+) -> None:
+    """The parsed ``ModelConfig`` against the case (``budget_us``: the whole p99 budget, a common wrong delay;
+    ``one_batch_us``: the delay with one batch in the budget, another): asked fields right, nothing else that
+    changes serving."""
     from tritonclient.grpc import model_config_pb2
 
     fp32 = model_config_pb2.DataType.Value("TYPE_FP32")
@@ -75,12 +96,7 @@ def judge_config(cfg: Any, name: str, mbs: int, delay: int, instances: int, wher
     assert abs(got - delay) <= 1, (
         f"{where}: the queue delay is min(budget, 2 x http) with budget = p99 - 2 x batch - http, and 0 when the "
         f"budget is spent (lesson 13's batch_timeout rule), here {delay} us; got {got}"
-        + (
-            " (the whole budget: waiting longer than the HTTP stragglers, about two round trips behind, fills no "
-            "batch and only adds latency)"
-            if abs(got - budget_us) <= 1 and abs(budget_us - delay) > 1
-            else ""
-        )
+        + _delay_hint(got, delay, budget_us, one_batch_us)
     )
     assert not cfg.dynamic_batching.preferred_batch_size, "leave preferred_batch_size out (most models)"
     io = (
@@ -129,7 +145,8 @@ def _check_triton_config(fn: Callable[..., str]) -> None:
 
     with cases("13.triton-config") as c:
         drawn = draw_configs(c)
-        for name, mbs, p99, batch_ms, http_ms, instances, kind in drawn:
+        # the longest delay judged first: a delay off by a unit (ms for us) shows as such there, not rounded to 0
+        for name, mbs, p99, batch_ms, http_ms, instances, kind in sorted(drawn, key=lambda d: -queue_delay_us(*d[2:5])):
             delay = queue_delay_us(p99, batch_ms, http_ms)
             text = fn(name, mbs, p99, batch_ms, http_ms, instances)
             assert isinstance(text, str), f"return the config text (a str), got {type(text).__name__}"
@@ -138,7 +155,9 @@ def _check_triton_config(fn: Callable[..., str]) -> None:
             except text_format.ParseError as exc:
                 raise AssertionError(f"the config does not parse as Triton's ModelConfig: {exc}") from None
             where = f"p99 {p99:g} ms, batch {batch_ms} ms, http {http_ms} ms ({kind})"
-            judge_config(cfg, name, mbs, delay, instances, where, round(1000 * max(0.0, p99 - 2 * batch_ms - http_ms)))
+            budget_us = round(1000 * max(0.0, p99 - 2 * batch_ms - http_ms))
+            one_batch_us = queue_delay_us(p99 + batch_ms, batch_ms, http_ms)
+            judge_config(cfg, name, mbs, delay, instances, where, budget_us, one_batch_us)
     observed(f"{len(drawn)} configs parsed by Triton's ModelConfig with the asked name, platform, batch size, "
              "input/output, CPU instances, and queue delays min(budget, 2 x http) at every boundary "
              f"({', '.join(d[-1] for d in drawn)}); no other serving field set")  # fmt: skip
