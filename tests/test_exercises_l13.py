@@ -48,6 +48,14 @@ WRONG = {
     ),
     "batch concatenates into (4, 8, 8)": ([("torch.stack(images)", "torch.cat(images)")], r"\(4, 1, 8, 8\)"),
     "no range check on pixels": ([("Field(ge=0.0, le=1.0, allow_inf_nan=False)", "Field()")], "accepted a pixel of 5"),
+    "pixels strictly below 1 (lt instead of le)": (
+        [("Field(ge=0.0, le=1.0, allow_inf_nan=False)", "Field(ge=0.0, lt=1.0, allow_inf_nan=False)")],
+        r"rejected a good image with pixels exactly 0\.0 and 1\.0 .*less than 1",
+    ),
+    "pixels strictly above 0 (gt instead of ge)": (
+        [("Field(ge=0.0, le=1.0, allow_inf_nan=False)", "Field(gt=0.0, le=1.0, allow_inf_nan=False)")],
+        r"rejected a good image with pixels exactly 0\.0 and 1\.0 .*greater than 0",
+    ),
     "rows of any length": (
         [("Row = Annotated[list[Pixel], Field(min_length=8, max_length=8)]", "Row = list[Pixel]")],
         "accepted a row of 9",

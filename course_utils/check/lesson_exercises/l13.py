@@ -164,7 +164,18 @@ def _request_type(api: Any) -> type:
 def _check_validation(kind: type) -> None:
     from pydantic import ValidationError
 
-    kind.model_validate(_bodies()[0])  # a good image must pass (a ValidationError here is the learner's to read)
+    rows = [list(r) for r in _bodies()[0]["pixels"]]
+    rows[0][0], rows[-1][-1] = 0.0, 1.0  # the ends of the range, drawn in every call: both are valid pixels
+    for body in ({"pixels": rows}, *_bodies()):
+        try:
+            kind.model_validate(body)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            raise AssertionError(
+                f"{kind.__name__} rejected a good image with pixels exactly 0.0 and 1.0 (the ends of the range): "
+                f"{'.'.join(map(str, first['loc']))}: {first['msg']}. The ends are valid pixels: Field(ge=0.0, "
+                "le=1.0), not gt/lt"
+            ) from None
     for what, body in _bad_bodies().items():
         try:
             kind.model_validate(body)
