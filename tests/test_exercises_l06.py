@@ -90,6 +90,15 @@ def clone_after_mark(compiled, xs):
     return outs
 
 
+def features_marked(compiled, xs):
+    """Marks dimension 1 (the features) instead of 0: the Linear layer fixes it, Dynamo refuses."""
+    outs = []
+    for x in xs:
+        torch._dynamo.mark_dynamic(x, 1)
+        outs.append(compiled(x))
+    return outs
+
+
 MARK_DYNAMIC_WRONG = [
     (plain_loop, "graphs were compiled"),
     (eager_only, "never ran"),
@@ -103,6 +112,7 @@ MARK_DYNAMIC_WRONG = [
     (bounded_at_32, "outside the range marked dynamic"),
     (min_only, "only min= or only max="),
     (clone_after_mark, "graphs were compiled"),
+    (features_marked, "not the batch, the model fixes its size"),
 ]
 
 
@@ -277,13 +287,19 @@ def chunked_evenly(compiled, x, size):  # right too: x.chunk into ceil(n / size)
     return torch.cat(outs)
 
 
+def maybe_marked(compiled, xs):  # right too: maybe_mark_dynamic (no batch of 1 to specialize here)
+    for x in xs:
+        torch._dynamo.maybe_mark_dynamic(x, 0)
+    return [compiled(x) for x in xs]
+
+
 def decomposed(model, example, max_batch):  # right too: an ExportedProgram after run_decompositions
     batch = torch.export.Dim("batch", max=max_batch)
     return torch.export.export(model, example, dynamic_shapes=({0: batch}, {0: batch})).run_decompositions()
 
 
 RIGHT = {
-    "06.mark-dynamic": [marked_first, bounded_by_the_batches],
+    "06.mark-dynamic": [marked_first, bounded_by_the_batches, maybe_marked],
     "06.pad-batch": [f_pad, chunked_evenly],
     "06.export": [named_shapes, decomposed],
 }

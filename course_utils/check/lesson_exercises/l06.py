@@ -94,6 +94,12 @@ def _serve_marked(fn, compiled, batches: list[torch.Tensor]):
                 f"a batch is outside the range marked dynamic ({text}): the batch sizes are {sizes}. Mark dim 0 "
                 "without bounds, torch._dynamo.mark_dynamic(x, 0), or with a min and max covering every batch"
             ) from None
+        if "Constraints violated" in text and "size()[0]" not in text:
+            raise AssertionError(
+                f"Dynamo refused a dimension you marked dynamic ({text}): it is not the batch, the model fixes its "
+                "size (a Linear layer needs exactly its in_features). Mark dimension 0, the batch: "
+                "torch._dynamo.mark_dynamic(x, 0)"
+            ) from None
         if "not simple sympy type" in text:
             raise AssertionError(
                 f"Dynamo failed on the bounds given to mark_dynamic ({text}): with only min= or only max= it "
