@@ -114,6 +114,11 @@ def cuda_listed_first(p, level, t):
     return ort.InferenceSession(p, _options(level, t), providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
 
 
+def all_available_providers(p, level, t):
+    """providers=get_available_providers(): what the package was built with, CUDA first in ORT's GPU build."""
+    return ort.InferenceSession(p, _options(level, t), providers=ort.get_available_providers())
+
+
 def inter_op_settings_too(p, level, t):  # right too: inter-op threads and spinning set as well
     so = _options(level, t)
     so.inter_op_num_threads = t
@@ -131,6 +136,7 @@ SESSION_WRONG = [
     (another_model, "differ from the model's"),
     (not_a_session, "InferenceSession"),
     (cuda_listed_first, "created with providers=\\['CUDAExecutionProvider'"),
+    (all_available_providers, "not onnxruntime.get_available_providers\\(\\)"),
 ]
 
 

@@ -109,6 +109,32 @@ def creation_options():
         cls.__init__ = original
 
 
+GPU_BUILD_PROVIDERS = ["CUDAExecutionProvider", "CPUExecutionProvider"]
+
+
+@contextlib.contextmanager
+def _gpu_build_providers(fn: Callable[..., object]):
+    """``onnxruntime.get_available_providers()`` answers as the GPU build of ORT does (CUDA first) while ``fn``
+    runs, under the module's name and any name ``fn``'s module imported it by: a session created with that list
+    would not run on the CPU where the GPU build is installed, whichever build runs the check."""
+    import onnxruntime as ort
+
+    real = ort.get_available_providers
+
+    def gpu_build() -> list[str]:
+        return list(GPU_BUILD_PROVIDERS)
+
+    scope = getattr(fn, "__globals__", {})
+    imported = [name for name, value in list(scope.items()) if value is real and not name.startswith("__")]
+    ort.get_available_providers = gpu_build
+    scope.update(dict.fromkeys(imported, gpu_build))
+    try:
+        yield
+    finally:
+        ort.get_available_providers = real
+        scope.update(dict.fromkeys(imported, real))
+
+
 def draw_session_case(c, tmp: Path) -> tuple[Path, np.ndarray, np.ndarray, list[tuple[str, int]]]:
     """What a seed draws for 07.session: the CNN (written under ``tmp``), an input, the FP32 output, and the four
     levels in random order, each with its thread count."""
@@ -126,7 +152,7 @@ def judge_session_call(fn: Callable[[str, str, int], object], path: Path, x: np.
 
     from course_utils.check.compare import compare_outputs
 
-    with creation_options() as seen:
+    with creation_options() as seen, _gpu_build_providers(fn):
         sess = fn(str(path), level, threads)
     assert isinstance(sess, ort.InferenceSession), f"return the onnxruntime.InferenceSession, got {type(sess)}"
     made = [s for s in seen if s["session"] is sess]
@@ -141,7 +167,9 @@ def judge_session_call(fn: Callable[[str, str, int], object], path: Path, x: np.
     assert not asked or asked[0] == "CPUExecutionProvider", (
         f"the session was created with providers={asked}: ORT takes the first one available, so on a machine "
         "with that provider the session would not run on the CPU. Pass providers=['CPUExecutionProvider']"
-    )
+        + (" (not onnxruntime.get_available_providers(): it lists what the package was built with, GPU first in "
+           "the GPU build)" if asked == GPU_BUILD_PROVIDERS else "")
+    )  # fmt: skip
     (out,) = sess.run(None, {sess.get_inputs()[0].name: x})
     cmp = compare_outputs(torch.from_numpy(out), torch.from_numpy(ref), "fp32")
     assert cmp.within, f"level {level}: outputs differ from the model's ({cmp.reason}): load onnx_path itself"
