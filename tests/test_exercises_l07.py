@@ -365,6 +365,20 @@ def signed_activations(src, dst, calib, keep):  # right too: INT8 (signed) activ
                     activation_type=QuantType.QInt8, nodes_to_exclude=[keep, _feeding(src, keep)])  # fmt: skip
 
 
+def per_tensor_weights(src, dst, calib, keep):  # per_channel left at its default, False: one scale per weight
+    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
+
+    class Reader(CalibrationDataReader):
+        def __init__(self):
+            self.it = iter(calib)
+
+        def get_next(self):
+            x = next(self.it, None)
+            return None if x is None else {"input": x}
+
+    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, nodes_to_exclude=[keep, _feeding(src, keep)])
+
+
 def fp32_copied(src, dst, calib, keep):
     shutil.copy(src, dst)
 
@@ -385,12 +399,13 @@ STATIC_WRONG = [
     (fp32_copied, "QuantizeLinear/DequantizeLinear"),
     (nothing_written, "nothing was written"),
     (qoperator_format, "that is the QOperator format"),
+    (per_tensor_weights, "the weights were quantized per tensor"),
 ]
 
 
 # judged on the file's structure, the profile or what was written: the full path on STATIC_SEEDS (~30 ms a call)
 STATIC_STRUCTURE = [dynamic_instead, keep_ignored, own_choice, only_the_conv_excluded, fp32_copied, nothing_written,
-                    qoperator_format]  # fmt: skip
+                    qoperator_format, per_tensor_weights]  # fmt: skip
 STATIC_SEEDS = range(30)
 # judged on the activation scales: the drawn batches and the judge on 200 seeds (below), the full path on 3
 STATIC_FEEDS = {

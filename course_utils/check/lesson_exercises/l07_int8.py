@@ -33,12 +33,21 @@ def _qdq_info(path: Path) -> dict:
     weight_q = {
         name: getattr(produced.get(n.input[1]), "op_type", "") == "DequantizeLinear" for name, n in convs.items()
     }
+    # per quantized conv weight: (number of weight scales, output channels)
+    weight_scales = {
+        name: (int(np.prod(inits[dq.input[1]].dims)), int(inits[dq.input[0]].dims[0]))
+        for name, n in convs.items()
+        if weight_q[name]
+        and (dq := produced[n.input[1]]).input[1] in inits
+        and dq.input[0] in inits
+        and inits[dq.input[0]].dims
+    }
     scales = {
         n.input[0]: float(numpy_helper.to_array(inits[n.input[1]]))
         for n in g.node
         if n.op_type == "QuantizeLinear" and n.input[1] in inits and n.input[0] not in inits
     }
-    return {"ops": ops, "weight_q": weight_q, "scales": scales}
+    return {"ops": ops, "weight_q": weight_q, "scales": scales, "weight_scales": weight_scales}
 
 
 def _kernels_run(path: Path, x: np.ndarray) -> collections.Counter:
@@ -165,6 +174,13 @@ def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None
             )
             fp32 = [n for n, q in info["weight_q"].items() if n != keep and not q]
             assert not fp32, f"conv(s) {fp32} stayed FP32: only '{keep}' should"
+            per_tensor = {n: v for n, v in info["weight_scales"].items() if v[0] != v[1]}
+            assert not per_tensor, (
+                "conv(s) " + ", ".join(f"'{n}' ({k} weight scale(s) for {o} output channels)"
+                                       for n, (k, o) in per_tensor.items())
+                + ": the weights were quantized per tensor. quantize_static(..., per_channel=True) gives each "
+                "output channel its own scale"
+            )  # fmt: skip
             judge_scales(info["scales"], expected)
             x = calib[c.randint(0, 2)][:3].copy()
             ran = _kernels_run(out, x)
@@ -192,9 +208,9 @@ def _check_static(fn: Callable[[str, str, list[np.ndarray], str], None]) -> None
             bar = min(0.95, compare_outputs(torch.from_numpy(ref_q), fp32, "int8").cosine - 0.02)
             assert cmp.cosine >= bar, f"INT8 output cosine to FP32 {cmp.cosine:.4f} < {bar:.4f}: {cmp}"
             qdq = f"{info['ops']['QuantizeLinear']}/{info['ops']['DequantizeLinear']}"
-            seen.append(f"keep '{keep}': Q/DQ nodes {qdq}, {len(info['scales'])} activation scales as the 3 batches "
-                        f"give, ORT ran {ran['QLinearConv']} QLinearConv and {floats} float Conv kernel(s); cosine "
-                        f"{cmp.cosine:.4f}")  # fmt: skip
+            seen.append(f"keep '{keep}': Q/DQ nodes {qdq}, per-channel weight scales, {len(info['scales'])} "
+                        f"activation scales as the 3 batches give, ORT ran {ran['QLinearConv']} QLinearConv and "
+                        f"{floats} float Conv kernel(s); cosine {cmp.cosine:.4f}")  # fmt: skip
     observed("; ".join(seen))
 
 
