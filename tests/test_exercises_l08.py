@@ -347,6 +347,15 @@ def _profile_numpy(batches):
     return np.array([values.min(), values[np.argmax(counts)], values.max()])  # np.argmax: the first (smallest) tie
 
 
+def _first_most_common_unguarded(batches):  # no check for an empty list: most_common(1)[0] raises IndexError
+    import collections
+
+    counts = collections.Counter(batches)
+    opt = collections.Counter(batches).most_common(1)[0][0]
+    opt = min(b for b in counts if counts[b] == counts[opt])
+    return min(batches), opt, max(batches)
+
+
 PROFILE_RIGHT = [exercises.get("08.profile").solution, _profile_numpy,
                  lambda b: list(exercises.get("08.profile").solution(b))]  # fmt: skip
 PROFILE_WRONG = [
@@ -356,6 +365,7 @@ PROFILE_WRONG = [
     (_profile(_median), "tied for most frequent|opt the most frequent batch"),
     (lambda b: (min(b), max(b), _most_common(b)), "(min, opt, max)"),
     (lambda b: (min(b), _most_common(b), max(b)) if b else (0, 0, 0), "raise ValueError|tied"),
+    (_first_most_common_unguarded, "raised IndexError (list index out of range), not ValueError"),
 ]
 
 
@@ -403,6 +413,18 @@ STALE_WRONG = [
     ),
     (lambda stored, here: list(l08.FIELDS) if stored is None or stored != here else [], "stale fields are"),
     (_stale(lambda a, b: a != b, missing_all=False), "no stored metadata"),
+    (  # stored[f]: a record written before a field existed raises KeyError
+        lambda stored, here: list(l08.FIELDS) if stored is None else [f for f in l08.FIELDS if stored[f] != here[f]],
+        "your function raised KeyError. A field missing from stored is stale",
+    ),
+    (  # nothing stored not handled: None.get raises
+        lambda stored, here: [f for f in l08.FIELDS if stored.get(f) != here.get(f)],
+        "nothing stored (stored is None, no engine built yet): your function raised AttributeError",
+    ),
+    (  # every key of the record compared, the build date too
+        lambda stored, here: list(l08.FIELDS) if stored is None else [f for f in here if stored.get(f) != here.get(f)],
+        "you returned ['built'], not in FIELDS",
+    ),
 ]
 
 

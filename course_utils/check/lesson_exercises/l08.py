@@ -72,6 +72,11 @@ def _check_profile(fn: Callable[[list[int]], tuple[int, int, int]]) -> None:
             fn([])
         except ValueError:
             pass
+        except Exception as exc:  # noqa: BLE001 - a crash on no traffic is the mistake to name
+            raise AssertionError(
+                f"no traffic observed: your function raised {type(exc).__name__} ({exc}), not ValueError. Check for "
+                "an empty list first and raise ValueError (most_common(1)[0] on nothing is an IndexError)"
+            ) from None
         else:
             raise AssertionError("no traffic observed: raise ValueError")
     observed(f"{len(traffic)} random traffic lists (ties with the larger batch first, a three-way tie, one size, "
@@ -151,7 +156,22 @@ def _check_rebuild(fn: Callable[[dict | None, dict], list[str]]) -> None:
     with cases("08.stale") as c:
         drawn = draw_staleness(c)
         for stored, here, want in drawn:
-            got = fn(copy.deepcopy(stored), copy.deepcopy(here))
+            try:
+                got = fn(copy.deepcopy(stored), copy.deepcopy(here))
+            except KeyError as exc:
+                if stored is None:
+                    raise
+                raise AssertionError(
+                    f"the stored metadata has no {exc} (written by an older version): your function raised KeyError. "
+                    "A field missing from stored is stale: compare stored.get(field) with here.get(field)"
+                ) from None
+            except (AttributeError, TypeError) as exc:
+                if stored is not None:
+                    raise
+                raise AssertionError(
+                    f"nothing stored (stored is None, no engine built yet): your function raised "
+                    f"{type(exc).__name__} ({exc}). Then every field is stale: return list(FIELDS)"
+                ) from None
             if isinstance(got, (set, frozenset)) and sorted(got) == sorted(want) and len(want) > 1:
                 raise AssertionError(f"return a list in FIELDS order ({want}), got the {type(got).__name__} {got}")
             assert isinstance(got, (list, tuple, set, frozenset)), (
@@ -163,6 +183,12 @@ def _check_rebuild(fn: Callable[[dict | None, dict], list[str]]) -> None:
             diff = [f for f in FIELDS if (stored or {}).get(f) != here.get(f)]
             if stored is not None and sorted(got) == sorted(want):
                 raise AssertionError(f"the stale fields are {want}, in FIELDS order; you returned {got}")
+            outside = [f for f in got if f not in FIELDS]
+            if outside:
+                raise AssertionError(
+                    f"you returned {outside}, not in FIELDS: only the fields in FIELDS decide a rebuild (the build "
+                    f"date alone does not); compare those, in FIELDS order. The stale fields here are {want}"
+                )
             if stored is not None and len(got) > len(want) and set(want) <= set(got):
                 extra = [f for f in got if f not in want]
                 raise AssertionError(
