@@ -158,6 +158,19 @@ def by_hand_bn(model, example):
     return p, run
 
 
+def cast_to_bf16(model, example):
+    """The copy cast to bfloat16 (model.to(torch.bfloat16)) instead of autocast: bf16 weights, no autocast."""
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+        model(example)
+    m = _fold(copy.deepcopy(model).eval()).to(memory_format=torch.channels_last).to(torch.bfloat16)
+
+    def run(x):
+        with torch.inference_mode():
+            return m(x.contiguous(memory_format=torch.channels_last).bfloat16()).float()
+
+    return p, run
+
+
 WRONG_STACKS = {
     "no-profile": (_variant(prof=False), "profile first"),
     "profile-of-the-stack": (_variant(prof_after=True), "no convolution and BatchNorm"),
@@ -174,6 +187,7 @@ WRONG_STACKS = {
     "in-place-fold": (in_place_fold, "changed in place"),
     "no-model": (lambda model, example: (None, lambda x: torch.zeros(len(x), 10)), "profile first"),
     "bn-by-hand": (by_hand_bn, "applied some other way"),
+    "cast-not-autocast": (cast_to_bf16, "weights were cast to torch.bfloat16"),
 }
 
 
@@ -239,8 +253,30 @@ def test_wrong_stacks_are_rejected_on_200_seeds(name):
     assert not bad, bad
 
 
+def folded_without_identity(model, example):
+    """Right too: each BatchNorm folded and removed from the Sequential (no nn.Identity left), autocast's default
+    CPU dtype (bfloat16) not spelled out."""
+    with torch.inference_mode(), profile(activities=[ProfilerActivity.CPU]) as p:
+        model(example)
+    m = copy.deepcopy(model).eval()
+    layers, kept = list(m.features), []
+    for layer in layers:
+        if isinstance(layer, torch.nn.BatchNorm2d):
+            kept[-1] = fuse_conv_bn_eval(kept[-1], layer)
+        else:
+            kept.append(layer)
+    m.features = torch.nn.Sequential(*kept)
+    m = m.to(memory_format=torch.channels_last)
+
+    def run(x):
+        with torch.inference_mode(), torch.autocast("cpu"):
+            return m(x.contiguous(memory_format=torch.channels_last)).float()
+
+    return p, run
+
+
 def test_right_stacks_are_accepted_on_200_seeds():
-    for fn in (l14.stacked, _variant()):
+    for fn in (l14.stacked, _variant(), folded_without_identity):
         bad = {seed: reason for seed, reason in judged_on_200_seeds(fn).items() if reason != "accepted"}
         assert not bad, bad
 

@@ -179,6 +179,7 @@ def run_stacked(run: Callable[[Any], Any], probe: Any, folded: list[tuple[Any, A
 
     layouts: list[bool] = []
     weights: list[Any] = []
+    kept: list[Any] = []  # the dtype each Conv2d keeps its weight in
 
     def watch(mod: Any, inputs: Any, output: Any) -> None:  # every Conv2d module's forward, copies included
         if isinstance(mod, torch.nn.Conv2d):  # (with 1 channel both layouts are the same: nothing to see)
@@ -186,6 +187,7 @@ def run_stacked(run: Callable[[Any], Any], probe: Any, folded: list[tuple[Any, A
             layouts.append((mod.in_channels == 1 or mod.weight.is_contiguous(memory_format=cl))
                            and (inputs[0].shape[1] == 1 or inputs[0].is_contiguous(memory_format=cl)))  # fmt: skip
             weights.append(mod.weight.detach().float().clone())
+            kept.append(mod.weight.dtype)
 
     handle = torch.nn.modules.module.register_module_forward_hook(watch)
     try:
@@ -219,6 +221,12 @@ def run_stacked(run: Callable[[Any], Any], probe: Any, folded: list[tuple[Any, A
     assert not bn, (
         f"BatchNorm still ran ({len(bn)} operators): fold each BatchNorm into the convolution before it "
         "(torch.nn.utils.fusion.fuse_conv_bn_eval(conv, bn), then replace the BatchNorm with nn.Identity())"
+    )
+    cast = [dt for dt in kept if dt != torch.float32]
+    assert not cast, (
+        f"{len(cast)} of {len(kept)} Conv2d layers keep their weights in {cast[0]}: the model's weights were cast "
+        f"to {cast[0]} (model.to(...)), which is not autocast. Keep the copy in float32 and run it under "
+        "torch.autocast('cpu', dtype=torch.bfloat16): each convolution then computes in bf16 from fp32 weights"
     )
     for i, (w, (want, original)) in enumerate(zip(weights, folded, strict=False)):
         if w.shape != want.shape:
