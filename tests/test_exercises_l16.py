@@ -115,6 +115,15 @@ def free_slots_before_retiring(running, waiting, max_slots):  # the retired sequ
     return kept
 
 
+def remove_while_iterating(running, waiting, max_slots):  # list.remove inside `for s in running`: skips the next
+    for s in running:
+        if s.done:
+            running.remove(s)
+    while len(running) < max_slots and waiting:
+        running.append(waiting.popleft())
+    return running
+
+
 def test_admit_reference_and_equivalents_are_accepted_on_every_seed():
     for fn in (l16.admit_step, admit_in_place, admit_deque_rotation):
         bad = {s: v for s in SEEDS if (v := admit_verdict(fn, s)) != "accepted"}
@@ -136,6 +145,7 @@ def test_admit_reference_and_equivalents_are_accepted_on_every_seed():
         (lambda running, waiting, max_slots: None, "return the new running list"),
         (admit_no_empty_check, "AND the queue is not empty"),
         (free_slots_before_retiring, "count them after removing the finished sequences"),
+        (remove_while_iterating, "removing from a list while iterating over it skips"),
     ],
 )
 def test_wrong_admission_is_rejected_with_its_reason_on_every_seed(answer, reason):

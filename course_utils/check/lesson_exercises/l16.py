@@ -64,9 +64,23 @@ def _check_one_admit_case(fn: Callable[..., Any], rng: random.Random, max_slots:
             ) from None
         assert isinstance(result, list), f"admit_step must return the new running list, got {type(result).__name__}"
         finished = [s for s in result if s.done]
+        # each one left right after a retired one: list.remove inside `for s in running` skips the next element
+        skipped = finished and all(
+            (i := next(j for j, r in enumerate(before_run) if r is s)) > 0
+            and before_run[i - 1].done
+            and before_run[i - 1] not in result
+            for s in finished
+            if any(r is s for r in before_run)
+        )
         assert not finished, (
             f"step {step}: finished {finished} still in the running list: retire every sequence whose .done is True "
             "in the same step (before admitting), so its slot goes to a waiting request"
+            + (
+                f" ({finished[0]} came right after a sequence you retired: removing from a list while iterating "
+                "over it skips the element after each removal; build a new list, [s for s in running if not s.done])"
+                if skipped
+                else ""
+            )
         )
         dropped = [s for s in before_run if not s.done and s not in result]
         assert not dropped, f"step {step}: unfinished {dropped} left the running list: keep every sequence not done"
