@@ -45,6 +45,22 @@ def test_count_nodes(tiny_onnx):
     assert sum(counts.values()) >= 3 and counts.get("Relu") == 1
 
 
+def test_count_nodes_names_standard_ops_plainly_and_others_with_their_domain(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2])
+    nodes = [
+        helper.make_node("Relu", ["x"], ["a"]),  # the default domain ""
+        helper.make_node("Relu", ["a"], ["b"], domain="ai.onnx"),  # the same domain, spelled out
+        helper.make_node("Gelu", ["b"], ["y"], domain="com.microsoft"),
+    ]
+    model = helper.make_model(helper.make_graph(nodes, "g", [x], [y]))
+    onnx.save(model, tmp_path / "m.onnx")
+    assert B.count_nodes(tmp_path / "m.onnx") == {"Relu": 2, "com.microsoft:Gelu": 1}
+
+
 def test_session_runner_parity_and_levels(tiny_onnx, tmp_path):
     model, path = tiny_onnx
     for level in B.LEVELS:
@@ -68,6 +84,8 @@ def test_runner_bad_inputs_name_the_expected(tiny_onnx):
         run(torch.randn(8))
     with pytest.raises(B.BadInputError, match="dimension 1 must be 8"):
         run(torch.randn(2, 7))
+    with pytest.raises(B.BadInputError, match="dimension 1 must be 8"):
+        run(torch.randn(2, 9))  # larger than the model's fixed dimension: refused too
     assert isinstance(B.BadInputError("x"), CourseError)
 
 

@@ -100,3 +100,12 @@ def test_batching_beats_none_at_saturation():
     assert bool(high.loc[False, "overloaded"]) and not bool(high.loc[True, "overloaded"])
     fig = batching.plot_rate_sweep(df)
     assert len(fig.axes) == 2
+
+
+def test_service_time_fn_sorts_the_sweep_and_scales_below_its_smallest_batch():
+    sweep = pd.DataFrame({"batch_size": [8, 2, 4], "median_ms": [18.0, 12.0, 14.0]})  # not in batch order
+    svc = batching.service_time_fn(sweep)
+    assert svc.max_batch == 8
+    assert svc(1) == pytest.approx(6.0)  # below the smallest measured batch: its time, per item (12 ms for 2)
+    assert svc(2) == pytest.approx(12.0) and svc(3) == pytest.approx(13.0) and svc(6) == pytest.approx(16.0)
+    assert svc(8) == pytest.approx(18.0)

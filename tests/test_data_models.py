@@ -364,3 +364,19 @@ def test_a_pickle_is_still_called_unsafe(tmp_path):
     torch.save({"w": torch.zeros(1), "f": print}, bad)
     with pytest.raises(WeightsFileError, match="safe loader refused"):
         models.load_weights(bad, fix="x")
+
+
+def test_load_weights_refuses_a_dict_mixing_tensors_and_other_values(tmp_path):
+    torch.save({"fc.weight": torch.ones(2, 2), "step": 3}, tmp_path / "mixed.pt")
+    with pytest.raises(WeightsFileError, match="not a state dict of tensors"):
+        models.load_weights(tmp_path / "mixed.pt", fix="x")
+    torch.save({"fc.weight": torch.ones(2, 2), "fc.bias": torch.zeros(2)}, tmp_path / "good.pt")
+    assert sorted(models.load_weights(tmp_path / "good.pt", fix="x")) == ["fc.bias", "fc.weight"]
+
+
+def test_accuracy_counts_every_row_including_a_partial_last_batch():
+    scores = torch.eye(10)[[3, 1, 4, 1, 5]]  # the "model" returns its input: predictions 3, 1, 4, 1, 5
+    labels = torch.tensor([3, 0, 4, 0, 5])  # right on rows 0, 2 and 4 (the last one, alone in its batch of 2)
+    assert models.accuracy(torch.nn.Identity(), scores, labels, batch_size=2) == pytest.approx(3 / 5)
+    assert models.accuracy(torch.nn.Identity(), scores, labels, batch_size=5) == pytest.approx(3 / 5)
+    assert models.accuracy(torch.nn.Identity(), scores[:4], labels[:4], batch_size=3) == pytest.approx(2 / 4)

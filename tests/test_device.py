@@ -72,3 +72,11 @@ def test_cpu_facts_and_describe():
     assert isinstance(device.describe(), str)
     device.synchronize("cpu")
     assert device.has_cuda() == torch.cuda.is_available()
+
+
+def test_a_course_error_renders_as_one_line_with_its_own_type_name():
+    from course_utils.supply.errors import BadArgumentError, MissingFileError
+
+    assert CourseError("use cpu")._render_traceback_() == ["CourseError: use cpu"]
+    assert BadArgumentError("unknown model 'x'")._render_traceback_() == ["BadArgumentError: unknown model 'x'"]
+    assert MissingFileError("no data/x.pt")._render_traceback_() == ["MissingFileError: no data/x.pt"]

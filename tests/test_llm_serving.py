@@ -81,6 +81,30 @@ def test_copy_on_write_keeps_the_shared_block_intact(config):
     assert kv.blocks_in_use() == 0 and len(kv.idle) == 2  # the cached blocks wait, idle, for a later prompt
 
 
+def test_blocks_needed_and_truncate_count_a_partly_filled_block(config):
+    kv = engine.PagedKV(config, num_blocks=8, block_size=4)
+    kv.add(0)
+    assert kv.blocks_needed(0, 1) == 1 and kv.blocks_needed(0, 4) == 1 and kv.blocks_needed(0, 5) == 2
+    kv.append(0, [1, 2, 3, 4, 5, 6])  # block 0 full, block 1 holds two tokens
+    assert kv.blocks_in_use() == 2
+    assert kv.blocks_needed(0, 2) == 0 and kv.blocks_needed(0, 3) == 1 and kv.blocks_needed(0, 7) == 2
+    kv.truncate(0, 5)  # token 5 still lives in block 1: it stays
+    assert len(kv.tables[0]) == 2 and kv.tokens[0] == [1, 2, 3, 4, 5] and kv.blocks_in_use() == 2
+    kv.truncate(0, 4)  # block 1 now holds nothing: freed
+    assert len(kv.tables[0]) == 1 and kv.tokens[0] == [1, 2, 3, 4] and kv.blocks_in_use() == 1
+    assert kv.blocks_needed(0, 1) == 1
+
+
+def test_a_block_only_one_uncached_sequence_holds_is_written_in_place(config):
+    kv = engine.PagedKV(config, num_blocks=8, block_size=4)  # no prefix caching: nothing is shared
+    kv.add(0)
+    kv.append(0, [1, 2])
+    table = list(kv.tables[0])
+    assert kv.blocks_needed(0, 1) == 0
+    kv.append(0, [3])
+    assert kv.copies == 0 and kv.tables[0] == table and kv.blocks_in_use() == 1
+
+
 def test_an_identical_prompt_leaves_its_last_token_to_compute(config):
     kv = engine.PagedKV(config, num_blocks=8, block_size=4, prefix_caching=True)
     kv.add(0)

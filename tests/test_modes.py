@@ -219,3 +219,36 @@ def test_mode_summary_reads_each_switch(monkeypatch):
     monkeypatch.setenv("COURSE_STRICT_GPU", "yes")
     summary = modes.mode_summary()
     assert summary["size mode"] == "full" and summary["strict GPU"] is True
+
+
+def test_start_seeds_every_generator_with_the_seed_it_is_given(monkeypatch, capsys):
+    import random
+
+    import numpy as np
+
+    from course_utils.sections.lesson import start
+
+    monkeypatch.delenv("COURSE_REHEARSE", raising=False)
+    saved = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    try:
+        draws = {}
+        for seed in (5, 6):
+            random.seed(99), np.random.seed(99), torch.manual_seed(99)  # start() must replace these
+            assert isinstance(start("00", "demo", seed=seed), torch.device)
+            draws[seed] = (random.random(), float(np.random.rand()), float(torch.rand(1)))
+        random.seed(5), np.random.seed(5), torch.manual_seed(5)
+        assert draws[5] == (random.random(), float(np.random.rand()), float(torch.rand(1)))
+        assert all(a != b for a, b in zip(draws[5], draws[6], strict=True)), "each generator follows the seed"
+    finally:
+        random.setstate(saved[0]), np.random.set_state(saved[1]), torch.set_rng_state(saved[2])
+    assert "Lesson 00: demo" in capsys.readouterr().out
+
+
+def test_a_stand_in_module_without_a_finder_is_not_missing(monkeypatch):
+    import sys
+    import types
+
+    probe = types.ModuleType("course_standin_probe")  # __spec__ is None: find_spec raises ValueError
+    monkeypatch.setitem(sys.modules, "course_standin_probe", probe)
+    missing = modes.missing_modules(["course_standin_probe", "json", "course_no_such_module"])
+    assert missing == ["course_no_such_module"]

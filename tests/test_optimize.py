@@ -347,3 +347,34 @@ def test_bigger_batch_repeats_the_example_to_exactly_the_target():
     assert torch.equal(big, example[[0, 1, 2, 0, 1, 2, 0, 1]])
     assert torch.equal(opt._bigger_batch(example, 6), torch.cat([example, example]))
     assert torch.equal(opt._bigger_batch(example, 2), example[:2])
+
+
+def test_linear_share_counts_weights_and_biases_and_int8_is_tried_at_exactly_half(monkeypatch):
+    from course_utils.capstone.optimizing import techniques as T
+
+    assert T.linear_share(nn.Linear(2, 2)) == 1.0  # 4 weights and 2 biases, all in the Linear layer
+    assert T.linear_share(nn.Conv1d(1, 1, 5)) == 0.0
+    half = nn.Sequential(nn.Linear(2, 2), nn.Conv1d(1, 1, 5))  # 6 parameters each
+    assert T.linear_share(half) == 0.5
+    assert T.linear_share(nn.Sequential(nn.Linear(4, 2), nn.Conv1d(1, 1, 1))) == 10 / 12
+
+    def no_torchao(name, fix):
+        raise T.Skip("torchao left out by this test")
+
+    monkeypatch.setattr(T, "import_or_skip", no_torchao)
+    with pytest.raises(T.Skip, match="left out by this test"):  # 0.5 is enough: it gets as far as importing
+        T.int8(half, compiled=False)
+    with pytest.raises(T.Skip, match="not applicable: only 46%"):
+        T.int8(nn.Sequential(nn.Linear(2, 2), nn.Conv1d(1, 1, 6)), compiled=False)  # 6 of 6 + 7: 46%
+
+
+def test_batching_is_skipped_when_the_example_already_has_the_batching_batch():
+    from course_utils.capstone.optimizing import techniques as T
+
+    eager = nn.Identity()
+    with pytest.raises(T.Skip, match="already has batch 8 >= the batching step's batch 8"):
+        T.batching(eager, True, 8, 8)
+    (variant,) = T.batching(eager, True, 7, 8)
+    assert variant.name == "batching" and variant.note == "same model, batch 8 instead of 7"
+    with pytest.raises(T.Skip, match="no batch dimension"):
+        T.batching(eager, False, 1, 8)

@@ -59,6 +59,39 @@ def test_slices_pinned():
     )
 
 
+def test_best_token_takes_the_highest_score_and_on_a_tie_the_lowest_id(monkeypatch):
+    """Two ranks' vocabulary slices, the other rank's (score, id) gathered by a stand-in for torch.distributed."""
+
+    class TwoRanks:
+        def __init__(self, other):
+            self.other = other
+
+        def get_world_size(self, group):
+            return 2
+
+        def all_gather(self, every, mine, group):
+            every[0].copy_(mine)
+            every[1].copy_(torch.tensor(self.other))
+
+    logits = torch.tensor([1.0, 5.0, 2.0])  # this rank's best: score 5 at index 1, token id 10 + 1
+    comm = l17.Comm(group=None)
+    monkeypatch.setattr(l17, "dist", TwoRanks([5.0, 7.0]))
+    assert comm.best_token(logits, vocab_start=10) == 7, "a tie goes to the lowest token id, as argmax does"
+    monkeypatch.setattr(l17, "dist", TwoRanks([5.0, 13.0]))
+    assert comm.best_token(logits, vocab_start=10) == 11
+    monkeypatch.setattr(l17, "dist", TwoRanks([6.0, 13.0]))
+    assert comm.best_token(logits, vocab_start=10) == 13 and comm.calls == 3
+    assert l17.Comm(group=None, enabled=False).best_token(logits, vocab_start=10) == 11
+
+
+def test_rms_norm_scales_each_position_by_its_own_features():
+    x = torch.tensor([[[3.0, 4.0], [1.0, 1.0], [0.0, 2.0]]])  # (batch 1, 3 positions, 2 features)
+    w = torch.tensor([1.0, 2.0])
+    want = torch.tensor([[[3.0, 8.0], [1.0, 2.0], [0.0, 4.0]]]) / torch.tensor([12.5, 1.0, 2.0]).sqrt()[None, :, None]
+    torch.testing.assert_close(l17.rms_norm(x, w, 0.0), want)
+    torch.testing.assert_close(l17.rms_norm(x, w, 1.0)[0, 1], torch.tensor([1.0, 2.0]) / 2**0.5)
+
+
 def test_tensor_parallel_tokens_equal_generate_at_every_rank_count(world, model):
     prompt = list(range(5, 17))
     want = greedy(model, prompt, 6)

@@ -30,3 +30,12 @@ def test_is_channels_last():
     assert not prec.is_channels_last(x)
     assert prec.is_channels_last(x.to(memory_format=torch.channels_last))
     assert not prec.is_channels_last(torch.rand(3, 4))
+
+
+def test_a_tensor_contiguous_in_both_layouts_is_not_called_channels_last():
+    one_channel = torch.rand(2, 1, 4, 4)  # NCHW and NHWC strides coincide
+    pixel = torch.rand(2, 3, 1, 1)
+    assert one_channel.is_contiguous(memory_format=torch.channels_last) and one_channel.is_contiguous()
+    assert not prec.is_channels_last(one_channel)
+    assert not prec.is_channels_last(pixel)
+    assert prec.is_channels_last(torch.rand(2, 2, 4, 4).to(memory_format=torch.channels_last))

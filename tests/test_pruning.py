@@ -76,3 +76,45 @@ def test_train_and_distill_learn_a_tiny_task():
     assert pruning.train(DigitsCNN(4, 4, 4, hidden=8), x, y, epochs=0) is not None
     with pytest.raises(CourseError, match="loss_fn"):
         pruning.train(DigitsCNN(4, 4, 4, hidden=8), x, y, teacher=teacher)
+
+
+def test_sparsity_report_has_a_row_per_conv_and_linear_layer_and_a_weighted_total():
+    m = cnn()
+    with torch.no_grad():
+        m.features[0].weight.zero_()  # 8 filters of 1x3x3: 72 zeros
+        m.classifier[3].weight[:2].zero_()  # 2 of 10 rows of 32: 64 zeros
+    report = pruning.sparsity_report(m)
+    layers = ["features.0", "features.3", "features.7", "classifier.1", "classifier.3", "total"]
+    assert list(report["layer"]) == layers
+    weights = [8 * 9, 16 * 8 * 9, 32 * 16 * 9, 32 * (32 * 4), 10 * 32]
+    assert list(report["weights"]) == [*weights, sum(weights)]
+    assert list(report["zeros"]) == [72, 0, 0, 0, 64, 136]
+    # the total is zeros over weights of the whole model, not the mean of the layers' shares
+    assert report["sparsity"].iloc[-1] == pytest.approx(136 / sum(weights))
+    assert report["sparsity"].iloc[4] == pytest.approx(0.2)
+
+
+def test_channel_prune_refuses_keeping_more_than_every_channel():
+    with pytest.raises(CourseError, match="keep_fraction"):
+        pruning.channel_prune_cnn(cnn(), 1.5)
+    with pytest.raises(CourseError, match="keep_fraction"):
+        pruning.channel_prune_cnn(cnn(), -0.5)
+
+
+def test_train_draws_its_batches_from_its_own_seed_not_the_global_generator():
+    torch.manual_seed(0)
+    x = torch.rand(24, 1, 8, 8)
+    y = torch.arange(24) % 10
+    torch.manual_seed(1)
+    init = DigitsCNN(4, 4, 4, hidden=8).state_dict()
+    runs = []
+    for global_seed in (5, 6):
+        m = DigitsCNN(4, 4, 4, hidden=8)
+        m.load_state_dict(init)
+        torch.manual_seed(global_seed)  # must not matter: train() shuffles with its own seeded generator
+        runs.append(pruning.train(m, x, y, epochs=1, batch_size=8, seed=3).state_dict())
+    assert all(torch.equal(runs[0][k], runs[1][k]) for k in runs[0])
+    m = DigitsCNN(4, 4, 4, hidden=8)
+    m.load_state_dict(init)
+    other = pruning.train(m, x, y, epochs=1, batch_size=8, seed=4).state_dict()
+    assert not torch.equal(other["features.0.weight"], runs[0]["features.0.weight"]), "another seed, other batches"

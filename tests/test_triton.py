@@ -113,3 +113,28 @@ def test_perf_analyzer_line():
     assert "--request-rate-range 100:500:100" in line and "--request-distribution=poisson" in line
     with pytest.raises(triton_server.TritonConfigError, match="exactly one"):
         triton_server.perf_analyzer_line("digits")
+
+
+def test_onnx_io_drops_only_the_batch_dimension_and_the_initializers(tmp_path):
+    import onnx
+    from onnx import TensorProto, helper
+
+    x = helper.make_tensor_value_info("x", TensorProto.FLOAT, ["batch", 3, "n"])
+    w = helper.make_tensor_value_info("w", TensorProto.FLOAT, [3, "n"])  # an initializer listed as an input
+    ids = helper.make_tensor_value_info("ids", TensorProto.INT64, ["batch", 5])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, ["batch", 3, "n"])
+    init = helper.make_tensor("w", TensorProto.FLOAT, [3, 1], [1.0, 2.0, 3.0])
+    graph = helper.make_graph([helper.make_node("Add", ["x", "w"], ["y"])], "g", [x, w, ids], [y], [init])
+    onnx.save(helper.make_model(graph), tmp_path / "m.onnx")
+    inputs, outputs = triton_server.onnx_io(tmp_path / "m.onnx")
+    assert inputs == [
+        triton_server.TensorSpec("x", "TYPE_FP32", (3, -1)),  # a named dimension beyond the batch is -1
+        triton_server.TensorSpec("ids", "TYPE_INT64", (5,)),
+    ]
+    assert outputs == [triton_server.TensorSpec("y", "TYPE_FP32", (3, -1))]
+
+
+def test_perf_analyzer_rate_step_is_at_least_one():
+    assert "--request-rate-range 10:12:1 " in triton_server.perf_analyzer_line("digits", rate=(10, 12))
+    assert "--request-rate-range 10:30:5 " in triton_server.perf_analyzer_line("digits", rate=(10, 30))
+    assert "--concurrency-range 4:16:4" in triton_server.perf_analyzer_line("digits", concurrency=(4, 16))
