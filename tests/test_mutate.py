@@ -15,6 +15,8 @@ def test_every_mutation_applies_to_the_current_sources():
     assert len(issue) >= 15, "every bug issue 22 lists is planted"
     wider = [m for m in mutate.MUTATIONS if m.source == "issue 32"]
     assert len(wider) >= 30 and len({m.file for m in wider}) >= 15, "issue 32: planted over many modules"
+    fourth = [m for m in mutate.MUTATIONS if m.source == "issue 32 round 4"]
+    assert len(fourth) >= 25 and len({m.file for m in fourth}) >= 12, "issue 32 round 4: modules no round targeted"
     assert len({m.id for m in mutate.MUTATIONS}) == len(mutate.MUTATIONS), "mutation ids are unique"
     assert all(m.file.startswith("course_utils/") and m.tests for m in mutate.MUTATIONS)
 
