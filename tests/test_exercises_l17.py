@@ -113,12 +113,44 @@ def default_group(x, linear, group):  # the collective over every process, not t
     return y if linear.bias is None else y + linear.bias
 
 
+def global_world_size(x, linear, group):  # dist.get_world_size() of every process, not of the layer's group
+    rank, p = dist.get_rank(group), dist.get_world_size()
+    k = linear.in_features // p
+    y = F.linear(x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k])
+    dist.all_reduce(y, group=group)
+    return y if linear.bias is None else y + linear.bias
+
+
+def global_rank(x, linear, group):  # dist.get_rank(): the process's rank, not its rank within the group
+    rank, p = dist.get_rank(), dist.get_world_size(group)
+    k = linear.in_features // p
+    y = F.linear(x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k])
+    dist.all_reduce(y, group=group)
+    return y if linear.bias is None else y + linear.bias
+
+
+def async_without_wait(x, linear, group):  # async_op=True, the Work handle never waited on
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    k = linear.in_features // p
+    y = F.linear(x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k])
+    dist.all_reduce(y, group=group, async_op=True)
+    return y if linear.bias is None else y + linear.bias
+
+
+def async_then_wait(x, linear, group):  # correct: async_op=True, waited on before the result is used
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    k = linear.in_features // p
+    y = F.linear(x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k])
+    dist.all_reduce(y, group=group, async_op=True).wait()
+    return y if linear.bias is None else y + linear.bias
+
+
 def test_reference_accepted_on_every_seed(world):
     bad = [(s, v) for s, v in zip(SEEDS, verdicts(world, l17.row_parallel_linear), strict=True) if v != "accepted"]
     assert not bad, f"the reference was rejected: {bad[:2]}"
 
 
-@pytest.mark.parametrize("answer", [bias_on_rank_zero, chunked])
+@pytest.mark.parametrize("answer", [bias_on_rank_zero, chunked, async_then_wait])
 def test_correct_alternatives_accepted(world, answer):
     seeds = range(0, 200, 5)  # 40 seeds: each call draws every boundary case
     bad = [(s, v) for s, v in zip(seeds, verdicts(world, answer, seeds), strict=True) if v != "accepted"]
@@ -136,11 +168,21 @@ def test_correct_alternatives_accepted(world, answer):
         (whole_layer, "nothing was split"),
         (averages, "ReduceOp.SUM"),
         (default_group, "pass group=group"),
+        (global_world_size, "dist.get_world_size() without the group"),
+        (async_without_wait, "never waited on"),
     ],
 )
 def test_honest_mistakes_rejected_with_their_reason(world, answer, reason):
     for seed, verdict in zip(SEEDS, verdicts(world, answer), strict=True):
         assert reason in verdict, f"seed {seed}: {verdict}"
+
+
+def test_the_global_rank_is_rejected_with_its_reason(world):
+    """40 seeds: only the last case of a call (the group of ranks 1 and 2) shows this mistake, so every seed runs
+    all of its cases (as long as the reference's)."""
+    seeds = range(0, 200, 5)
+    for seed, verdict in zip(seeds, verdicts(world, global_rank, seeds), strict=True):
+        assert "dist.get_rank() without the group" in verdict, f"seed {seed}: {verdict}"
 
 
 def test_a_learner_call_goes_through_verdict_and_check(capsys):
@@ -165,3 +207,4 @@ def test_the_cases_hold_the_boundaries():
             assert any(c["in"] == p for c in mine), "one-feature shards in every call"
             assert any(not c["bias"] for c in mine) and any(len(c["lead"]) == 2 for c in mine)
             assert all(c["in"] % p == 0 for c in mine)
+        assert any(c.get("ranks", [0]) != list(range(c["p"])) for c in cs), "a group that does not start at rank 0"

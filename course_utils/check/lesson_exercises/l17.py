@@ -4,12 +4,14 @@
 ``World``, 3 ranks; the sub-groups of the first 2 and of all 3), which receive the function's source. Every call
 draws random layers and always includes the boundary cases: a square layer (a split along the wrong dimension runs
 without a shape error there), a layer without bias, a 3-D input, a shard one feature wide (``in_features ==
-world size``), on 2 and on 3 ranks. Inside each rank the checker computes the full layer first, then runs the
+world size``), on 2 and on 3 ranks, and a layer on a group of ranks 1 and 2 (a rank within the group is not the
+process's rank). Inside each rank the checker computes the full layer first, then runs the
 learner's function under an operator log (:class:`~course_utils.check.lesson_exercises.observe.OpLog`) with
 ``dist.all_reduce`` wrapped to record what it reduced. It judges every rank's returned output against the full
 layer, and names the honest mistakes: no all-reduce, the all-reduce on another tensor than the partial output, the
 bias added on every rank, the split along the wrong dimension, the whole layer computed on every rank (nothing
-split), a reduction other than the sum, a collective over another group.
+split), a reduction other than the sum, a collective over another group, the rank or world size of every process
+instead of the group's, an ``async_op=True`` handle never waited on.
 """
 
 from __future__ import annotations
@@ -45,9 +47,27 @@ def _case_list(rng: Any) -> list[dict]:
             n_out = rng.choice([n for n in range(2, 17) if n != n_in])
             lead = rng.choice([[1], [rng.randint(2, 5)], [rng.randint(1, 3), rng.randint(1, 4)]])
             out.append({"p": p, "in": n_in, "out": n_out, "lead": lead, "bias": rng.random() < 0.7})
+    # a group of ranks 1 and 2: a rank within the group is not the process's rank (dist.get_rank() without group)
+    n_in = 2 * rng.randint(1, 6)
+    out.append({"p": 2, "ranks": [1, 2], "in": n_in, "out": rng.randint(2, 9), "lead": [rng.randint(1, 4)],
+                "bias": True})  # fmt: skip
     for i, c in enumerate(out):
         c["seed"] = rng.randint(0, 2**31 - 1) + i
     return out
+
+
+class _Work:
+    """The handle of an ``all_reduce(async_op=True)``, recording whether it was waited on."""
+
+    def __init__(self, work: Any, entry: dict) -> None:
+        self._work, self._entry = work, entry
+
+    def wait(self, *args: Any, **kwargs: Any) -> Any:
+        self._entry["waited"] = True
+        return self._work.wait(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._work, name)
 
 
 def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
@@ -62,13 +82,16 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
     fn = namespace[name]
     rank, results = STATE["rank"], []
     original = dist.all_reduce
+    if "check_17_groups" not in STATE:  # made once per world, by every rank (new_group is collective)
+        STATE["check_17_groups"] = {(1, 2): dist.new_group([1, 2])}
     for i, case in enumerate(cases_):
         if i and _stop_everywhere(results, cases_[i - 1]):  # every rank asks, also after a case it sat out
             break
-        p = case["p"]
-        if rank >= p:
+        p, members = case["p"], case.get("ranks", list(range(case["p"])))
+        if rank not in members:
             continue
-        group = STATE["groups"][p]
+        group = STATE["check_17_groups"][tuple(members)] if "ranks" in case else STATE["groups"][p]
+        mine = members.index(rank)  # the rank within the group
         gen = torch.Generator().manual_seed(case["seed"])  # the same layer and input on every rank
         linear = torch.nn.Linear(case["in"], case["out"], bias=case["bias"])
         with torch.no_grad():
@@ -79,19 +102,26 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
         with torch.no_grad():
             want = linear(x)
             k = case["in"] // p
-            xs, ws = x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k]
+            xs, ws = x[..., mine * k : (mine + 1) * k], linear.weight[:, mine * k : (mine + 1) * k]
             partial = xs @ ws.T
             bias = linear.bias if linear.bias is not None else torch.zeros(case["out"])
+            global_size = _blocks(x, linear.weight, list(range(p)), case["in"] // STATE["world_size"]) + bias
+            global_rank = _blocks(x, linear.weight, members, k) + bias
         reduced: list[dict] = []
 
         def watched(t, op=dist.ReduceOp.SUM, group=None, async_op=False, _g=group, _log=reduced):
-            _log.append({"shape": tuple(t.shape), "ptr": t.data_ptr(), "op": str(op), "group_ok": group is _g})
+            entry = {"shape": tuple(t.shape), "ptr": t.data_ptr(), "op": str(op), "group_ok": group is _g}
+            _log.append(entry)
             if group is not _g:
                 raise AssertionError(
                     "your all_reduce was not over `group` (the ranks that share this layer): pass group=group; the "
                     "default group holds every process, so the call would wait for ranks outside the layer"
                 )
-            return original(t, op=op, group=group, async_op=async_op)
+            work = original(t, op=op, group=group, async_op=async_op)
+            if not async_op:
+                return work
+            entry.update(work=work, waited=False)
+            return _Work(work, entry)
 
         dist.all_reduce = watched
         row: dict[str, Any] = {"case": case, "rank": rank}
@@ -108,6 +138,11 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
             row["kind"] = "raised"
         finally:
             dist.all_reduce = original
+            for entry in reduced:  # a handle the function did not wait on: finished here, for the next case
+                if "work" in entry:
+                    work = entry.pop("work")
+                    if not entry["waited"]:
+                        work.wait()
         row["reduced"] = reduced
         if "error" not in row:
             if not isinstance(got, torch.Tensor):
@@ -123,16 +158,29 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
                     "partial+bias": partial + bias,
                     "bias on every rank": want + (p - 1) * bias,
                     "average": (want - bias) / p + bias,
+                    "global size": global_size,
+                    "global rank": global_rank,
                 }
                 row["matches"] = [n for n, v in close.items() if torch.allclose(got, v, atol=TOL, rtol=TOL)]
+                if {"partial", "partial+bias"} & set(row["matches"]) and "global size" in row["matches"]:
+                    # blocks of in // world_size summed can equal this rank's unsummed block (rank 0, in = 4 or 8
+                    # on 2 ranks): this row cannot tell the two mistakes apart, another rank can
+                    row["matches"].remove("global size")
+                    row["ambiguous"] = True
                 row["max_err"] = float((got - want).abs().max())
         if "matches" in row:
             widths = _inner_widths(row["ops"])
             row["bad"] = "right" not in row["matches"] or (case["in"] in widths and case["in"] // p not in widths)
         else:
             row["bad"] = True
+        row["bad"] = row["bad"] or any(r.get("waited") is False for r in reduced)
         results.append(row)
     return results
+
+
+def _blocks(x: torch.Tensor, weight: torch.Tensor, index: list[int], width: int) -> torch.Tensor:
+    """The sum of the partial products of these blocks of ``width`` input features (an empty block adds zeros)."""
+    return sum(x[..., j * width : (j + 1) * width] @ weight[:, j * width : (j + 1) * width].T for j in index)
 
 
 def _inner_widths(ops: list) -> set[int]:
@@ -159,8 +207,9 @@ def _stop_everywhere(rows: list[dict], case: dict) -> bool:
 def _diagnose(row: dict, k_full: int) -> str:
     """The message for one wrong rank output (empty when it was right and split)."""
     c = row["case"]
+    members = c.get("ranks", list(range(c["p"])))
     where = (
-        f"on {c['p']} ranks (rank {row['rank']}), nn.Linear({c['in']}, {c['out']}, bias={c['bias']}), "
+        f"on {c['p']} ranks {members} (rank {row['rank']}), nn.Linear({c['in']}, {c['out']}, bias={c['bias']}), "
         f"x of shape {(*c['lead'], c['in'])}"
     )
     if row.get("kind") == "group":
@@ -188,6 +237,12 @@ def _diagnose(row: dict, k_full: int) -> str:
             "output (out_features wide); split the input features, not the output ones (wrong dimension?)"
         )
     matches, reduced = row["matches"], row["reduced"]
+    if any(r.get("waited") is False for r in reduced):
+        return (
+            f"dist.all_reduce(..., async_op=True) returned a handle that was never waited on {where}: the sum may "
+            "not have arrived when you used the tensor. Call .wait() on the handle before using the result (or "
+            "leave async_op out)"
+        )
     if "right" in matches:
         mm, widths = row["ops"], _inner_widths(row["ops"])
         if c["p"] > 1 and k_full in widths and c["in"] // c["p"] not in widths:
@@ -203,6 +258,17 @@ def _diagnose(row: dict, k_full: int) -> str:
         return (
             f"your all_reduce used {reduced[0]['op']}, the partial outputs must be added: dist.ReduceOp.SUM "
             f"(the default) {where}"
+        )
+    if reduced and "global size" in matches:
+        return (
+            f"the blocks are in_features // dist.get_world_size(), and dist.get_world_size() without the group counts "
+            f"every process, not the {c['p']} ranks of this layer {where}: pass the group, "
+            "dist.get_world_size(group)"
+        )
+    if reduced and "global rank" in matches:
+        return (
+            f"the block each rank took follows dist.get_rank() without the group, the process's rank, not its rank "
+            f"within the layer's group (the group holds ranks {members}) {where}: use dist.get_rank(group)"
         )
     if "partial" in matches or "partial+bias" in matches:
         if not reduced:
@@ -238,11 +304,10 @@ def _diagnose(row: dict, k_full: int) -> str:
 
 def judge(rows: list[dict]) -> str:
     """'accepted', or the message naming the first mistake seen."""
-    for row in sorted(rows, key=lambda r: (r["case"]["p"], r["rank"])):
-        message = _diagnose(row, row["case"]["in"])
-        if message:
-            return message
-    return "accepted"
+    messages = [(row.get("ambiguous", False), _diagnose(row, row["case"]["in"]))
+                for row in sorted(rows, key=lambda r: (r["case"]["p"], r["rank"]))]  # fmt: skip
+    wrong = [m for m in messages if m[1]]
+    return min(wrong, key=lambda m: m[0])[1] if wrong else "accepted"  # a row that tells the mistake apart first
 
 
 def source_of(fn: Callable[..., Any]) -> tuple[str, str]:
@@ -288,8 +353,9 @@ def _check(fn: Callable[..., Any], seed: int | None = None) -> None:
             verdict = check_in_world(world, fn, seed)
         assert verdict == "accepted", f"{verdict} [random case seed {seed}]"
     print(
-        "✓ observed: on 2 and 3 gloo ranks, random layers (square, no bias, 3-D input, one-feature shards): every "
-        "rank's output equals the full nn.Linear within 1e-4, and no matmul read all input features."
+        "✓ observed: on 2 and 3 gloo ranks and on a group of ranks 1 and 2, random layers (square, no bias, 3-D "
+        "input, one-feature shards): every rank's output equals the full nn.Linear within 1e-4, no matmul read all "
+        "input features, and every all_reduce was over the group and finished before the output was returned."
     )
 
 
