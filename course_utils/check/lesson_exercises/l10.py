@@ -26,7 +26,7 @@ from typing import Any
 import torch
 from torch.overrides import TorchFunctionMode
 
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import cases, forbid
 from course_utils.fakegpu.streamcheck import FakeEvent, FakeStream, RecordingDevice, describe
 from course_utils.from_lessons.l10_streams import double_buffered_loop
@@ -135,6 +135,14 @@ def _check_double_buffer(fn: Loop) -> None:
             "(and comp_s too)"
         )
         missing = dev.missing_record_stream()
+        if not missing:
+            observed(
+                f"{n} chunks on the recording device: {len(copies)} copies on {sorted(copy_streams)} into 2 reused "
+                f"buffers, {len(reads)} model calls on them on {sorted(compute_streams)}, ordered by "
+                f"{len(records)} recorded events and {len(waits)} event waits; no data race, copy i+1 not ordered "
+                "after compute i (nor compute i after copy i+1), outputs equal to model(chunk) on torch.cpu's "
+                "streams too"
+            )
         if missing:
             use, made = missing[0]
             memory = next(k for k, accesses in dev.access.items() if any(a is use for a in accesses))

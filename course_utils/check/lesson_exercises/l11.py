@@ -132,8 +132,9 @@ def _check_on(make: Callable[[torch.nn.Module, torch.Tensor], Runner], device: s
             f"{len(xs)} calls of run() replayed a CUDA graph {replays} times: replay the captured graph once per "
             "call (graph.replay())"
         )
+        counted = f"{replays} graph replays" if replays >= 0 else "the model's forward never called"
         return (
-            f"on cuda: {len(xs)} calls of run(), {len(xs)} graph replays, 0 convolutions dispatched, "
+            f"on cuda: {len(xs)} calls of run(), {counted}, 0 convolutions dispatched, "
             "results equal to model(x) and kept across calls, another shape refused with ValueError"
         )
     for i, cv in enumerate(convs):
