@@ -27,7 +27,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, observed
 
 SOLUTION_FILE = Path(__file__).resolve().parent / "solutions" / "l13_digits_api.py"
 N_IMAGES = 8
@@ -233,7 +233,11 @@ def _check_litapi_case(answer: Any) -> None:
         judge_in_process(api, model, kind)
     finally:
         torch.set_num_threads(threads)
-    judge_served(target, cls)
+    sizes = judge_served(target, cls)
+    observed(f"in process: {len(_bad_bodies())} bad bodies refused by your request type, pixels of exactly 0.0 and "
+             "1.0 accepted; predict ran the digits CNN once on a batch of 4 under inference_mode, answers equal to "
+             f"its softmax and argmax. Served: {N_IMAGES} concurrent requests answered 200 with those answers, 2 bad "
+             f"ones 422; inside the served worker the model ran {len(sizes)} times, batches of {sizes}")  # fmt: skip
 
 
 def setup_api(cls: type) -> tuple[Any, Any, type]:
@@ -299,7 +303,7 @@ def judge_in_process(api: Any, model: Any, kind: type) -> None:
     _compare(probs, labels, ref[:4], "in-process")
 
 
-def judge_served(target: str, cls: type) -> None:
+def judge_served(target: str, cls: type) -> list[int]:
     """The class served with max_batch_size=4 on 127.0.0.1 (a subclass logs the model's calls inside the served
     worker process): the drawn request set and two bad bodies, sent concurrently, judged from the answers and
     the served process's own log."""
@@ -344,6 +348,7 @@ def judge_served(target: str, cls: type) -> None:
         f"{N_IMAGES} concurrent requests ran as batches of {batch_sizes} inside the served process: no batches "
         "formed. Implement batch() and unbatch(), and serve with max_batch_size > 1"
     )
+    return batch_sizes
 
 
 @exercise(
