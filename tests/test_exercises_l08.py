@@ -52,6 +52,8 @@ def _runner(
     recompute=False,
     clones=False,
     own_engine=False,
+    engine_shapes=False,
+    outputs_first=False,
 ):
     """A run_engine with one planted mistake."""
 
@@ -67,20 +69,30 @@ def _runner(
             context = engine.create_execution_context()
         names = [engine.get_tensor_name(i) for i in range(engine.num_io_tensors)]
         inputs = [n for n in names if engine.get_tensor_mode(n) == trt.TensorIOMode.INPUT]
+        outs = {}
+
+        def allocate_outputs():
+            for name in names:
+                if name in inputs:
+                    continue
+                dtype = torch.float32 if float_outputs else DTYPES[engine.get_tensor_dtype(name).name]
+                if engine_shapes or outputs_first:  # the engine's (-1, width), or the context's before any input shape
+                    shape = tuple((engine if engine_shapes else context).get_tensor_shape(name))
+                else:
+                    shape = tuple(max(d, 0) for d in context.get_tensor_shape(name))
+                device = next(iter(feeds.values())).device
+                outs[name] = torch.empty(shape, dtype=dtype, device=device)
+                if not skip_output_address:
+                    context.set_tensor_address(name, outs[name].data_ptr())
+
+        if outputs_first:
+            allocate_outputs()
         for name in inputs[:1] if first_input_only else inputs:
             if not skip_shape:
                 context.set_input_shape(name, tuple(feeds[name].shape))
             context.set_tensor_address(name, feeds[name].data_ptr())
-        outs = {}
-        for name in names:
-            if name in inputs:
-                continue
-            dtype = torch.float32 if float_outputs else DTYPES[engine.get_tensor_dtype(name).name]
-            shape = tuple(context.get_tensor_shape(name))
-            device = next(iter(feeds.values())).device
-            outs[name] = torch.empty(tuple(max(d, 0) for d in shape), dtype=dtype, device=device)
-            if not skip_output_address:
-                context.set_tensor_address(name, outs[name].data_ptr())
+        if not outputs_first:
+            allocate_outputs()
         handle = stream.cuda_stream if stream_handle is None else stream_handle
         if not no_wait_before:
             stream.wait_stream(producer)
@@ -132,6 +144,15 @@ def test_the_runner_check_rejects_wrong_loops(mistake, reason):
         assert reason in msg and f"seed {seed}" in msg, (seed, msg)
     msg = verdict("08.runner", _runner(**mistake))  # a fresh seed, as a learner's call draws
     assert reason in msg, msg
+
+
+@pytest.mark.parametrize("mistake", [{"engine_shapes": True}, {"outputs_first": True}], ids=["engine", "first"])
+def test_the_runner_check_names_outputs_sized_with_the_dynamic_batch(mistake):
+    """Outputs sized with engine.get_tensor_shape, or with the context's before any input shape is set: torch.empty
+    refuses the -1 on every draw (the loop crashes before anything random matters), so ten seeds."""
+    for seed in range(10):
+        msg = verdict("08.runner", _runner(**mistake), seed=seed)
+        assert "an output shape still holds -1" in msg and f"seed {seed}" in msg, (seed, msg)
 
 
 # ------------------------------------------------------------------ 08.builder

@@ -300,6 +300,13 @@ def _check_runner(fn: Callable) -> None:
         except (AttributeError, TypeError) as exc:
             raise AssertionError(f"TensorRT 11.1 does not accept that: {exc}") from exc
         except Exception as exc:  # noqa: BLE001 - any crash of the learner's loop is a wrong answer
+            if "negative dimension" in str(exc):
+                raise AssertionError(
+                    f"your loop raised {type(exc).__name__}: {exc}: an output shape still holds -1, the dynamic "
+                    "batch. engine.get_tensor_shape keeps the -1, and so does context.get_tensor_shape until every "
+                    "input's shape is set: set_input_shape for all inputs first, then size each output with "
+                    "context.get_tensor_shape(name)"
+                ) from exc
             raise AssertionError(f"your loop raised {type(exc).__name__}: {exc}") from exc
         calls = [w for w, _ in trt.calls]
         runs = [i for i, w in enumerate(calls) if w == "IExecutionContext.execute_async_v3"]
