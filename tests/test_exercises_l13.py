@@ -259,7 +259,7 @@ def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at
         ),
         (_cfg(replace=[("data_type: TYPE_FP32, dims: [ 10 ]", "data_type: TYPE_INT64, dims: [ 10 ]")]), "TYPE_FP32"),
         (_cfg(replace=[("dims: [ 1, 8, 8 ]", "dims: [ -1, 1, 8, 8 ]")]), "no batch dimension"),
-        (lambda n, m, t, b, h, i: l13_triton.triton_config(n, m, t, b, h, 0), "count of 0 serves nothing"),
+        (lambda n, m, t, b, h, i: l13_triton.triton_config(n, m, t, b, h, 0), "Triton then creates 1 instance"),
         (_whole_budget, "the whole budget"),
         (
             _cfg(
@@ -325,7 +325,18 @@ def test_triton_right_configs_pass_on_every_seed():
         )
 
     harmless = _cfg(add='backend: "onnxruntime"\nversion_policy { latest { num_versions: 1 } }')
-    for fn in (l13_triton.triton_config, truncated, harmless):
+
+    def default_count(n, m, t, b, h, i):  # count left out where one instance is asked: Triton's default is 1
+        text = l13_triton.triton_config(n, m, t, b, h, i)
+        return text.replace("count: 1, ", "") if i == 1 else text
+
+    def one_per_group(n, m, t, b, h, i):  # i groups of one CPU instance each: i instances
+        groups = ", ".join(["{ count: 1, kind: KIND_CPU }"] * i)
+        return l13_triton.triton_config(n, m, t, b, h, i).replace(
+            f"instance_group [ {{ count: {i}, kind: KIND_CPU }} ]", f"instance_group [ {groups} ]"
+        )
+
+    for fn in (l13_triton.triton_config, truncated, harmless, default_count, one_per_group):
         bad = {s: v for s in range(200) if (v := exercises.verdict("13.triton-config", fn, seed=s)) != "accepted"}
         assert not bad, bad
 

@@ -2,9 +2,10 @@
 
 Random cases per check, with every boundary of the queue-delay rule drawn in every call (the p99 budget binding,
 twice the HTTP round trip binding, the two equal, the budget exactly spent, the budget overspent). The config must
-name the model, its platform, batch size, queue delay, the input/output names, data types and dims, and an instance
-group with the asked count (> 0) of CPU instances; and set nothing else that changes how requests are served (a
-queue policy that rejects requests, a version that the model folder does not hold, ...).
+name the model, its platform, batch size, queue delay, the input/output names, data types and dims, and instance
+groups making the asked number of CPU instances (a count left out is Triton's 1; one case in every call asks for
+more); and set nothing else that changes how requests are served (a queue policy that rejects requests, a version
+that the model folder does not hold, ...).
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ def draw_configs(c: Any) -> list[tuple[str, int, float, float, float, int, str]]
                  "equal": 2 * http_ms, "spent": 0.0, "over": -c.randint(1, 50) / 10}[kind]  # fmt: skip
         p99 = round(2 * batch_ms + http_ms + spare, 1) if kind in ("budget", "http") else 2 * batch_ms + http_ms + spare
         cases.append((name, c.choice([4, 8, 16, 32, 64]), p99, batch_ms, http_ms, c.randint(1, 4), kind))
+    if all(case[5] == 1 for case in cases):  # at least one case asks for more than Triton's default of one instance
+        cases[0] = (*cases[0][:5], c.randint(2, 4), cases[0][6])
     c.rng.shuffle(cases)
     return cases
 
@@ -108,10 +111,18 @@ def judge_config(
         "(TYPE_FP32, dims [10]), no batch dimension: Triton matches these names and types against the ONNX "
         f"model and rejects the model otherwise. Got inputs {io[0]}, outputs {io[1]}"
     )
-    groups = [(g.count, g.kind) for g in cfg.instance_group]
-    assert groups == [(instances, cpu)], (
+    kind_name = model_config_pb2.ModelInstanceGroup.Kind.Name
+    groups = [(g.count, kind_name(g.kind)) for g in cfg.instance_group]
+    # Triton creates one instance for a group whose count is left out (or 0); groups of CPU instances add up
+    made = sum(max(count, 1) for count, _ in groups)
+    assert groups and all(g.kind == cpu for g in cfg.instance_group) and made == instances, (
         f"instance_group [ {{ count: {instances}, kind: KIND_CPU }} ]: that many copies of the model on the "
-        f"CPU (a count of 0 serves nothing). Got {groups}"
+        f"CPU. Got {groups}"
+        + (
+            f": a count left out (or 0) is not none, Triton then creates 1 instance, and this case asks {instances}"
+            if any(count < 1 for count, _ in groups) and made != instances
+            else ""
+        )
     )
     if cfg.HasField("version_policy"):
         policy = cfg.version_policy
