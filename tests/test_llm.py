@@ -334,3 +334,18 @@ def test_an_unwritable_cache_folder_names_the_folder_and_the_variable(conversion
     message = str(info.value)
     assert llm.CACHE_VAR in message and str(blocker / "llm") in message and f"export {llm.CACHE_VAR}=" in message
     assert conversion.calls == 0, "the folder is checked before the minutes-long conversion"
+
+
+def test_a_refusal_names_three_foreign_files_and_counts_only_the_others(tmp_path, monkeypatch):
+    folder = tmp_path / "cache"
+    folder.mkdir()
+    for name in "abcde":
+        (folder / f"{name}.txt").write_text(name)
+    monkeypatch.delenv(llm.CACHE_VAR, raising=False)
+    with pytest.raises(SettingError, match=r"\(a\.txt, b\.txt, c\.txt and 2 more\)"):
+        llm._refuse_foreign(folder)
+    (folder / "d.txt").unlink()
+    (folder / "e.txt").unlink()
+    with pytest.raises(SettingError, match=r"\(a\.txt, b\.txt, c\.txt\), so it is not"):
+        llm._refuse_foreign(folder)
+    assert sorted(p.name for p in folder.iterdir()) == ["a.txt", "b.txt", "c.txt"], "nothing is deleted"

@@ -142,6 +142,28 @@ def test_memory_counters_follow_live_tensors(gpu):
         torch.empty(total + 1, dtype=torch.uint8, device="cuda")
 
 
+def test_mem_get_info_is_free_then_total_and_empty_cache_synchronizes(gpu):
+    t = torch.empty(4 << 20, dtype=torch.uint8, device="cuda")
+    free, total = gpu.mem_get_info()
+    assert total == gpu.get_device_properties(0).total_memory
+    assert free == total - gpu.memory_reserved() and free <= total - (4 << 20)
+    del t
+    side = gpu.Stream()
+    side.wait_stream(gpu.current_stream())
+    with gpu.stream(side):
+        b = torch.ones(8, device="cuda") * 2
+    before = rehearsal.checks().get("synchronizations", 0)
+    gpu.empty_cache()  # the caching allocator synchronizes the device before it frees its blocks
+    assert rehearsal.checks()["synchronizations"] == before + 1
+    assert float((b + 1).sum()) == 24.0  # so the default stream may read the side stream's result
+    with pytest.raises(RehearsalError, match="capturing.*empty_cache"), gpu.graph(gpu.CUDAGraph()):
+        gpu.empty_cache()
+    with gpu.stream(side):
+        c = b * 3
+    gpu.synchronize()  # the host waits for every stream: what it launches next comes after the side stream's work
+    assert float((c + 1).sum()) == 56.0
+
+
 def test_not_rehearsable_only_for_named_gpu_only_kernels(gpu):
     with pytest.raises(rehearsal.NotRehearsable, match="torch.compile/Inductor.*GPU-only kernel"):
         torch.compile(torch.nn.Linear(2, 2))
