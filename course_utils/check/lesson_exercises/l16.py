@@ -65,7 +65,7 @@ def _check_one_admit_case(fn: Callable[..., Any], rng: random.Random, max_slots:
         assert isinstance(result, list), f"admit_step must return the new running list, got {type(result).__name__}"
         finished = [s for s in result if s.done]
         # each one left right after a retired one: list.remove inside `for s in running` skips the next element
-        skipped = finished and all(
+        skipped = any(r is s for s in finished for r in before_run) and all(
             (i := next(j for j, r in enumerate(before_run) if r is s)) > 0
             and before_run[i - 1].done
             and before_run[i - 1] not in result
