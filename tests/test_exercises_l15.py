@@ -378,6 +378,28 @@ def test_the_memory_judge_over_every_drawn_case():
                 raise AssertionError(f"seed {seed}: {why!r} accepted")
 
 
+def test_a_cache_sized_for_the_position_limit_is_named():
+    """A StaticCache's reasoning (preallocated to the model's max_position_embeddings), not the tokens seen: named
+    on each of 200 seeds' cases by the judging core, and through the full check on a few."""
+    from course_utils.check.lesson_exercises import l15
+    from course_utils.check.lesson_exercises.observe import Cases
+
+    ref = exercises.get("15.kv-memory").solution
+
+    def preallocated(c, b, t, dt):
+        return ref(c, b, c.max_position_embeddings, dt)
+
+    for seed in SWEEP:
+        cs = l15.draw_memory_cases(Cases(seed))
+        try:
+            l15.judge_memory([(preallocated(*case), case) for case in cs], [ref(*case) for case in cs])
+        except AssertionError as exc:
+            assert "max_position_embeddings tokens" in str(exc), (seed, str(exc))
+        else:
+            raise AssertionError(f"seed {seed}: accepted")
+    _rejected("15.kv-memory", preallocated, "max_position_embeddings tokens")
+
+
 def test_the_formula_is_what_real_caches_hold():
     from course_utils.check.lesson_exercises import l15
     from course_utils.check.lesson_exercises.observe import Cases

@@ -300,6 +300,9 @@ _MISTAKES: list[tuple[Callable, str]] = [
      "torch.empty((), dtype=dtype).element_size() or dtype.itemsize"),
     (lambda c, b, t, d: _formula(c, b, t, d, size=2), "you assumed 2 bytes per element whatever the dtype: use "
      "torch.empty((), dtype=dtype).element_size() or dtype.itemsize"),
+    (lambda c, b, t, d: _formula(c, b, c.max_position_embeddings, d), "you sized the cache for "
+     "max_position_embeddings tokens (a StaticCache preallocated to the model's limit): a DynamicCache holds "
+     "exactly the tokens seen"),
     (lambda c, b, t, d: _formula(c, b, t, d, extra_tokens=1), "off by one token: the cache holds the tokens seen"),
     (lambda c, b, t, d: _formula(c, b, t, d, extra_tokens=-1), "off by one token: the cache holds the tokens seen"),
     (lambda c, b, t, d: _formula(c, b, t, d, unit=1024), "you returned KiB: return bytes"),
