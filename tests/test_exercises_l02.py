@@ -345,6 +345,16 @@ def sigmoid_confidence(logits):
     return list(zip(label.tolist(), conf.tolist(), strict=True))
 
 
+def bf16_softmax(logits):  # the softmax in bfloat16 "to save bandwidth": probabilities off by ~1e-3
+    conf, label = torch.softmax(logits.bfloat16(), dim=1).max(dim=1)
+    return list(zip(label.tolist(), conf.float().tolist(), strict=True))
+
+
+def log_probabilities(logits):  # log_softmax: the log of the confidence
+    conf, label = torch.log_softmax(logits, dim=1).max(dim=1)
+    return list(zip(label.tolist(), conf.tolist(), strict=True))
+
+
 def numpy_copy_back(logits):  # right too: one copy back with .numpy(), numpy numbers
     conf, label = torch.softmax(logits, dim=1).max(dim=1)
     return list(zip(label.numpy(), conf.numpy(), strict=True))
@@ -376,6 +386,8 @@ def test_one_sync_accepts_right_answers_on_200_seeds(right):
         (per_row_softmax, "per-row"),
         (threaded_rows, "started a thread"),
         (max_of_logits_label_of_probs, "softmax probability"),
+        (bf16_softmax, "what a softmax in a 16-bit dtype (bfloat16, float16) loses"),
+        (log_probabilities, "that is the log of the probability (log_softmax)"),
     ],
 )
 def test_one_sync_rejects(wrong, message):

@@ -9,6 +9,7 @@ under ``torch.profiler``. Inputs and workloads are drawn at random per call.
 from __future__ import annotations
 
 import contextlib
+import math
 import numbers
 import sys
 import threading
@@ -162,6 +163,19 @@ _SOFTMAX = ("aten._softmax", "aten.softmax", "aten._log_softmax", "aten.exp")
 _PICK = ("aten.max.dim", "aten.argmax", "aten.topk", "aten.max.default", "aten.sort")
 
 
+def _sixteen_bit(out: list, logits: torch.Tensor) -> bool:
+    """Whether every confidence returned is the top probability of a softmax computed in bfloat16 or float16."""
+    try:
+        conf = torch.tensor([float(pair[1]) for pair in out])
+    except (TypeError, ValueError, IndexError):
+        return False
+    for dt in (torch.bfloat16, torch.float16):
+        low = torch.softmax(logits.to(dt), dim=1).max(dim=1).values.float()
+        if conf.shape == low.shape and bool(((conf - low).abs() < 1e-6).all()):
+            return True
+    return False
+
+
 def _check_one_sync(fn: Callable[[torch.Tensor], list]) -> None:
     with cases("02.one-sync") as c:
         n, k = c.randint(20, 60), c.randint(3, 12)
@@ -198,6 +212,17 @@ def _check_one_sync(fn: Callable[[torch.Tensor], list]) -> None:
                 raise AssertionError(
                     f"row {i}: confidence {float(conf):.6f}, expected {rconf:.6f}: that is softmax over dim=0, which "
                     "normalizes each class over the batch; the probabilities of a row are softmax(logits, dim=1)"
+                )
+            if abs(float(conf) - rconf) >= 1e-5 and abs(float(conf) - math.log(rconf)) < 1e-4:
+                raise AssertionError(
+                    f"row {i}: confidence {float(conf):.6f}, expected {rconf:.6f}: that is the log of the probability "
+                    "(log_softmax); the confidence is the softmax probability, torch.softmax(logits, dim=1)"
+                )
+            if abs(float(conf) - rconf) >= 1e-5 and _sixteen_bit(out, logits):
+                raise AssertionError(
+                    f"row {i}: confidence {float(conf):.6f}, expected {rconf:.6f}: close, but off by "
+                    f"{abs(float(conf) - rconf):.1e}, what a softmax in a 16-bit dtype (bfloat16, float16) loses. "
+                    "Compute the softmax in the logits' own dtype, float32"
                 )
             assert abs(float(conf) - rconf) < 1e-5, (
                 f"row {i}: confidence {float(conf):.6f}, expected {rconf:.6f}: use the softmax probability of the label"
