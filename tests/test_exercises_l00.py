@@ -105,6 +105,18 @@ def fp16_too(cap):  # FP16 added to the set
     return out | ({"tf32", "bf16"} if cap >= (8, 0) else set()) | ({"fp8"} if cap >= (8, 9) else set())
 
 
+def strictly_after_ampere(cap):  # "from (8, 0)" written as >: the A100 itself gets nothing
+    if cap is None:
+        return set()
+    return ({"tf32", "bf16"} if cap > (8, 0) else set()) | ({"fp8"} if cap >= (8, 9) else set())
+
+
+def strictly_after_ada(cap):  # "from (8, 9)" written as >: the L4 itself gets no FP8
+    if cap is None:
+        return set()
+    return ({"tf32", "bf16"} if cap >= (8, 0) else set()) | ({"fp8"} if cap > (8, 9) else set())
+
+
 def upper_case_frozen(cap):  # right: names in capitals, a frozenset
     if cap is None:
         return frozenset()
@@ -146,6 +158,8 @@ def test_precisions_reference_passes(capsys):
         (fp8_ada_and_hopper_only, "expected ['bf16', 'fp8', 'tf32'], got ['bf16', 'tf32']"),
         (known_majors, "expected ['bf16', 'fp8', 'tf32'], got ['fp8']"),
         (fp16_too, "your set holds ['fp16']"),
+        (strictly_after_ampere, "TF32 and BF16 run from (8, 0) itself on (the A100): compare with >=, not >"),
+        (strictly_after_ada, "capability (8, 9): expected ['bf16', 'fp8', 'tf32'], got ['bf16', 'tf32']"),
     ],
 )
 def test_precisions_rejects(wrong, message):
@@ -287,7 +301,20 @@ def rounded_list_capability():  # right: memory rounded to 0.1 GiB, capability a
     return _inventory(memory_gib=lambda p: round(p.total_memory / 2**30, 1), capability=lambda p: [p.major, p.minor])
 
 
-@pytest.mark.parametrize("right", [imported_by_name, rounded_list_capability])
+def total_from_mem_get_info():  # right: the total of torch.cuda.mem_get_info(i); numpy numbers
+    import numpy as np
+
+    cuda = torch.cuda.is_available()
+    gpus = []
+    for i in range(torch.cuda.device_count() if cuda else 0):
+        p = torch.cuda.get_device_properties(i)
+        _free, total = torch.cuda.mem_get_info(i)
+        gpus.append({"name": p.name, "capability": (p.major, p.minor), "memory_gib": np.float64(total / 2**30),
+                     "multiprocessors": np.int64(p.multi_processor_count)})  # fmt: skip
+    return {"cuda": cuda, "gpus": gpus, **_rest()}
+
+
+@pytest.mark.parametrize("right", [imported_by_name, rounded_list_capability, total_from_mem_get_info])
 def test_inventory_accepts_right_alternatives(right):
     for seed in range(200):
         assert exercises.verdict("00.inventory", right, seed=seed) == "accepted", seed

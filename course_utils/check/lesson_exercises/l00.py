@@ -75,6 +75,11 @@ def _check_precisions(fn: Callable[[tuple[int, int] | None], set[str]]) -> None:
                 f"capability {cap}: your set holds {sorted(extra)}: return only which of 'tf32', 'bf16', 'fp8' run "
                 "natively (FP16 runs on all of these GPUs: it is not asked)"
             )
+            if cap == (8, 0) and not got:
+                raise AssertionError(
+                    f"capability {cap}: expected {sorted(want)}, got nothing: TF32 and BF16 run from (8, 0) itself on "
+                    "(the A100): compare with >=, not >"
+                )
             assert got == want, (
                 f"capability {cap}: expected {sorted(want) or 'nothing'}, got {sorted(got) or 'nothing'}. Compare "
                 "the capability as a (major, minor) tuple: (8, 6) is newer than (8, 0) and older than (8, 9); "
@@ -168,8 +173,14 @@ def _pretend(machine: dict[str, Any], asked: list[str], scope: dict[str, Any] | 
 
         return call
 
+    def mem_get_info(device: Any = None) -> tuple[int, int]:
+        asked.append("mem_get_info")
+        total = int(gpu(device)["memory_gib"] * 2**30)
+        return total // 3, total  # (free, total): the total is the device's memory, as total_memory
+
     fakes = {
         (torch.cuda, "is_available"): log("is_available", lambda: machine["cuda"]),
+        (torch.cuda, "mem_get_info"): mem_get_info,
         (torch.cuda, "device_count"): log("device_count", lambda: len(gpus)),
         (torch.cuda, "get_device_properties"): props,
         (torch.cuda, "get_device_capability"): log("get_device_capability", lambda d=None: gpu(d)["capability"]),
