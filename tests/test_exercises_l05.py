@@ -108,6 +108,24 @@ def first_name_only(m, keep):
     return _q(copy.deepcopy(m), {sorted(keep)[0]})
 
 
+def substring_match(m, keep):  # names matched by substring: keeping '0' keeps '2.0' too
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    q = copy.deepcopy(m)
+    quantize_(q, Int8WeightOnlyConfig(), filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear)
+              and not any(k in fqn for k in keep))  # fmt: skip
+    return q
+
+
+def last_component(m, keep):  # the module's own name, fqn.split('.')[-1], not its path: '2.0' taken for '0'
+    from torchao.quantization import Int8WeightOnlyConfig, quantize_
+
+    q = copy.deepcopy(m)
+    quantize_(q, Int8WeightOnlyConfig(), filter_fn=lambda mod, fqn: isinstance(mod, nn.Linear)
+              and fqn.split(".")[-1] not in keep)  # fmt: skip
+    return q
+
+
 def dynamic_activation_config(m, keep):  # right too: INT8 weights and dynamically quantized INT8 activations
     from torchao.quantization import Int8DynamicActivationInt8WeightConfig
 
@@ -131,7 +149,9 @@ TORCHAO_WRONG = [
     (in_place, "changed: quantize a copy"),
     (half_instead, "must stay FP32"),
     (decoy, "no INT8 weight of|was never used while the model ran"),  # which layer is checked first varies
-    (first_name_only, r"must stay FP32 \(keep_fp32=\['\d', '\d'\]\)"),  # the call asking for two names fails
+    (first_name_only, r"must stay FP32 \(keep_fp32=\['[\d.]+', '[\d.]+'\]\)"),  # the call asking for two names fails
+    (substring_match, r"'2\.0' stayed FP32, but keep_fp32 is \['0'\]: your filter matched '0' as a part of"),
+    (last_component, r"matched '0' as a part of|fqn is the full path, '2\.[02]', not its last part"),
 ]
 
 

@@ -37,12 +37,15 @@ def torchao_int8_weight(mod: nn.Linear) -> str | None:
 
 
 def _random_mlp(c) -> nn.Sequential:
+    """3 or 4 Linear layers, the middle ones in a nested block: their names ('0', '2.0', '2.2', '3') are paths,
+    and '0' is part of '2.0' (a filter matching names by substring or prefix keeps the wrong layers)."""
     widths = c.rng.sample(range(16, 129, 8), c.randint(4, 5))  # distinct widths: each weight shape is unique
-    layers: list[nn.Module] = []
-    for a, b in zip(widths, widths[1:], strict=False):
-        layers += [nn.Linear(a, b), nn.ReLU()]
     torch.manual_seed(c.seed)
-    return nn.Sequential(*layers[:-1]).eval()
+    linears = [nn.Linear(a, b) for a, b in zip(widths, widths[1:], strict=False)]
+    block: list[nn.Module] = []
+    for lin in linears[1:-1]:
+        block += [lin, nn.ReLU()]
+    return nn.Sequential(linears[0], nn.ReLU(), nn.Sequential(*block), linears[-1]).eval()
 
 
 def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
@@ -53,7 +56,9 @@ def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
         # that keeps a fixed name fails one call, one that keeps only one of the names it is given (the first, say)
         # fails the two-name call.
         before = copy.deepcopy(mlp.state_dict())
-        a, b, d = c.rng.sample(names, 3)
+        # the single name kept is part of another name ('0' of '2.0'): a substring or prefix match keeps both
+        a = c.choice([n for n in names if any(n != m and n in m for m in names)])
+        b, d = c.rng.sample([n for n in names if n != a], 2)
         keeps = [{a}, {b, d}]
         c.rng.shuffle(keeps)
         for keep in keeps:
@@ -77,11 +82,20 @@ def _check_torchao_mlp(fn: Callable[[nn.Module, set[str]], nn.Module]) -> None:
                 assert why is not None, (
                     f"'{name}' must stay FP32 (keep_fp32={sorted(keep)}) but holds INT8 weights: pass quantize_ a "
                     "filter_fn(module, fqn) that returns False for every name in keep_fp32"
+                    + (f" (fqn is the full path, '{name}', not its last part)" if "." in name else "")
                 )
                 assert linears[name].weight.dtype == torch.float32, (
                     f"'{name}' must stay FP32, it is {linears[name].weight.dtype}"
                 )
             bad = {n: why for n, m in linears.items() if n not in keep and (why := torchao_int8_weight(m))}
+            inside = {n: k for n in bad for k in keep if k in n}
+            quantized = len(linears) - len(keep) - len(bad)
+            assert not (inside and set(inside) == set(bad) and quantized), (
+                f"'{next(iter(inside))}' stayed FP32, but keep_fp32 is {sorted(keep)}: your filter matched "
+                f"'{next(iter(inside.values()))}' as a part of that longer name (a substring, or its last component). "
+                "Compare whole names: "
+                "filter_fn=lambda m, fqn: isinstance(m, nn.Linear) and fqn not in keep_fp32"
+            )
             assert not bad, (
                 f"{len(bad)} Linear layer(s) that should be INT8 are not torchao INT8 tensors, e.g. "
                 f"{next(iter(bad.items()))}: quantize_(model, Int8...Config(), filter_fn=...) quantizes each Linear "
