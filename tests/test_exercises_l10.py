@@ -28,6 +28,7 @@ def loop(
     tolist=False,
     bufs_on_copy=False,
     device_guard=False,
+    host_buffers=False,
 ):
     """The double-buffer loop with one step left out or changed."""
 
@@ -37,9 +38,11 @@ def loop(
         comp_s = copy_s if one_stream else dm.Stream()
         if bufs_on_copy:  # allocated on the copy stream (no caller wait needed), then read on the compute stream
             with dm.stream(copy_s):
-                bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
-        else:
+                bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]
+        elif host_buffers:  # like the chunks: in host memory, not on the device
             bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+        else:
+            bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]
         if caller_wait:
             copy_s.wait_stream(caller)
             comp_s.wait_stream(caller)
@@ -52,7 +55,7 @@ def loop(
                     copy_s.wait_event(last)
                 if i >= 2 and wait_free:
                     copy_s.wait_event(freed[k])
-                buf = torch.empty_like(chunk) if fresh else bufs[k]
+                buf = torch.empty_like(chunk, device=device) if fresh else bufs[k]
                 buf.copy_(chunk, non_blocking=True)
                 if events:
                     copied[k].record(copy_s)
@@ -91,7 +94,7 @@ def copy_ahead_then_wait_stream(model, chunks, device):
     """Copies one chunk ahead, but compute i waits for the whole copy stream, i.e. also for copy i+1: no overlap."""
     dm = torch.get_device_module(device)
     copy_s, comp_s, caller = dm.Stream(), dm.Stream(), dm.current_stream()
-    bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+    bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]
     copy_s.wait_stream(caller)
     comp_s.wait_stream(caller)
     freed = [dm.Event() for _ in range(2)]
@@ -147,6 +150,7 @@ def test_reference_and_equivalent_loop_are_accepted():
         (dict(tolist=True), "the host waited for the GPU (.tolist()"),
         (dict(bufs_on_copy=True, caller_wait=False), "that is not an output (a buffer allocated inside"),
         (dict(record=False, device_guard=True), "not by the device string"),
+        (dict(host_buffers=True), "empty_like(chunks[0], device=device)"),
     ],
     ids=[
         "no-wait-copy",
@@ -165,6 +169,7 @@ def test_reference_and_equivalent_loop_are_accepted():
         "tolist",
         "buffers-on-copy-stream",
         "record-stream-guarded-by-device-string",
+        "buffers-in-host-memory",
     ],
 )
 def test_wrong_loops_are_rejected(wrong, message):
@@ -178,7 +183,7 @@ def buffers_on_the_copy_stream_recorded(model, chunks, device):
     dm = torch.get_device_module(device)
     copy_s, comp_s, caller = dm.Stream(), dm.Stream(), dm.current_stream()
     with dm.stream(copy_s):
-        bufs = [torch.empty_like(chunks[0]) for _ in range(2)]
+        bufs = [torch.empty_like(chunks[0], device=device) for _ in range(2)]
     if not isinstance(caller, torch.cpu.Stream):
         for b in bufs:
             b.record_stream(comp_s)

@@ -5,7 +5,8 @@ printed on failure) and runs the learner's function twice on the CPU: through th
 ``torch.get_device_module("cpu")`` (stand-in streams: outputs must match the model's), and through
 :class:`course_utils.fakegpu.streamcheck.RecordingDevice`, which records on which stream every copy and kernel was
 issued and which events and waits order them. The caller's stream has work queued before the call, as in a real
-program. It rejects:
+program. Then once more on "cuda" (the GPU, or the rehearsal's stand-in whose tensors enforce placement), the model
+on the device and the chunks in pinned host memory: outputs must match there too. It rejects:
 
 * a data race (a compute that may read a buffer before its copy finished, a copy that may overwrite a buffer
   still being read, results read before the compute stream is joined);
@@ -14,7 +15,8 @@ program. It rejects:
 * copies and compute on one stream, anything but two reused buffers, a model call per chunk other than one on
   the buffer, outputs that are not those calls' results (the baseline computed aside);
 * zero overlap: copy i+1 waiting for compute i, or compute i waiting for copy i+1;
-* ``synchronize()`` (host waits) instead of events, and a compute stream that orders itself without events.
+* ``synchronize()`` (host waits) instead of events, and a compute stream that orders itself without events;
+* buffers left in host memory (``torch.empty_like(chunks[0])`` without ``device=device``).
 """
 
 from __future__ import annotations
@@ -135,14 +137,6 @@ def _check_double_buffer(fn: Loop) -> None:
             "(and comp_s too)"
         )
         missing = dev.missing_record_stream()
-        if not missing:
-            observed(
-                f"{n} chunks on the recording device: {len(copies)} copies on {sorted(copy_streams)} into 2 reused "
-                f"buffers, {len(reads)} model calls on them on {sorted(compute_streams)}, ordered by "
-                f"{len(records)} recorded events and {len(waits)} event waits; no data race, copy i+1 not ordered "
-                "after compute i (nor compute i after copy i+1), outputs equal to model(chunk) on torch.cpu's "
-                "streams too"
-            )
         if missing:
             use, made = missing[0]
             memory = next(k for k, accesses in dev.access.items() if any(a is use for a in accesses))
@@ -162,6 +156,45 @@ def _check_double_buffer(fn: Loop) -> None:
                 "device='cpu' to a recording device whose streams do need it; torch.cpu's stand-in streams have no "
                 "allocator)"
             )
+        where = _on_the_gpu(fn, model, chunks, ref)
+    observed(
+        f"{n} chunks on the recording device: {len(copies)} copies on {sorted(copy_streams)} into 2 reused "
+        f"buffers, {len(reads)} model calls on them on {sorted(compute_streams)}, ordered by "
+        f"{len(records)} recorded events and {len(waits)} event waits; no data race, copy i+1 not ordered "
+        "after compute i (nor compute i after copy i+1); outputs equal to model(chunk) on torch.cpu's streams and "
+        f"on {where} (pinned host chunks, the model on the device)"
+    )
+
+
+def _on_the_gpu(fn: Loop, model: torch.nn.Module, chunks: list[torch.Tensor], ref: list[torch.Tensor]) -> str:
+    """The loop run where it is meant to run: the model on "cuda" (the rehearsal's stand-in without a GPU, whose
+    tensors enforce placement), the chunks in pinned host memory; its outputs against ``ref``. Returns where."""
+    import copy
+
+    from course_utils.check.lesson_exercises.observe import gpu, on_standin
+    from course_utils.fakegpu.standins.rehearsal import RehearsalError
+
+    with gpu() as device:
+        where = "the rehearsal's stand-in GPU" if on_standin() else "the GPU"
+        on_device = copy.deepcopy(model).to(device)
+        pinned = [ch.pin_memory() for ch in chunks]
+        try:
+            with torch.inference_mode():
+                outs = fn(on_device, pinned, device)
+        except (RehearsalError, RuntimeError) as exc:
+            placement = "device" in str(exc)
+            raise AssertionError(
+                f"on {where} (device={device!r}, the chunks in pinned host memory) your loop failed: {exc}"
+                + (
+                    ". The buffers must live on the device the model runs on: "
+                    "torch.empty_like(chunks[0], device=device) (empty_like alone copies the chunk's place, the host)"
+                    if placement
+                    else ""
+                )
+            ) from None
+        _check_parity([o.cpu() if isinstance(o, torch.Tensor) else o for o in outs] if isinstance(outs, (list, tuple))
+                      else outs, ref, f"on {where}")  # fmt: skip
+    return where
 
 
 _HOST_SYNC = (
