@@ -171,6 +171,7 @@ def _builder(
     engine_returned=False,
     fp16_flag=False,
     two_profiles=False,
+    workspace_mib=False,
 ):
     def build(trt, onnx_path, shapes, workspace_bytes, true_fp32):
         if other_file:
@@ -186,8 +187,9 @@ def _builder(
         config = builder.create_builder_config()
         if old_workspace:
             config.max_workspace_size = workspace_bytes
-        else:
-            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)
+        else:  # workspace_mib: the limit given in MiB, the unit a workspace is usually quoted in
+            config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes >> 20 if workspace_mib else
+                                         workspace_bytes)  # fmt: skip
         if fp16_flag:
             config.set_flag(trt.BuilderFlag.FP16)
         if true_fp32 and throwaway_config:
@@ -236,6 +238,7 @@ BUILDER_WRONG = [
     ({"engine_returned": True}, "return the serialized plan"),
     ({"fp16_flag": True}, "does not accept"),
     ({"two_profiles": True}, "exactly one optimization profile"),
+    ({"workspace_mib": True}, "that is the limit in MiB"),
 ]
 
 

@@ -76,9 +76,13 @@ def _check_builder(fn: Callable) -> None:
                 assert [list(s) for s in got] == want, (
                     f"input '{name}': profile shapes {got}, expected (min, opt, max) = {want} {case}"
                 )
-            assert info["pools"].get("WORKSPACE") == workspace, (
-                f"workspace limit {info['pools'].get('WORKSPACE')}, expected {workspace}: "
-                "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes)"
+            limit = info["pools"].get("WORKSPACE")
+            # (where two units give the same number, the binary one: TensorRT's own docs quote MiB and GiB)
+            units = {workspace // 10**6: "MB", workspace >> 20: "MiB", workspace // 10**9: "GB", workspace >> 30: "GiB"}
+            assert limit == workspace, (
+                f"workspace limit {limit}, expected {workspace}: "
+                + (f"that is the limit in {units[limit]}; " if limit in units and limit != workspace else "")
+                + "config.set_memory_pool_limit(trt.MemoryPoolType.WORKSPACE, workspace_bytes) takes bytes"
             )
             made = [b for b in builds if b["plan"] == blob]
             assert made, "return the plan that builder.build_serialized_network returned (bytes of it), unchanged"
