@@ -234,6 +234,11 @@ def _one_batch(n, m, t, b, h, i):  # the budget leaves room for one batch, not t
     )
 
 
+def _no_block_at_zero(n, m, t, b, h, i):  # no dynamic_batching block where the delay is 0 ("no wait, no batching")
+    text = l13_triton.triton_config(n, m, t, b, h, i)
+    return text.split("dynamic_batching")[0] if l13_triton.queue_delay_us(t, b, h) == 0 else text
+
+
 def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at 0: a negative delay
     text = l13_triton.triton_config(n, m, t, b, h, i)
     return text.replace(
@@ -272,6 +277,7 @@ def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at
         (_cfg(add='model_warmup [ { name: "w", batch_size: 1 } ]'), "model_warmup"),
         (_not_capped, "does not parse|queue delay"),
         (_in_ms, r"in milliseconds: the field is in microseconds"),
+        (_no_block_at_zero, r"a queue delay of 0 still batches"),
         (_one_batch, r"queue delay .* \(2 x batch: a full batch may be running"),
         (_cfg(replace=[("kind: KIND_CPU", "kind: KIND_GPU")]), "KIND_CPU"),
         (
@@ -301,6 +307,7 @@ def _not_capped(n, m, t, b, h, i):  # min(budget, 2 x http) without the floor at
         "warmup",
         "not-capped",
         "in-ms",
+        "no-block-at-zero",
         "one-batch",
         "gpu-kind",
         "no-instances",

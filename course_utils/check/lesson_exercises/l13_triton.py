@@ -94,7 +94,12 @@ def judge_config(
     )
     assert cfg.backend in ("", "onnxruntime"), f"backend {cfg.backend!r}: the model is an ONNX file (onnxruntime)"
     assert cfg.max_batch_size == mbs, f"max_batch_size should be {mbs}, got {cfg.max_batch_size}"
-    assert cfg.HasField("dynamic_batching"), "add a dynamic_batching block"
+    assert cfg.HasField("dynamic_batching"), "add a dynamic_batching block" + (
+        f" ({where}: a queue delay of 0 still batches the requests already waiting when an instance frees up; "
+        "without the block Triton runs them one by one. Keep dynamic_batching { max_queue_delay_microseconds: 0 })"
+        if delay == 0
+        else ""
+    )
     got = cfg.dynamic_batching.max_queue_delay_microseconds
     assert abs(got - delay) <= 1, (
         f"{where}: the queue delay is min(budget, 2 x http) with budget = p99 - 2 x batch - http, and 0 when the "
