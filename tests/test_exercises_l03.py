@@ -71,6 +71,11 @@ def p95_for_p99(arrivals, service, b, target, candidates):  # the wrong percenti
     return max(ok) if ok else None
 
 
+def index_of_wait(arrivals, service, b, target, candidates):  # the position in candidates, not the wait
+    ok = [i for i, w in enumerate(candidates) if p99(arrivals, service, b, w) <= target]
+    return max(ok) if ok else None
+
+
 def numpy_answer(arrivals, service, b, target, candidates):  # right: a numpy float
     import numpy as np
 
@@ -88,6 +93,7 @@ WRONG_RULES = [
     (strictly_below, "meeting it means p99 <= target, not <"),
     (stops_at_first_miss, "rather than stop at the first that misses"),
     (p95_for_p99, "over the target: simulate each candidate .* not the p50, p95 or mean"),
+    (index_of_wait, r"that is an index into candidates; return candidates\[\d\]"),
 ]
 
 

@@ -22,7 +22,8 @@ from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import Cases, cases, gpu
 from course_utils.fakegpu.standins.rehearsal import RehearsalError
 
-CANDIDATES = [0.0, 1.0, 2.0, 5.0, 10.0, 20.0, 40.0]
+# no candidate but 0 is a whole number below 7: an index into the list returned instead of a wait is no candidate
+CANDIDATES = [0.0, 0.5, 1.5, 3.5, 7.5, 20.0, 40.0]
 
 
 # ---- 03.oom-sweep -----------------------------------------------------------------------------------------------
@@ -273,7 +274,11 @@ def judge_wait(got: Any, p99: dict[float, float], target: float, want: float, wh
            if first_miss is not None and first_miss < want else "")
     )  # fmt: skip
     match = [w for w in CANDIDATES if _same_number(got, w)]
-    assert match, f"{where}: return one of the candidates (a max_wait_ms), got {got!r}"
+    assert match, f"{where}: return one of the candidates (a max_wait_ms), got {got!r}" + (
+        f": that is an index into candidates; return candidates[{got}], the wait itself"
+        if isinstance(got, int | np.integer) and not isinstance(got, bool) and 0 <= got < len(CANDIDATES)
+        else ""
+    )
     w = match[0]
     assert p99[w] <= target, (
         f"{where}: max_wait_ms={w} gives p99 {p99[w]:.2f} ms, over the target: simulate each candidate (max_wait_ms "
