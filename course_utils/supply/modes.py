@@ -138,7 +138,7 @@ def standin_label() -> str:
 
 
 def outcomes(rows: list[dict]) -> list[dict]:
-    """The last row of each section in each run (entered -> completed/failed), in order of first appearance."""
+    """The last row of each section in each run (entered -> completed/failed), in the order of those last rows."""
     last: dict[tuple, dict] = {}
     for i, row in enumerate(rows):
         key = (row["run"], row["section"]) if row.get("run") else (None, row["section"], i)
