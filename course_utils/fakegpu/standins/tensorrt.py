@@ -25,6 +25,7 @@ inputs' writes are ordered (``wait_stream``/events): an unordered input is repor
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import json
 import re
@@ -217,7 +218,14 @@ class FakeTRT(types.ModuleType):
         return [a for w, a in self.calls if w == what]
 
 
+@functools.cache
+def _snapshot() -> dict[str, Any]:
+    """The checked-in snapshot of TensorRT 11.1's API, parsed once per process (a fake only reads it; parsing it
+    for every fake was a third of an exercise check's time)."""
+    return json.loads((Path(__file__).with_name("trt_11_1_api.json")).read_text())
+
+
 def fake_from_snapshot(device_pointers: bool = False) -> FakeTRT:
     """A fake built from the checked-in snapshot of TensorRT 11.1's API (no wheel needed); ``device_pointers``:
     see the module doc."""
-    return FakeTRT(json.loads((Path(__file__).with_name("trt_11_1_api.json")).read_text()), device_pointers)
+    return FakeTRT(_snapshot(), device_pointers)
