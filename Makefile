@@ -164,7 +164,7 @@ test: setup
 	seed=$(or $(TEST_SEED),$$RANDOM); echo "test order: random, seed $$seed (repeat: make test TEST_SEED=$$seed)"; \
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" OMP_NUM_THREADS=$(TEST_THREADS) \
 	  $(PY) -m pytest -q -n $(JOBS) -p random_order --random-order-bucket=global --random-order-seed=$$seed \
-	  --durations=15 --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
+	  --durations=25 --nbmake --nbmake-timeout=$(NB_TIMEOUT) tests notebooks; \
 	  rc=$$?; [ $$rc -eq 5 ] && rc=0; [ $$rc -eq 0 ] || exit $$rc
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" COURSE_AFTER_RUN=1 \
 	  $(PY) -m pytest -q tests/after_run
