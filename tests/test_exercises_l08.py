@@ -176,6 +176,7 @@ def _builder(
     fp16_flag=False,
     two_profiles=False,
     workspace_mib=False,
+    from_bytes=False,
 ):
     def build(trt, onnx_path, shapes, workspace_bytes, true_fp32):
         if other_file:
@@ -187,7 +188,11 @@ def _builder(
         logger = trt.Logger(trt.Logger.WARNING)
         builder = trt.Builder(logger)
         network = builder.create_network(0)
-        trt.OnnxParser(network, logger).parse_from_file(str(onnx_path))
+        if from_bytes:  # right too: the file's bytes through OnnxParser.parse
+            with open(onnx_path, "rb") as f:
+                assert trt.OnnxParser(network, logger).parse(f.read())
+        else:
+            trt.OnnxParser(network, logger).parse_from_file(str(onnx_path))
         config = builder.create_builder_config()
         if old_workspace:
             config.max_workspace_size = workspace_bytes
@@ -227,6 +232,13 @@ def test_the_reference_builder_passes():
     assert verdict("08.builder", exercises.get("08.builder").solution) == "accepted"
     solution = exercises.get("08.builder").solution
     bad = {s: v for s in SWEEP if (v := verdict("08.builder", solution, seed=s)) != "accepted"}
+    assert not bad, bad
+
+
+def test_a_builder_parsing_the_files_bytes_is_accepted():
+    """``OnnxParser.parse(f.read())`` is the same network as ``parse_from_file(path)``: the check compares the
+    model the plan was built from with the given file's bytes, not the path."""
+    bad = {s: v for s in SWEEP if (v := verdict("08.builder", _builder(from_bytes=True), seed=s)) != "accepted"}
     assert not bad, bad
 
 

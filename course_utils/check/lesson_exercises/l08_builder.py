@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Callable
 from typing import Any
 
@@ -62,7 +63,8 @@ def _check_builder(fn: Callable) -> None:
             import json
 
             info = json.loads(blob[len(PLAN_MAGIC) :])
-            assert Path(info["onnx"]).resolve() == onnx_path.resolve(), (
+            # the network's model is the given file's (parse_from_file(path), or parse(bytes) of that file)
+            assert base64.b64decode(info["onnx_b64"]) == onnx_path.read_bytes(), (
                 f"the plan was built from {info['onnx']}, not from the file you were given ({onnx_path.name})"
             )
             assert len(info["profiles"]) == 1, f"add exactly one optimization profile, found {len(info['profiles'])}"

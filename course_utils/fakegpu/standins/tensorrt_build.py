@@ -18,10 +18,11 @@ PLAN_MAGIC = b"FAKETRT-PLAN\n"
 _ONNX_TO_TRT = {1: "FLOAT", 10: "HALF", 16: "BF16", 3: "INT8", 6: "INT32", 7: "INT64", 9: "BOOL", 2: "UINT8"}
 
 
-def _onnx_io(path: str) -> dict[str, list[dict[str, Any]]]:
+def _onnx_io(path: str | None, data: bytes | None = None) -> dict[str, list[dict[str, Any]]]:
+    """The inputs and outputs of the ONNX model in file ``path``, or in ``data`` (its bytes)."""
     import onnx
 
-    model = onnx.load(path, load_external_data=False)
+    model = onnx.load_from_string(data) if data is not None else onnx.load(path, load_external_data=False)
     inits = {i.name for i in model.graph.initializer}
 
     def desc(v):
@@ -51,10 +52,24 @@ def build_behaviors(fake: Any) -> dict[str, Any]:
         net = st(parser)["network"]
         try:
             io = _onnx_io(str(model))
+            data = Path(str(model)).read_bytes()  # the real parser reads the file now, not at build time
         except Exception as exc:  # noqa: BLE001 - the real parser reports any failure as errors
             st(parser)["errors"].append(f"cannot read ONNX file {model}: {exc}")
             return False
-        st(net).update(onnx=str(model), io=io)
+        st(net).update(onnx=str(model), onnx_bytes=data, io=io)
+        return True
+
+    def parse(parser, model, path=None):
+        """``parser.parse(f.read())``: the model's bytes (``path``: where external weights would be found)."""
+        net = st(parser)["network"]
+        try:
+            data = bytes(model)
+            io = _onnx_io(None, data)
+        except Exception as exc:  # noqa: BLE001 - the real parser reports any failure as errors
+            st(parser)["errors"].append(f"cannot parse the ONNX model bytes: {exc}")
+            return False
+        st(net).update(onnx=str(path) if path is not None else "<bytes given to OnnxParser.parse>", onnx_bytes=data,
+                       io=io)  # fmt: skip
         return True
 
     def get_error(parser, index):
@@ -112,7 +127,7 @@ def build_behaviors(fake: Any) -> dict[str, Any]:
         cfg = {k: getattr(config, k) for k in ("builder_optimization_level",) if k in cs}
         import base64
 
-        onnx_b64 = base64.b64encode(Path(ns["onnx"]).read_bytes()).decode()  # a plan holds the weights
+        onnx_b64 = base64.b64encode(ns["onnx_bytes"]).decode()  # a plan holds the weights
         plan = {"onnx": ns["onnx"], "onnx_b64": onnx_b64, "io": ns["io"], "profiles": profiles,
                 "pools": cs.get("pools", {}),
                 "flags": sorted(cs.get("flags_set", set())), "config": {k: str(v) for k, v in cfg.items()},
@@ -122,6 +137,7 @@ def build_behaviors(fake: Any) -> dict[str, Any]:
     return {
         "OnnxParser.__init__": parser_init,
         "OnnxParser.parse_from_file": parse_from_file,
+        "OnnxParser.parse": parse,
         "OnnxParser.num_errors": lambda p: len(st(p)["errors"]),
         "OnnxParser.get_error": get_error,
         "ParserError.desc": lambda e: st(e)["desc"],
