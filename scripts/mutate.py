@@ -1092,6 +1092,17 @@ MUTATIONS: list[Mutation] = [
       "", ("test_rehearsal.py::test_ort_cuda_provider_options_iobinding_and_graphs",
        "test_standins_r4.py::test_iobinding_runner_synchronizes_before_ort_reads_and_reuses_the_output"),
       "ort_iobinding_runner: no synchronize before ORT reads the bound input", ISSUE32_R4),
+    M("r4-server-main-not-a-server-accepted", "serve/server_main.py",
+      "    if not isinstance(server, ls.LitServer):\n", "    if False:\n",
+      ("test_serving.py::test_workers_die_when_the_server_main_process_is_killed",
+       "test_standins_r4.py::test_server_main_loads_a_litapi_class_and_refuses_a_target_that_is_not_a_server"),
+      "server_main._load_target: a target returning something other than a LitServer accepted", ISSUE32_R4),
+    M("r4-server-main-batch-knobs-swapped", "serve/server_main.py",
+      "        api = obj(max_batch_size=a.max_batch_size, batch_timeout=a.batch_timeout)",
+      "        api = obj(max_batch_size=a.workers_per_device, batch_timeout=a.batch_timeout)",
+      ("test_serving.py::test_workers_die_when_the_server_main_process_is_killed",
+       "test_standins_r4.py::test_server_main_loads_a_litapi_class_and_refuses_a_target_that_is_not_a_server"),
+      "server_main._load_target: a LitAPI class gets workers_per_device as its max_batch_size", ISSUE32_R4),
 ]
 # fmt: on
 

@@ -151,3 +151,31 @@ def test_iobinding_runner_synchronizes_before_ort_reads_and_reuses_the_output(gp
         torch.testing.assert_close(y.cpu(), model(x.cpu()))
     assert run(torch.randn(2, 4, device="cuda")) is y  # one output buffer per shape
     assert run(torch.randn(3, 4, device="cuda")).shape == (3, 3)
+
+
+def test_server_main_loads_a_litapi_class_and_refuses_a_target_that_is_not_a_server(tmp_path, monkeypatch):
+    import argparse
+    import sys
+
+    import litserve as ls
+
+    from course_utils.serve import server_main
+
+    monkeypatch.setattr(sys, "path", list(sys.path))
+    (tmp_path / "r4_api.py").write_text(
+        "import litserve as ls\n\n"
+        "class Api(ls.LitAPI):\n"
+        "    def setup(self, device):\n        pass\n\n"
+        "    def predict(self, x):\n        return x\n\n"
+        "def not_a_server(**kwargs):\n    return kwargs\n"
+    )
+    a = argparse.Namespace(max_batch_size=4, batch_timeout=0.01, workers_per_device=1, accelerator="cpu")
+    try:
+        server = server_main._load_target(f"{tmp_path / 'r4_api.py'}:Api", a)
+        api = list(server.litapi_connector)[0]
+        assert isinstance(server, ls.LitServer) and (api.max_batch_size, api.batch_timeout) == (4, 0.01)
+        assert server.workers_per_device == 1
+        with pytest.raises(SystemExit, match=r"r4_api.py:not_a_server returned dict, expected a litserve.LitServer"):
+            server_main._load_target(f"{tmp_path / 'r4_api.py'}:not_a_server", a)
+    finally:
+        sys.modules.pop("r4_api", None)
