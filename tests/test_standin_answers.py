@@ -1,5 +1,6 @@
-"""Known answers for the stand-ins mutation round 4 plants bugs in: the fake TensorRT's builder and surface, the
-dispatch's placement rule, the "cuda" function mode, the package stand-ins and ORT's IOBinding runner."""
+"""Known answers of the stand-ins' smaller rules: the fake TensorRT's builder and surface, the dispatch's
+placement rule, the "cuda" function mode, the package stand-ins, ORT's IOBinding runner and server_main's target
+loader (scripts/mutate.py's round 4 plants a bug in each and names the test here that catches it)."""
 
 from __future__ import annotations
 
