@@ -277,7 +277,7 @@ def test_fusion_judged_on_200_seeds():
 # ------------------------------------------------------------------ 07.static-int8
 
 
-def _static(src, dst, batches, exclude=None, fmt=None):
+def _static(src, dst, batches, exclude=None, fmt=None, per_channel=True):
     from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
 
     class Reader(CalibrationDataReader):
@@ -289,8 +289,9 @@ def _static(src, dst, batches, exclude=None, fmt=None):
             return None if x is None else {"input": x}
 
     quantize_static(
-        src, dst, Reader(), quant_format=fmt or QuantFormat.QDQ, per_channel=True, nodes_to_exclude=exclude or []
-    )
+        src, dst, Reader(), quant_format=fmt or QuantFormat.QDQ, per_channel=per_channel,
+        nodes_to_exclude=exclude or []
+    )  # fmt: skip
 
 
 def dynamic_instead(src, dst, calib, keep):
@@ -366,17 +367,7 @@ def signed_activations(src, dst, calib, keep):  # right too: INT8 (signed) activ
 
 
 def per_tensor_weights(src, dst, calib, keep):  # per_channel left at its default, False: one scale per weight
-    from onnxruntime.quantization import CalibrationDataReader, QuantFormat, quantize_static
-
-    class Reader(CalibrationDataReader):
-        def __init__(self):
-            self.it = iter(calib)
-
-        def get_next(self):
-            x = next(self.it, None)
-            return None if x is None else {"input": x}
-
-    quantize_static(src, dst, Reader(), quant_format=QuantFormat.QDQ, nodes_to_exclude=[keep, _feeding(src, keep)])
+    _static(src, dst, calib, exclude=[keep, _feeding(src, keep)], per_channel=False)
 
 
 def fp32_copied(src, dst, calib, keep):
