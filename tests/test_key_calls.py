@@ -1,4 +1,4 @@
-"""The lesson is the code: each lesson's key calls (COURSE.md, "The lesson is the code") stand in its
+"""The lesson is the code: each lesson's key calls (docs/DESIGN.md, "The lesson is the code") stand in its
 notebook's code cells, not only inside course_utils.
 
 A lesson whose rewrite has not landed yet is listed in PENDING and marked expected-to-fail (strict: once it
@@ -15,165 +15,34 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 
-# Patterns per lesson (kept in step with ../shared/hooks/key_calls.py).
-KEY_CALLS = {
-    "00": [
-        r"torch\.cuda\.is_available",
-        r"get_device_properties|get_device_capability",
-        r"get_cpu_capability|parallel_info",
-        r"get_available_providers",
-    ],
-    "01": [
-        r"torch\.cuda\.synchronize|\.synchronize\(\)",
-        r"torch\.cuda\.Event|Event\(enable_timing",
-        r"elapsed_time",
-        r"perf_counter",
-        r"benchmark\.Timer|utils\.benchmark",
-        r"set_num_threads",
-    ],
-    "02": [
-        r"torch\.profiler\.profile|profiler import .*profile|\bprofile\(",
-        r"record_function",
-        r"export_chrome_trace",
-        r"key_averages",
-        r"schedule\(",
-    ],
-    "03": [r"OutOfMemoryError", r"empty_cache", r"inference_mode", r"for \w+ in .*batch"],
-    "04": [r"torch\.autocast", r"bfloat16", r"channels_last", r"allow_tf32|fp32_precision", r"\.half\(\)|float16"],
-    "05": [
-        r"quantize_dynamic",
-        r"quantize_\(",
-        r"Int8DynamicActivationInt8WeightConfig|Int8WeightOnlyConfig",
-        r"prepare_pt2e",
-        r"convert_pt2e",
-        r"X86InductorQuantizer",
-        r"prepare_qat_pt2e",
-        r"torch\.export\.export|export\.export\(",
-    ],
-    "06": [
-        r"torch\.compile",
-        r"torch\.export\.export|export\.export\(",
-        r"CUDAGraph|torch\.cuda\.graph",
-        r"torch\.jit\.trace",
-        r"mark_dynamic|dynamic=",
-        r"explain|TORCH_LOGS|fullgraph",
-    ],
-    "07": [
-        r"torch\.onnx\.export",
-        r"InferenceSession",
-        r"SessionOptions",
-        r"graph_optimization_level",
-        r"optimized_model_filepath",
-        r"io_binding",
-        r"quantize_static|quantize_dynamic",
-        r"intra_op_num_threads",
-    ],
-    "08": [
-        r"trt\.Builder|tensorrt\.Builder",
-        r"create_network",
-        r"OnnxParser",
-        r"parse_from_file|\.parse\(",
-        r"create_builder_config",
-        r"set_memory_pool_limit",
-        r"create_optimization_profile",
-        r"set_shape",
-        r"add_optimization_profile",
-        r"build_serialized_network",
-        r"deserialize_cuda_engine",
-        r"create_execution_context",
-        r"set_input_shape",
-        r"set_tensor_address",
-        r"execute_async_v3",
-        r"num_io_tensors|get_tensor_name",
-    ],
-    "09": [
-        r"\bDataset\b",
-        r"DataLoader\(",
-        r"num_workers",
-        r"pin_memory",
-        r"non_blocking",
-        r"persistent_workers",
-        r"decode_jpeg",
-    ],
-    "10": [
-        r"torch\.cuda\.Stream|torch\.Stream|\.Stream\(",
-        r"\.stream\(",
-        r"wait_stream",
-        r"Event\(",
-        r"record_stream|wait_event",
-        r"pin_memory",
-    ],
-    "11": [
-        r"memory_allocated",
-        r"memory_reserved",
-        r"max_memory_allocated",
-        r"reset_peak_memory_stats",
-        r"empty_cache",
-        r"inference_mode",
-        r"mem_get_info|memory_summary",
-    ],
-    "12": [
-        r"l1_unstructured|global_unstructured",
-        r"prune\.remove",
-        r"ln_structured",
-        r"kl_div|KLDivLoss",
-        r"sparsify_",
-        r"apply_fake_sparsity",
-    ],
-    "13": [
-        r"LitAPI",
-        r"LitServer",
-        r"max_batch_size",
-        r"batch_timeout",
-        r"def batch|def unbatch",
-        r"model_config_pb2|text_format",
-    ],
-    "14": [
-        r"torch\.compile",
-        r"autocast|bfloat16",
-        r"InferenceSession|onnx\.export",
-        r"quantize_\(|quantize_dynamic",
-        r"profile",
-    ],
-    "15": [
-        r"from_pretrained\([^)]*gguf_file=",
-        r"\bcache=",
-        r"DynamicCache\(",
-        r"StaticCache\(",
-        r"scaled_dot_product_attention\(",
-        r"sdpa_kernel\(",
-        r"torch\.compile\(",
-        r"quantize_\(",
-        r"Int8WeightOnlyConfig\(|Int4WeightOnlyConfig\(",
-    ],
-    "16": [
-        r"waiting\.pop\(0\)|\.popleft\(",
-        r"\.release\(",
-        r"\byield\b",
-        r"tables\[",
-        r"pos // self\.block_size",
-        r"heappop\(self\.free\)|self\.free\.pop\(",
-        r"token_budget",
-        r"def preempt\(|\.preempt\(",
-        r"match_prefix\(",
-        r"copy-on-write|\.copies \+= 1",
-        r"ContinuousBatchingLoop",
-        r"def step\(self, prev_outputs\)",
-        r"lookup_draft\(",
-        r"\.truncate\(",
-        r"\"vllm\",\s*\"serve\"",
-        r"\"vllm\",\s*\"bench\",\s*\"serve\"",
-    ],
-    "17": [
-        r"init_process_group",
-        r"all_reduce",
-        r"destroy_process_group",
-        r"multiprocessing|torchrun|mp\.spawn",
-        r"(?i)row.?parallel|RowParallel",
-        r"(?i)column.?parallel|ColumnParallel",
-        r"tensor-parallel-size",
-    ],
-}
+DESIGN = ROOT / "docs" / "DESIGN.md"
+
+
+def read_key_calls(text: str) -> dict[str, list[str]]:
+    """The ```key-calls block of the design document: one ``NN  pattern`` per line, in order."""
+    block = re.search(r"^```key-calls\n(.*?)^```", text, re.M | re.S)
+    if block is None:
+        raise AssertionError('docs/DESIGN.md has no ```key-calls block ("The lesson is the code")')
+    calls: dict[str, list[str]] = {}
+    for line in block.group(1).splitlines():
+        if not line.strip():
+            continue
+        lesson, _, pattern = line.strip().partition(" ")
+        if not re.fullmatch(r"\d\d", lesson) or not pattern.strip():
+            raise AssertionError(f"docs/DESIGN.md key-calls: {line!r} is not 'NN  pattern'")
+        re.compile(pattern.strip())
+        calls.setdefault(lesson, []).append(pattern.strip())
+    return calls
+
+
+# Patterns per lesson: docs/DESIGN.md, "The lesson is the code", is their one source.
+KEY_CALLS = read_key_calls(DESIGN.read_text(encoding="utf-8"))
+
+
+def lesson_numbers() -> list[str]:
+    """Every lesson in lessons/ (the template excluded)."""
+    return sorted(p.name[:2] for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py"))
+
 
 # Lessons whose rewrite has not landed: expected to fail until then (remove a line when its lesson passes).
 PENDING: set[str] = set()  # every rewrite has landed
@@ -210,3 +79,19 @@ def test_missing_calls_detects_absent_and_commented_calls():
     assert missing_calls("00", "x = 1\n# torch.cuda.is_available()") == KEY_CALLS["00"]
     full = "torch.cuda.is_available()\ntorch.cuda.get_device_capability()\ntorch.backends.cpu.get_cpu_capability()\n"
     assert missing_calls("00", full) == [r"get_available_providers"]
+
+
+def test_every_lesson_has_key_calls_and_every_entry_a_lesson():
+    assert sorted(KEY_CALLS) == lesson_numbers(), (
+        "docs/DESIGN.md's key-calls block and lessons/ differ: lessons without key calls "
+        f"{sorted(set(lesson_numbers()) - set(KEY_CALLS))}, entries without a lesson "
+        f"{sorted(set(KEY_CALLS) - set(lesson_numbers()))}"
+    )
+
+
+def test_read_key_calls_refuses_a_malformed_block():
+    with pytest.raises(AssertionError, match="no ```key-calls block"):
+        read_key_calls("# design\n")
+    with pytest.raises(AssertionError, match="is not 'NN  pattern'"):
+        read_key_calls("```key-calls\n3  foo\n```\n")
+    assert read_key_calls("```key-calls\n03  a|b\n03  c\n\n04  d\n```\n") == {"03": ["a|b", "c"], "04": ["d"]}
