@@ -1,6 +1,6 @@
 """The verification level of every GPU-only section, generated from run records, as a table for README.
 
-Levels (COURSE.md, "GPU paths: how each is verified"), strongest first:
+Levels (docs/DESIGN.md, "GPU code without a GPU: four levels"), strongest first:
 
 * **executed**: its body *completed* on a named real GPU: a reference run in ``data/reference/*.env.json``
   (written by ``scripts/gpu_check.py``, which judges sections by completion) lists it under ``sections_ran``;

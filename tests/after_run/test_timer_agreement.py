@@ -1,4 +1,4 @@
-"""The course timer agrees with torch.utils.benchmark (COURSE.md target: medians within 10%), like with like.
+"""The course timer agrees with torch.utils.benchmark (docs/DESIGN.md target: medians within 10%), like with like.
 
 ``torch.utils.benchmark`` times *blocks* of ``number_per_run`` calls and reports the median of the block means;
 ``cu.measure`` times every call. Compared as they come (median call vs median block), they part ways on a busy
