@@ -32,6 +32,7 @@ plots), so processes that need little, such as lesson 13's server workers, start
 from __future__ import annotations
 
 import importlib
+from pathlib import Path
 from typing import Any
 
 _ROOMS = {
@@ -42,8 +43,9 @@ _ROOMS = {
     "supply": ("models", "data", "llm", "paths", "modes", "errors"),
     "sections": ("gpu_sections", "lesson"),
     "serve": ("server_process", "server_main", "server_guard", "server_watch", "load_generator", "stream_load"),
-    "from_lessons": ("l08_tensorrt", "l09_data_pipeline", "l10_streams", "l11_memory", "l16_llm_serving",
-                     "l17_beyond_one_device"),  # generated from lesson cells tagged export (make notebooks)
+    # generated from lesson cells tagged export (make notebooks): every lNN_slug.py there, so a new lesson's
+    # export is reachable as cu.lNN_slug with no list to edit
+    "from_lessons": tuple(sorted(p.stem for p in (Path(__file__).parent / "from_lessons").glob("l[0-9][0-9]_*.py"))),
     "techniques": ("onnx_runtime", "tensorrt_engines", "profiling", "batching_sim", "pipeline", "precision",
                    "quantization", "compilation", "pruning", "triton_server"),
     "capstone": ("optimize", "optimizing"),
