@@ -243,6 +243,40 @@ def time_limit(seconds: float, key: str) -> Iterator[None]:
                 f.f_trace = None
 
 
+_UNTIMED_DEPTH = [0]
+_UNTIMED_LEFT: list[float] = []
+
+
+@contextlib.contextmanager
+def untimed() -> Iterator[None]:
+    """Work of the checker itself that the exercise's time limit does not count, neither CPU nor wall time.
+
+    A checker wraps its own set-up in it: its heavy first imports (``torch._dynamo``, transformers' lazy modules,
+    litserve), starting helper processes and waiting until they are ready. The learner's code is then timed alone::
+
+        with untimed():
+            import torch._dynamo  # a first import can take a minute on a busy machine: not the learner's time
+
+    Nested uses are fine, and so is a use outside any check (it does nothing then). The clock is paused for the
+    whole check while any thread is inside it, so keep the learner's code out of it; code inside that may hang
+    should bound its own waits (a check's time limit does not).
+    """
+    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
+        yield
+        return
+    _UNTIMED_DEPTH[0] += 1
+    if _UNTIMED_DEPTH[0] == 1:
+        _UNTIMED_LEFT.append(signal.setitimer(signal.ITIMER_REAL, 0)[0])
+    try:
+        yield
+    finally:
+        _UNTIMED_DEPTH[0] -= 1
+        if _UNTIMED_DEPTH[0] == 0:
+            left = _UNTIMED_LEFT.pop()
+            if left > 0:
+                signal.setitimer(signal.ITIMER_REAL, left)
+
+
 # ---- running a check --------------------------------------------------------------------------------------------
 def _short(text: str, limit: int = MAX_MESSAGE) -> str:
     """``text`` cut to ``limit`` characters, saying how much was left out."""
