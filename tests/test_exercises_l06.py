@@ -173,7 +173,53 @@ def pad_whole_to_next_multiple(compiled, x, size):
     return torch.cat([compiled(chunk) for chunk in padded.split(size)])[:n]
 
 
+def zeros_without_device(compiled, x, size):  # torch.zeros(...): a CPU float32 tensor, whatever x is
+    outs = []
+    for chunk in x.split(size):
+        n = len(chunk)
+        if n < size:
+            chunk = torch.cat([chunk, torch.zeros(size - n, *chunk.shape[1:])])
+        outs.append(compiled(chunk)[:n])
+    return torch.cat(outs)
+
+
+def zeros_without_dtype(compiled, x, size):  # device= given, dtype= not: torch.cat promotes the chunk to float32
+    outs = []
+    for chunk in x.split(size):
+        n = len(chunk)
+        if n < size:
+            chunk = torch.cat([chunk, torch.zeros(size - n, *chunk.shape[1:], device=x.device)])
+        outs.append(compiled(chunk)[:n])
+    return torch.cat(outs)
+
+
+def zeros_without_device_only(compiled, x, size):  # dtype= given, device= not
+    outs = []
+    for chunk in x.split(size):
+        n = len(chunk)
+        if n < size:
+            chunk = torch.cat([chunk, torch.zeros(size - n, *chunk.shape[1:], dtype=x.dtype)])
+        outs.append(compiled(chunk)[:n])
+    return torch.cat(outs)
+
+
+PAD_DEVICE_WRONG = [
+    (
+        zeros_without_device,
+        r"on cuda in torch\.(float16|bfloat16): a request of \d+ rows on cuda failed: Expected all "
+        r"tensors to be on the same device.*torch\.zeros\(\.\.\.\) without device=",
+    ),
+    (
+        zeros_without_dtype,
+        r"reached the compiled model as torch\.float32, the request was torch\.(float16|bfloat16): "
+        r"torch\.zeros\(\.\.\.\) makes float32 unless given dtype=",
+    ),
+    (zeros_without_device_only, r"Expected all tensors to be on the same device.*without device="),
+]
+
+
 PAD_WRONG = [
+    *PAD_DEVICE_WRONG,
     (no_padding, "compiled a new graph"),
     (padded_rows_returned, "slice off the padding"),
     (refuses_large, "split it into chunks"),
@@ -280,6 +326,16 @@ def bounded_by_the_batches(compiled, xs):  # right too: min and max covering eve
     return [compiled(x) for x in xs]
 
 
+def zeros_with_device_and_dtype(compiled, x, size):  # right too: torch.zeros with device= and dtype= of x
+    outs = []
+    for chunk in x.split(size):
+        n = len(chunk)
+        if n < size:
+            chunk = torch.cat([chunk, torch.zeros(size - n, *chunk.shape[1:], device=x.device, dtype=x.dtype)])
+        outs.append(compiled(chunk)[:n])
+    return torch.cat(outs)
+
+
 def chunked_evenly(compiled, x, size):  # right too: x.chunk into ceil(n / size) pieces, each padded to size
     outs = []
     for chunk in x.chunk(-(-len(x) // size)):
@@ -300,7 +356,7 @@ def decomposed(model, example, max_batch):  # right too: an ExportedProgram afte
 
 RIGHT = {
     "06.mark-dynamic": [marked_first, bounded_by_the_batches, maybe_marked],
-    "06.pad-batch": [f_pad, chunked_evenly],
+    "06.pad-batch": [f_pad, chunked_evenly, zeros_with_device_and_dtype],
     "06.export": [named_shapes, decomposed],
 }
 WRONG = {"06.mark-dynamic": MARK_DYNAMIC_WRONG, "06.pad-batch": PAD_WRONG, "06.export": EXPORT_WRONG}
@@ -355,3 +411,26 @@ def test_every_drawn_case_holds_what_rejects_each_wrong_answer_on_200_seeds():
         model, features, example, max_batch = l06.export_case(Cases(seed))
         assert example[0].shape == (3, features) and example[1].shape == (3, 1), seed  # batch 3: not specialized
         assert 16 < max_batch and (example[1] > 0).all(), seed  # range_too_small (max 16); the mask is positive
+
+
+def test_pad_batch_on_the_device_in_16_bits_over_200_seeds():
+    """The check's device part (16-bit requests on the stand-in GPU through a graph captured for that device and
+    dtype) on seeds 0-199: the reference and the right alternatives are accepted, padding made with torch.zeros
+    without device= or dtype= is named on every seed; both dtypes and a remainder on every request are drawn."""
+    from course_utils.check.lesson_exercises import l06
+    from course_utils.check.lesson_exercises.observe import Cases, gpu
+
+    dtypes = set()
+    with gpu() as device:
+        for seed in SWEEP:
+            model, size, dtype, requests = l06.pad_device_case(Cases(seed))
+            dtypes.add(dtype)
+            assert dtype in (torch.float16, torch.bfloat16) and all(len(x) % size for x in requests), seed
+            assert sorted(len(x) < size for x in requests) == [False, True], seed
+            for fn in (exercises.get("06.pad-batch").solution, *RIGHT["06.pad-batch"]):
+                assert "padded to" in l06.serve_on_device(fn, Cases(seed), device), (seed, fn.__name__)
+            for fn, reason in PAD_DEVICE_WRONG:
+                with pytest.raises(AssertionError) as err:
+                    l06.serve_on_device(fn, Cases(seed), device)
+                assert re.search(reason, str(err.value)), (seed, fn.__name__, str(err.value))
+    assert dtypes == {torch.float16, torch.bfloat16}

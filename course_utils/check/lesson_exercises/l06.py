@@ -4,7 +4,9 @@ Each checker observes the technique where it runs: a counting ``torch.compile`` 
 Dynamo compiles **and every call that runs through a compiled graph** (with its input shapes), so work that
 silently falls back to eager (``recompile_limit`` reached, the eager module called directly), a batch that
 was concatenated, split or padded, or a second graph, are all visible. Cases (model widths, batch sizes)
-are drawn at random per call; a failure names the seed.
+are drawn at random per call; a failure names the seed. ``06.pad-batch`` also serves 16-bit requests on the GPU
+(or its CPU stand-in) through a graph captured for that device and dtype, so padding made where the request is
+not (plain ``torch.zeros(...)``: CPU float32) is named.
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ from torch import nn
 
 from course_utils.check.compare import compare_outputs
 from course_utils.check.exercises import exercise
-from course_utils.check.lesson_exercises.observe import Cases, cases
+from course_utils.check.lesson_exercises.observe import Cases, cases, gpu
 
 WATERMARK = 1.002  # the checker's compiled graphs scale their output by this: eager results are told apart
 
@@ -181,6 +183,56 @@ def pad_case(c: Cases) -> tuple[nn.Module, int, torch.Tensor, list[torch.Tensor]
     return model, size, capture, [c.randn(n, width) for n in c.rng.sample(rows, len(rows))]
 
 
+def _serve_one(fn, compiled, x: torch.Tensor, size: int, ref: torch.Tensor, calls: list, graphs: Callable[[], int],
+               precision: str, where: str = "") -> None:  # fmt: skip
+    """Serve request ``x`` through ``fn`` and judge its output against ``ref`` (what the compiled model returns)
+    and the calls the compiled graph saw (``calls``, appended to by the graph; ``graphs()`` how many exist)."""
+    n = x.shape[0]
+    before = len(calls)
+    try:
+        out = fn(compiled, x.clone(), size)
+    except ValueError as exc:
+        raise AssertionError(
+            f"{where}a request of {n} rows raised ValueError ({exc}): split it into chunks of {size}, pad "
+            "the last chunk, and run each chunk through the compiled model"
+        ) from None
+    except RuntimeError as exc:
+        if "same device" not in str(exc):
+            raise
+        raise AssertionError(
+            f"{where}a request of {n} rows on {x.device.type} failed: {str(exc).split(' (when')[0]}. The padding rows "
+            "were made on the CPU (torch.zeros(...) without device=): make them where the request is, "
+            "x.new_zeros(...) or torch.zeros(..., device=x.device, dtype=x.dtype)"
+        ) from None
+    if isinstance(out, torch.Tensor) and out.shape[1:] == ref.shape[1:] and len(out) < n:
+        raise AssertionError(
+            f"{where}a request of {n} rows got {len(out)} output rows: every row needs its output, the last "
+            f"chunk's {n % size or size} rows too (zero-pad that chunk to {size} and keep its real rows)"
+        )
+    assert isinstance(out, torch.Tensor) and out.shape == ref.shape, (
+        f"{where}a request of {n} rows: return its {n} real rows (shape {tuple(ref.shape)}), got "
+        f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}: "
+        "slice off the padding"
+    )
+    ran = calls[before:]
+    assert graphs() == 1, (
+        f"{where}a request of {n} rows compiled a new graph (ran at {[r[0] for r in ran if r]}): pad every "
+        f"chunk to the captured batch {size} so the one graph is reused"
+    )
+    assert ran and all(r[:1] == (size,) for r in ran), (
+        f"{where}a request of {n} rows ran through the compiled graph {len(ran)} time(s) at {ran}: pad to {size}"
+    )
+    assert len(ran) == math.ceil(n / size), (
+        f"{where}a request of {n} rows needs {math.ceil(n / size)} compiled call(s) of {size}, it made "
+        f"{len(ran)}: rows that bypass the compiled model run eagerly"
+    )
+    cmp = compare_outputs(out.to(ref.device), ref, precision)
+    assert cmp.within, (
+        f"{where}a request of {n} rows: output differs from what the compiled model returns ({cmp.reason}): "
+        "every row must come from a compiled call (no eager model, the real rows first)"
+    )
+
+
 def _check_pad(fn: Callable[[Callable[..., torch.Tensor], torch.Tensor, int], torch.Tensor]) -> None:
     with cases("06.pad-batch") as c, _dynamo_config_restored(), torch.no_grad():
         model, size, capture, requests = pad_case(c)
@@ -190,51 +242,77 @@ def _check_pad(fn: Callable[[Callable[..., torch.Tensor], torch.Tensor, int], to
             compiled(capture)  # "captured" for batch `size`: the one shape it may run at
             counter.calls.clear()
             for x in requests:
-                n = x.shape[0]
                 ref = model(x) * WATERMARK  # what the compiled model returns
-                before = len(counter.calls)
-                try:
-                    out = fn(compiled, x.clone(), size)
-                except ValueError as exc:
-                    raise AssertionError(
-                        f"a request of {n} rows raised ValueError ({exc}): split it into chunks of {size}, pad "
-                        "the last chunk, and run each chunk through the compiled model"
-                    ) from None
-                if isinstance(out, torch.Tensor) and out.shape[1:] == ref.shape[1:] and len(out) < n:
-                    raise AssertionError(
-                        f"a request of {n} rows got {len(out)} output rows: every row needs its output, the last "
-                        f"chunk's {n % size or size} rows too (zero-pad that chunk to {size} and keep its real rows)"
-                    )
-                assert isinstance(out, torch.Tensor) and out.shape == ref.shape, (
-                    f"a request of {n} rows: return its {n} real rows (shape {tuple(ref.shape)}), got "
-                    f"{tuple(out.shape) if isinstance(out, torch.Tensor) else type(out).__name__}: "
-                    "slice off the padding"
-                )
-                ran = counter.calls[before:]
-                assert counter.graphs == 1, (
-                    f"a request of {n} rows compiled a new graph (ran at {[r[0] for r in ran if r]}): pad every "
-                    f"chunk to the captured batch {size} so the one graph is reused"
-                )
-                assert ran and all(r[:1] == (size,) for r in ran), (
-                    f"a request of {n} rows ran through the compiled graph {len(ran)} time(s) at {ran}: pad to {size}"
-                )
-                assert len(ran) == math.ceil(n / size), (
-                    f"a request of {n} rows needs {math.ceil(n / size)} compiled call(s) of {size}, it made "
-                    f"{len(ran)}: rows that bypass the compiled model run eagerly"
-                )
-                cmp = compare_outputs(out, ref, "fp32")
-                assert cmp.within, (
-                    f"a request of {n} rows: output differs from what the compiled model returns ({cmp.reason}): "
-                    "every row must come from a compiled call (no eager model, the real rows first)"
-                )
+                _serve_one(fn, compiled, x, size, ref, counter.calls, lambda: counter.graphs, "fp32")
         finally:
             torch._dynamo.reset()
+        with gpu() as device:
+            serve_on_device(fn, c, device)
+
+
+# ---- the same exercise where it runs: a GPU batch in 16 bits --------------------------------------------------
+DEVICE_WATERMARK = 1.25  # beyond the 16-bit tolerances (1.002 is within them): eager outputs told apart here too
+
+
+class CapturedGraph:
+    """A graph captured for batch ``size`` of ``dtype`` on ``device`` (as a CUDA graph or a compiled graph on the
+    GPU is): it records the shape of each call, and names an input of another dtype or device, which such a
+    graph cannot take. (torch.compile does not run on the CPU stand-in of the GPU, so this plays its part there;
+    ``_orig_mod`` is the eager model, as on a compiled module.)"""
+
+    def __init__(self, model: nn.Module, size: int, device: str, dtype: torch.dtype) -> None:
+        self._orig_mod, self.size, self.device, self.dtype = model, size, device, dtype
+        self.calls: list[tuple[int, ...]] = []
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if x.device.type != torch.device(self.device).type:
+            raise AssertionError(
+                f"a padded chunk reached the compiled model on {x.device.type}, the request was on {self.device}: "
+                "make the padding where the request is (x.new_zeros(...) or torch.zeros(..., device=x.device, "
+                "dtype=x.dtype)), and run each chunk where the model is"
+            )
+        if x.dtype != self.dtype:
+            raise AssertionError(
+                f"a padded chunk reached the compiled model as {x.dtype}, the request was {self.dtype}: "
+                "torch.zeros(...) makes float32 unless given dtype=, and torch.cat promoted the chunk to it (a new "
+                "graph, or a dtype error, on the GPU). Pad with x.new_zeros(...) or torch.zeros(..., "
+                "device=x.device, dtype=x.dtype)"
+            )
+        self.calls.append(tuple(x.shape))
+        return self._orig_mod(x) * DEVICE_WATERMARK
+
+
+def pad_device_case(c: Cases) -> tuple[nn.Module, int, torch.dtype, list[torch.Tensor]]:
+    """The device part of one call's case: a random MLP in float16 or bfloat16, the captured batch ``size`` (4-12)
+    and two requests that leave a remainder to pad (fewer rows than ``size``; more, not a multiple), in random
+    order; tensors on the CPU (moved to the device by :func:`serve_on_device`)."""
+    model, width = _random_mlp(c)
+    dtype = c.choice([torch.float16, torch.bfloat16])
+    size = c.randint(4, 12)
+    rows = [c.randint(1, size - 1), c.randint(1, 2) * size + c.randint(1, size - 1)]
+    return model, size, dtype, [c.randn(n, width) for n in c.rng.sample(rows, len(rows))]
+
+
+def serve_on_device(fn: Callable[..., torch.Tensor], c: Cases, device: str) -> str:
+    """The requests of :func:`pad_device_case` served on ``device`` (the GPU or its stand-in) in 16 bits through a
+    :class:`CapturedGraph`, each judged as on the CPU: padding made with plain ``torch.zeros(...)`` (a CPU float32
+    tensor) is named. The tests run this over many seeds without the check's compiled part."""
+    model, size, dtype, requests = pad_device_case(c)
+    model = model.to(device, dtype)
+    graph = CapturedGraph(model, size, device, dtype)
+    precision = "fp16" if dtype == torch.float16 else "bf16"
+    for x in requests:
+        x = x.to(device, dtype)
+        ref = model(x) * DEVICE_WATERMARK
+        _serve_one(fn, graph, x, size, ref, graph.calls, lambda: 1, precision, f"on {device} in {dtype}: ")
+    return f"{len(requests)} {dtype} requests on {device} padded to {size}"
 
 
 @exercise(
     "06.pad-batch",
     "serve_padded(compiled, x, size): `compiled` runs only at batch `size` (its one graph). Split x into chunks "
-    "of `size`, zero-pad the last chunk, run every chunk through compiled, and return the real rows' outputs.",
+    "of `size`, zero-pad the last chunk, run every chunk through compiled, and return the real rows' outputs. "
+    "Requests may come on the GPU in 16 bits: pad on x's device, in x's dtype.",
     _check_pad,
 )
 def serve_padded(compiled: Callable[..., torch.Tensor], x: torch.Tensor, size: int) -> torch.Tensor:
