@@ -154,3 +154,162 @@ def test_every_course_variable_is_in_the_guide():
     guide = GUIDE.read_text()
     missing = sorted(n for n in names - MADE_UP if f"`{n}`" not in guide)
     assert not missing, f"CONTRIBUTING.md's Switches do not name {missing}"
+
+
+# ---- CONTRIBUTING.md's "Add a lesson", followed on a copy of the repository with a toy lesson 18 ----------------
+TOY_LESSON = """# ---
+# jupyter:
+#   kernelspec:
+#     display_name: GPU inference course
+#     language: python
+#     name: gpu-inference-course
+# ---
+
+# %% [markdown]
+# # 18 · Toy lesson
+#
+# **Goals.** A toy lesson the contributor's test adds: it doubles a tensor.
+#
+# **The bottleneck it attacks** (*01 · Measuring inference*, the taxonomy): none, it is a toy.
+
+# %%
+import torch
+
+import course_utils as cu
+
+device = cu.lesson.start("18", "Toy lesson")
+x = torch.arange(4.0)
+print("doubled:", (2 * x).tolist())
+
+# %% [markdown]
+# ## On a GPU
+
+# %%
+if cu.gpu_section("18.toy-gpu", why="The toy section needs a CUDA GPU."):
+    g = torch.arange(4.0, device="cuda")
+    print("doubled on the GPU:", (2 * g).cpu().tolist())
+
+# %% [markdown]
+# ## What surprised us
+# Nothing: it is a toy.
+#
+# ## Exercise
+# **18.double.** Return twice n.
+
+
+# %%
+def double(n):
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("18.double", double)
+
+# %% [markdown]
+# ## Summary
+# A toy.
+#
+# Next: **19 · None**.
+"""
+
+TOY_EXERCISE = '''"""Lesson 18's exercise (a toy the contributor's test adds)."""
+
+from course_utils.check.exercises import exercise
+from course_utils.check.lesson_exercises.observe import cases
+
+
+def _check_double(fn):
+    with cases("18.double") as c:
+        n = c.randint(-50, 50)
+        got = fn(n)
+        assert got == 2 * n, f"double({n}) should be {2 * n}, got {got}"
+
+
+@exercise("18.double", "Return twice n.", _check_double, time_limit=30)
+def double(n):
+    return 2 * n
+'''
+
+TOY_EXERCISE_TESTS = """from course_utils.check import exercises
+
+
+def test_18_double():
+    assert exercises.verdict("18.double", exercises.get("18.double").solution, seed=1) == "accepted"
+    assert "should be" in exercises.verdict("18.double", lambda n: n, seed=1)
+"""
+
+# The checks that run over every lesson, each of which must see a new lesson (test ids or failure messages).
+PER_LESSON_CHECKS = [
+    "tests/test_contributing.py::test_every_lesson_has_the_templates_parts",
+    "tests/test_key_calls.py",
+    "tests/test_ratio_prints.py",
+    "tests/test_exercise_cells.py",
+    "tests/test_exercises.py::test_every_exercise_has_its_lessons_tests",
+    "tests/test_readme_bench.py::test_readme_lists_every_exercise",
+    "tests/test_notebooks_clean.py::test_repository_notebooks_are_clean",
+    "tests/test_rehearsal.py::test_every_gpu_section_body_lies_within_one_cell",
+    "tests/test_lessons_as_scripts.py::test_every_lesson_has_its_expected_sections",
+]
+
+
+def _copy_of_the_repository(dest: Path) -> Path:
+    """The tracked files of this checkout (as they are in the work tree) copied to ``dest``."""
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, timeout=60)
+    if listed.returncode != 0:
+        pytest.skip("not a git checkout: the tracked files cannot be listed")
+    for name in listed.stdout.decode().split("\0"):
+        if name and (ROOT / name).is_file():
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(ROOT / name, dest / name)
+    return dest
+
+
+def _in_copy(repo: Path, *args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in {"PYTEST_ADDOPTS", "PYTEST_XDIST_WORKER"}}
+    env.update(PYTHONPATH=str(repo), COURSE_SMOKE="1", COURSE_RESULTS_DIR=str(repo / "build" / "results"))
+    return subprocess.run([sys.executable, *args], cwd=repo, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def test_a_new_lesson_is_seen_by_every_per_lesson_check(tmp_path):
+    repo = _copy_of_the_repository(tmp_path / "repo")
+    where = _in_copy(repo, "-c", "import course_utils, scripts; print(course_utils.__file__, scripts.__file__)")
+    assert where.returncode == 0 and where.stdout.count(str(repo)) == 2, where.stdout + where.stderr
+
+    # Step 1: the lesson, its notebook. Step 3: its exercise and the exercise's tests.
+    (repo / "lessons" / "18_toy.py").write_text(TOY_LESSON)
+    build = _in_copy(repo, "-m", "scripts.nbcheck", "--build", "18")
+    assert "wrote notebooks/18_toy.ipynb" in build.stdout, build.stdout + build.stderr
+    problems = [line for line in build.stdout.splitlines() if "18" in line and not line.startswith("wrote ")]
+    assert not problems and (repo / "notebooks" / "18_toy.ipynb").exists(), build.stdout + build.stderr
+    (repo / "course_utils" / "check" / "lesson_exercises" / "l18.py").write_text(TOY_EXERCISE)
+    (repo / "tests" / "test_exercises_l18.py").write_text(TOY_EXERCISE_TESTS)
+
+    # Before steps 2, 4 and 5, the checks that need them fail and name the lesson or its exercise.
+    before = _in_copy(repo, "-m", "pytest", "-q", "-p", "no:randomly", "-p", "no:cacheprovider", *PER_LESSON_CHECKS)
+    assert before.returncode != 0, before.stdout[-3000:]
+    for needs in ("test_every_lesson_has_key_calls", "test_every_lesson_has_its_expected_sections",
+                  "test_readme_lists_every_exercise"):  # fmt: skip
+        assert f"{needs}" in before.stdout and "FAILED" in before.stdout, (needs, before.stdout[-3000:])
+    assert "'18'" in before.stdout and "18.double" in before.stdout, before.stdout[-3000:]
+
+    # Step 2: the key calls in docs/DESIGN.md. Step 4: EXPECTED. Step 5: README names the exercise.
+    design = repo / "docs" / "DESIGN.md"
+    text = design.read_text()
+    end = text.index("```", text.index("```key-calls") + 3)
+    design.write_text(text[:end] + "18  cu\\.gpu_section\\(\n18  2 \\* x\n" + text[end:])
+    scripts_test = repo / "tests" / "test_lessons_as_scripts.py"
+    text = scripts_test.read_text()
+    scripts_test.write_text(text.replace("EXPECTED = {\n", 'EXPECTED = {\n    "18": {"18.toy-gpu": "completed"},\n', 1))
+    readme = repo / "README.md"
+    text = readme.read_text()
+    readme.write_text(text.replace("**The exercises, by lesson**", "**The exercises, by lesson** (18 `18.double`)", 1))
+
+    after = _in_copy(
+        repo, "-m", "pytest", "-q", "-rA", "-p", "no:randomly", "-p", "no:cacheprovider", *PER_LESSON_CHECKS,
+        "tests/test_exercises_l18.py", "--nbmake", "notebooks/18_toy.ipynb", "tests/test_lessons_as_scripts.py::"
+        "test_lesson_runs_through_the_gpu_check_as_on_the_lent_machine[18_toy]",
+    )  # fmt: skip
+    assert after.returncode == 0, after.stdout[-4000:] + after.stderr[-2000:]
+    for seen in ("18_toy", "[18]", "test_18_double", "18_toy.ipynb"):  # scanned, listed, run and rehearsed
+        assert seen in after.stdout, (seen, after.stdout[-3000:])
+    levels = _in_copy(repo, "-c", "from scripts.gpu_levels import lesson_sections; print(sorted(lesson_sections()))")
+    assert "'18.toy-gpu'" in levels.stdout, levels.stdout + levels.stderr

@@ -82,11 +82,20 @@ EXPECTED = {
         "15.gpu-int4": "not-rehearsable",
     },  # fmt: skip
     "16": {"16.gpu-serve": "not reached", "16.vllm": "not reached"},  # SmolLM2's package is missing there
+    "17": {"17.nccl-tp": "not-rehearsable"},  # NCCL ranks are other processes on the GPU
 }
 
 
 def test_every_lesson_is_found():
     assert len(LESSONS) >= 15
+
+
+def test_every_lesson_has_its_expected_sections():
+    numbers = sorted(p.name[:2] for p in LESSONS)
+    assert sorted(EXPECTED) == numbers, (
+        f"EXPECTED names lessons {sorted(EXPECTED)}, lessons/ holds {numbers}: add EXPECTED['NN'] for each new lesson "
+        "(each GPU section's outcome in this run; {} for a lesson without one) and drop entries of removed lessons"
+    )
 
 
 def _machine_like(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -130,7 +139,8 @@ def test_lesson_runs_through_the_gpu_check_as_on_the_lent_machine(lesson, tmp_pa
             reason = row["reason"].removeprefix("not rehearsable: ")
             assert any(reason.startswith(n) for n in NAMED), f"{key}: not rehearsable for no named reason: {reason}"
     got = {key: sections[key]["status"] for key in ours}
-    assert got == EXPECTED.get(number, got), f"{lesson.name}: the GPU sections reached changed:\n{tail}"
+    assert number in EXPECTED, f"{lesson.name}: no EXPECTED['{number}'] (its GPU sections' outcomes): add one"
+    assert got == EXPECTED[number], f"{lesson.name}: the GPU sections reached changed:\n{tail}"
     entered = {r["section"] for r in rows if r.get("status") == "entered"}
     decided = {r["section"] for r in rows if r.get("status") in {"completed", "failed", "not-rehearsable"}}
     assert entered <= decided, f"sections entered but never decided: {sorted(entered - decided)}"
