@@ -407,6 +407,23 @@ def measures_a_result(model, make_input, batch_sizes, measure):  # measure(model
     return rows
 
 
+def builds_inside_the_timed_call(model, make_input, batch_sizes, measure):  # times make_input(b) with the model
+    rows, oom = [], False
+    with torch.inference_mode():
+        for b in batch_sizes:
+            try:
+                ms = measure(lambda b=b: model(make_input(b)))
+            except torch.OutOfMemoryError:
+                oom = True
+            if oom:
+                break
+            rows.append({"batch_size": b, "ms": ms})
+    if oom:
+        gc.collect()
+        torch.cuda.empty_cache()
+    return rows
+
+
 def other_keys(model, make_input, batch_sizes, measure):  # rows keyed "batch"/"time", not batch_size/ms
     rows = imported_empty_cache(model, make_input, batch_sizes, measure)
     return [{"batch": r["batch_size"], "time": r["ms"]} for r in rows]
@@ -417,8 +434,8 @@ WRONG_SWEEPS = [
     (keeps_x, "still referenced"),
     (keeps_exception, "still referenced"),
     (no_grad_instead, "outside torch.inference_mode()"),
-    (crashes, "escaped your sweep"),
-    (drops_rows, "your rows are for batches []|ran inside the except block"),
+    (crashes, "escaped your sweep|was built inside the timed call"),  # builds inside too: which shows first is drawn
+    (drops_rows, "your rows are for batches []|ran inside the except block|was built inside the timed call"),
     (goes_on, "went on to"),
     (never_frees, "nothing called torch.cuda.empty_cache()"),
     (own_clock, "but measure() reported|perf_counter"),
@@ -426,6 +443,11 @@ WRONG_SWEEPS = [
     (catches_runtime_error, "caught the RuntimeError"),
     (measures_a_result, "not a function: the model already ran before measure"),
     (other_keys, "these two keys"),
+    (
+        builds_inside_the_timed_call,
+        "was built inside the timed call (make_input(b) inside the function given to "
+        "measure), so its ms include making the batch",
+    ),
 ]
 
 

@@ -71,8 +71,11 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
     freed: list[tuple[bool, bool]] = []  # per empty_cache call: (inside an except block, failed batch still alive)
     ms_of = {b: round(0.5 + 0.37 * b + c.rng.random(), 4) for b in sizes}  # what the timing function reports
     timed: list[int] = []
+    built = [0]  # how many inputs make_input has built
+    built_inside: list[int] = []  # the batches whose input was built inside the timed call
 
     def make_input(b: int) -> torch.Tensor:
+        built[0] += 1
         return torch.randn(b, model.features, device=device)
 
     def measure(call: Callable[[], Any]) -> float:
@@ -80,10 +83,12 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
             f"measure() was given {type(call).__name__}, not a function: the model already ran before measure "
             "could time it. Give it the call to time: measure(lambda x=x: model(x))"
         )
-        before = len(model.calls)
+        before, made = len(model.calls), built[0]
         call()
         assert len(model.calls) > before, "measure(f) was given a function that does not call the model"
         b = model.calls[-1][0]
+        if built[0] > made:
+            built_inside.append(b)
         timed.append(b)
         return ms_of[b]
 
@@ -146,6 +151,11 @@ def _run_sweep(fn: Callable[..., Any], c: Cases, sizes: list[int], limit_index: 
             f"{where}: batch {r['batch_size']}: ms={r.get('ms')!r}, but measure() reported {want}: put the value "
             "measure(lambda x=x: model(x)) returns in the row"
         )
+    assert not built_inside, (
+        f"{where}: the input of batch {built_inside[0]} was built inside the timed call (make_input(b) inside the "
+        "function given to measure), so its ms include making the batch (a host-to-device copy on the GPU), not only "
+        "the model: build it first, x = make_input(b), then time measure(lambda x=x: model(x))"
+    )
     off = sorted({b for b, inference in model.calls if not inference})
     assert not off, (
         f"{where}: the model ran outside torch.inference_mode() at batches {off} (torch.no_grad() is not "
