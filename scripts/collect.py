@@ -2,15 +2,20 @@
 
     make collect FROM=dir                              # = python -m scripts.collect dir --out build/collect
 
-``dir`` holds one copy of a results folder per attendee (``results/`` of their checkout, a sub-folder each;
-an ``attendee.txt`` inside names the attendee, the install id in each row's machine name tells identical
-laptops apart). :func:`course_utils.show.leaderboard.room` reads them with the results store's own reader, so
-a torn or malformed row is skipped with the store's warning and the file's other rows are kept; a value that
-is no measurement (inf, negative) is dropped. The board keeps, per lesson and machine, the technique with the
-highest recorded speed-up over its lesson's baseline, with the 95% interval the lesson measured.
+``dir`` holds one copy of a results folder per attendee (a sub-folder each: their ``results/``, or a whole
+copied checkout, the CSVs found at any depth; an ``attendee.txt`` names the attendee). A machine is its folder
+with its machine name, so cloned lab machines (one machine name in two folders) stay apart.
+:func:`course_utils.show.leaderboard.room` reads them with the results store's own reader, so a torn or
+malformed row is skipped with the store's warning and the file's other rows are kept; a value that is no
+measurement (inf, negative) is dropped. The board keeps, per lesson and machine, among the machine's newest row
+of each technique, the one with the highest speed-up over its lesson's baseline, with the 95% interval the
+lesson measured. Nobody is left off without a word: every file, row or lesson that is not on the board is
+listed as skipped, with the reason.
 
 Writes ``<out>/leaderboard.csv`` (text cells neutralized against spreadsheet formulas, as the store writes
-them) and ``<out>/index.html`` (every text HTML-escaped; no script, no external file), and prints the board.
+them; a note over the store's 32,000 characters is cut there, saying so, so that a spreadsheet and Python's
+``csv`` with its default field limit read the file back) and ``<out>/index.html`` (every text HTML-escaped,
+notes cut to :data:`NOTE_SHOWN` characters; no script, no external file), and prints the board.
 """
 
 from __future__ import annotations
@@ -27,13 +32,13 @@ import pandas as pd
 
 from course_utils.measuring.intervals import NO_DIFFERENCE
 from course_utils.show import leaderboard
-from course_utils.show.results import neutralize
+from course_utils.show.results import TEXT_LIMIT, neutralize
 from course_utils.supply.errors import BadArgumentError
 
 ROOT = Path(__file__).resolve().parent.parent
 
-BOARD_COLUMNS = ["attendee", "install_id", "speedup_vs_baseline", "speedup_low", "speedup_high", "median_ms",
-                 "model", "dtype", "batch_size", "mode", "notes"]  # fmt: skip
+BOARD_COLUMNS = ["attendee", "install_id", "folder", "speedup_vs_baseline", "speedup_low", "speedup_high",
+                 "median_ms", "model", "dtype", "batch_size", "mode", "time", "source", "notes"]  # fmt: skip
 
 
 def room_board(df: pd.DataFrame) -> pd.DataFrame:
@@ -71,12 +76,26 @@ def verdict(row: pd.Series) -> str:
     return f"{mid:.3g}x {'faster' if low > 1 else 'slower'} ({span})"
 
 
+NOTE_SHOWN = 160  # characters of a note on the projector page; the CSV keeps the text
+
+
+def cut(text: object, limit: int, where: str) -> object:
+    """``text`` cut to ``limit`` characters, saying how long it was and ``where`` the whole text is."""
+    if not isinstance(text, str) or len(text) <= limit:
+        return text
+    return f"{text[:limit]} [cut: {len(text):,} characters; the whole text is in {where}]"
+
+
 def write_csv(board: pd.DataFrame, path: Path) -> None:
     """The board as CSV, every text cell neutralized as the results store writes it (a note ``=cmd|...``
-    opens as text, not as a formula)."""
+    opens as text, not as a formula). A text over the store's own limit (:data:`TEXT_LIMIT`, which only a file
+    not written by the store can hold) is cut, naming the attendee's file that has it whole: csv's default
+    field limit (131,072) and a spreadsheet cell (32,767) both read the board back."""
     out = board.copy()
+    sources = out["source"] if "source" in out.columns else pd.Series("", index=out.index)
     for col in out.columns:
-        out[col] = [neutralize(v) if isinstance(v, str) else v for v in out[col]]
+        out[col] = [neutralize(cut(v, TEXT_LIMIT, f"the attendee's file {src or '(unknown)'}"))
+                    if isinstance(v, str) else v for v, src in zip(out[col], sources, strict=True)]  # fmt: skip
     path.parent.mkdir(parents=True, exist_ok=True)
     out.to_csv(path, index=False)
 
@@ -107,11 +126,12 @@ def render_html(board: pd.DataFrame, who: pd.DataFrame, skipped: list[str], sour
     parts = [
         f"<h1>Workshop leaderboard</h1><p class='small'>{_cell(len(who))} machine(s) from {_cell(str(source))}, "
         f"collected {_cell(time.strftime('%Y-%m-%d %H:%M'))}. Each row: a machine's best technique in the "
-        "lesson, by the speed-up over the lesson's baseline that the machine measured.</p>"
+        "lesson, among its newest row of each technique, by the speed-up over the lesson's baseline that the "
+        "machine measured.</p>"
     ]
     for lesson, sub in board.groupby("lesson", sort=True):
-        rows = [[r["label"], r["technique"], verdict(r), r.get("median_ms"), r.get("mode"), r.get("notes")]
-                for _, r in sub.iterrows()]  # fmt: skip
+        rows = [[r["label"], r["technique"], verdict(r), r.get("median_ms"), r.get("mode"),
+                 cut(r.get("notes"), NOTE_SHOWN, "leaderboard.csv")] for _, r in sub.iterrows()]  # fmt: skip
         parts.append(f"<h2>Lesson {_cell(lesson)}</h2>")
         parts.append(_table(rows, ["machine", "best technique", "speed-up", "median ms", "mode", "notes"], first=True))
     if board.empty:
@@ -128,6 +148,23 @@ def render_html(board: pd.DataFrame, who: pd.DataFrame, skipped: list[str], sour
     )
 
 
+def unranked(rows: pd.DataFrame, board: pd.DataFrame) -> list[str]:
+    """One line per machine and lesson whose rows are loaded but not on the board (no speed-up recorded)."""
+    if rows.empty:
+        return []
+    on = set(zip(board["label"], board["lesson"], strict=True)) if not board.empty else set()
+    lines = []
+    for (label, lesson), sub in rows.groupby(["label", "lesson"], sort=True):
+        if (label, lesson) not in on:
+            lines.append(f"{label}: lesson {lesson}'s {len(sub)} row(s) ({', '.join(sorted(set(sub['source'])))}) "
+                         "carry no speed-up over the lesson's baseline, so there is nothing to rank")  # fmt: skip
+    return lines
+
+
+class OutError(Exception):
+    """The board cannot be written where asked."""
+
+
 def collect(source: Path, out: Path) -> tuple[pd.DataFrame, list[str]]:
     """Read every attendee folder under ``source``, write the board's CSV and HTML; (board, skipped lines)."""
     with warnings.catch_warnings(record=True) as caught:
@@ -135,9 +172,17 @@ def collect(source: Path, out: Path) -> tuple[pd.DataFrame, list[str]]:
         rows = leaderboard.room(source)
     skipped = [str(w.message) for w in caught]
     board = room_board(rows)
-    out.mkdir(parents=True, exist_ok=True)
-    write_csv(board, out / "leaderboard.csv")
-    (out / "index.html").write_text(render_html(board, leaderboard.machines(rows), skipped, source))
+    skipped += unranked(rows, board)
+    page = render_html(board, leaderboard.machines(rows), skipped, source)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        write_csv(board, out / "leaderboard.csv")
+        (out / "index.html").write_text(page, encoding="utf-8")
+    except OSError as exc:
+        raise OutError(
+            f"cannot write the board into {out} ({type(exc).__name__}: {exc.strerror or exc}): give a folder you "
+            "can write, --out DIR (make collect COLLECT_OUT=DIR)"
+        ) from None
     return board, skipped
 
 
@@ -148,7 +193,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         board, skipped = collect(args.source, args.out)
-    except BadArgumentError as exc:
+    except (BadArgumentError, OutError) as exc:
         print(f"collect: {exc}", file=sys.stderr)
         return 2
     for line in skipped:

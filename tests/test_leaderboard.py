@@ -244,3 +244,62 @@ def test_a_reference_without_env_file_is_dated_by_its_newest_row(tmp_path):
     pd.concat([old, new]).to_csv(tmp_path / "H100.csv", index=False)
     refs = lb.references(tmp_path)
     assert set(refs["label"]) == {"reference: NVIDIA H100 (torch 2.14.1; 2026-11-05)"}
+
+
+def _two_days(first: dict[str, float], second: dict[str, float], **cols) -> pd.DataFrame:
+    old = _rows("me_cpu", "", "Xeon", first, time="2026-11-01T14:00:00")
+    new = _rows("me_cpu", "", "Xeon", second, time="2026-11-02T09:00:00")
+    return pd.concat([new, old], ignore_index=True).assign(label="me", **cols)  # newest read first: order is no clue
+
+
+def test_the_board_shows_each_machine_s_newest_row_not_its_best_ever():
+    df = _two_days({"baseline": 2.0, "fast": 0.5}, {"baseline": 2.0, "fast": 1.0})  # fast: 4x then 2x
+    assert lb.leaderboard(df, value="median_ms").xs("fast", level="technique")["me"].iloc[0] == 1.0
+    assert lb.leaderboard(df, value="speedup_vs_baseline").xs("fast", level="technique")["me"].iloc[0] == 2.0
+    best = lb.best_technique(df, "14")
+    assert (best["technique"].iloc[0], best["speedup_vs_baseline"].iloc[0]) == ("fast", 2.0)
+    slower = _two_days({"baseline": 2.0, "fast": 1.0}, {"baseline": 2.0, "fast": 4.0})  # newest is a slow-down
+    assert list(lb.best_technique(slower, "14")["technique"]) == ["baseline"]
+
+
+def test_rows_of_one_stamp_keep_their_read_order_and_a_row_without_a_stamp_is_the_oldest():
+    same = _rows("me_cpu", "", "Xeon", {"baseline": 2.0}, time="2026-11-01T10:00:00")
+    rows = pd.concat([same.assign(median_ms=5.0), same.assign(median_ms=3.0)] * 20, ignore_index=True)
+    assert list(lb.latest_rows(rows.assign(label="me"))["median_ms"]) == [3.0], "the last row read wins a tie"
+    unstamped = pd.concat([same.assign(median_ms=1.0, time=None), same], ignore_index=True).assign(label="me")
+    assert list(lb.latest_rows(unstamped)["median_ms"]) == [2.0]
+
+
+def test_the_speed_up_plot_draws_each_interval_as_whiskers_and_a_line_at_1x():
+    import matplotlib
+
+    matplotlib.use("agg")
+    from matplotlib.container import ErrorbarContainer
+
+    df = _rows("me_cpu", "", "Xeon", {"baseline": 2.0, "fast": 1.0, "same": 1.9}).assign(label="me")
+    df["speedup_low"] = [None, 1.8, 0.9]
+    df["speedup_high"] = [None, 2.3, 1.2]
+    other = _rows("you_cpu", "", "Core", {"baseline": 1.0, "fast": 0.25, "same": 1.0}).assign(label="you")
+    table = lb.leaderboard(pd.concat([df, other], ignore_index=True), value="speedup_vs_baseline")
+    fig = lb.plot(table, title="t", xlabel="speed-up")
+    ax = fig.axes[0]
+    bars = {p.get_gid(): p for p in ax.patches if p.get_gid()}
+    width = {k: round(p.get_width(), 6) for k, p in bars.items()}
+    assert (
+        width["14 · fast · digits-cnn · fp32 · 1 | me"] == 2.0
+        and width["14 · fast · digits-cnn · fp32 · 1 | you"] == 4.0
+    )
+    assert width["14 · same · digits-cnn · fp32 · 1 | me"] == round(2.0 / 1.9, 6)
+    whiskers = [tuple(round(x, 6) for x in seg[:, 0]) for c in ax.containers if isinstance(c, ErrorbarContainer)
+                for seg in c.lines[2][0].get_segments()]  # fmt: skip
+    assert sorted(whiskers) == [(0.9, 1.2), (1.8, 2.3)], whiskers
+    one = [ln for ln in ax.lines if ln.get_gid() == "1x"]
+    assert len(one) == 1 and list(one[0].get_xdata()) == [1.0, 1.0]
+    assert bars["14 · same · digits-cnn · fp32 · 1 | me"].get_hatch() == lb.NOISE_HATCH, "interval 0.9-1.2 holds 1x"
+    assert (
+        not bars["14 · fast · digits-cnn · fp32 · 1 | me"].get_hatch()
+        and not bars["14 · same · digits-cnn · fp32 · 1 | you"].get_hatch()
+    )
+    ms = lb.plot(lb.leaderboard(df, value="median_ms"))
+    assert not [ln for ln in ms.axes[0].lines if ln.get_gid() == "1x"], "no 1x line on a latency plot"
+    matplotlib.pyplot.close("all")

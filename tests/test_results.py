@@ -641,3 +641,24 @@ def test_nan_spelled_out_is_dropped_from_its_row_which_is_kept(spelled):
 def test_blank_lines_are_neither_rows_nor_errors():
     header, good, bad = results.results_file.parse_rows("a,b\n1,2\n\n,\n3,4\n", ["b"])
     assert header == ["a", "b"] and good == [["1", "2"], ["3", "4"]] and bad == []
+
+
+def test_the_stamp_record_writes_is_24_hour_so_the_afternoon_sorts_after_the_morning(monkeypatch):
+    """The ``time`` column as record() writes it: ``YYYY-MM-DDTHH:MM:SS`` on a 24-hour clock, so that text order
+    is time order and the leaderboard's newest row is the afternoon's (a 12-hour clock writes 14:05 as 02:05)."""
+    clock = {"now": (2026, 12, 3, 9, 30, 0, 3, 337, -1)}
+    real = time.strftime
+    monkeypatch.setattr(results, "time", type("Clock", (), {"strftime": staticmethod(lambda f: real(f, clock["now"]))}))
+    results.record("03", "batch 8", median_ms=1.0, speedup_vs_baseline=4.0)
+    clock["now"] = (2026, 12, 3, 14, 5, 0, 3, 337, -1)
+    results.record("03", "batch 8", median_ms=2.0, speedup_vs_baseline=2.0)
+    path = next(results.results_dir().glob("*.csv"))
+    with open(path, newline="") as f:
+        stamps = [r["time"] for r in csv.DictReader(f)]
+    assert stamps == ["2026-12-03T09:30:00", "2026-12-03T14:05:00"], "ISO-like, 24-hour, to the second"
+    assert sorted(stamps) == stamps, "the afternoon sorts after the morning"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        df = leaderboard.load(include_reference=False)
+    newest = leaderboard.latest_rows(df)
+    assert list(newest["speedup_vs_baseline"]) == [2.0] and list(newest["time"]) == ["2026-12-03T14:05:00"]

@@ -374,3 +374,130 @@ def test_collect_names_a_missing_folder_and_reads_no_fifo(tmp_path):
     board, skipped = collect.collect(tmp_path / "room", tmp_path / "out")  # returns: nothing blocks on a FIFO
     assert board.empty and any("not a regular file" in s for s in skipped)
     assert "No results yet" in (tmp_path / "out" / "index.html").read_text()
+
+
+# --- a board that drops nobody ------------------------------------------------------------------------------------
+
+
+def _copy_folder(src: Path, dst: Path, name: str | None = None) -> Path:
+    shutil.copytree(src, dst)
+    if name is not None:
+        (dst / "attendee.txt").write_text(name + "\n")
+    return dst
+
+
+def test_cloned_lab_machines_and_namesakes_each_keep_their_rows(tmp_path, monkeypatch):
+    """Two folders whose files carry one machine name (lab machines cloned from one image, results folder and
+    all), both attendees called Sam: two machines on the board, told apart by their folders."""
+    root = tmp_path / "room"
+    first = _attendee(root, "lab-01", "Sam", [("03", "baseline", 2.0, 1.0, None, None, ""),
+                                              ("03", "batch 8", 0.5, 4.0, 3.6, 4.4, "")], monkeypatch)  # fmt: skip
+    clone = _copy_folder(first, root / "lab-02")
+    path = next(clone.glob("*.csv"))
+    path.write_text(path.read_text().replace(",4.0,", ",3.0,"))  # the clone measured 3x
+    board, skipped = collect.collect(root, tmp_path / "out")
+    three = board[board["lesson"] == "03"]
+    assert sorted(three["speedup_vs_baseline"]) == [3.0, 4.0], "neither clone's rows replace the other's"
+    assert three["label"].nunique() == 2 and list(three["install_id"].unique()) == [three["install_id"].iloc[0]]
+    assert {lbl.rsplit(" · ", 1)[1] for lbl in three["label"]} == {"lab-01", "lab-02"}
+    assert all(lbl.startswith("Sam · ") for lbl in three["label"]) and skipped == []
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert page.count("lab-01") >= 2 and page.count("lab-02") >= 2
+
+
+def test_a_whole_checkout_copied_into_the_room_folder_is_read_at_any_depth(tmp_path, monkeypatch):
+    root = tmp_path / "room"
+    checkout = root / "bob-laptop" / "course"
+    _attendee(checkout, "results", "Bob", [("14", "baseline", 2.0, 1.0, None, None, ""),
+                                           ("14", "compiled", 1.0, 2.0, 1.9, 2.1, "")], monkeypatch)  # fmt: skip
+    ref = checkout / "data" / "reference"
+    ref.mkdir(parents=True)
+    shutil.copy(next((checkout / "results").glob("*.csv")), ref / "H100_2026-11-20.csv")
+    venv = checkout / ".venv" / "lib" / "site-packages" / "pkg"
+    venv.mkdir(parents=True)
+    (venv / "data.csv").write_text("a,b\n1,2\n")
+    loose = _attendee(tmp_path / "loose", "r", None, [("05", "baseline", 1.0, 1.0, None, None, "")], monkeypatch)
+    shutil.copy(next(loose.glob("*.csv")), root / "copied-alone.csv")  # a CSV lying in the room folder itself
+    board, skipped = collect.collect(root, tmp_path / "out")
+    bob = board[board["lesson"] == "14"]
+    assert list(bob["technique"]) == ["compiled"] and bob["label"].iloc[0].startswith("Bob · ")
+    assert bob["source"].iloc[0].startswith("bob-laptop/course/results/") and bob["folder"].iloc[0] == "bob-laptop"
+    assert list(board[board["lesson"] == "05"]["folder"]) == ["copied-alone.csv"]
+    assert len(skipped) == 1 and "H100_2026-11-20.csv: a shipped GPU reference run" in skipped[0], skipped
+    assert not any("site-packages" in s for s in skipped), "an environment is not entered"
+
+
+def test_a_five_megabyte_note_is_cut_on_the_page_and_the_csv_reads_back(tmp_path, monkeypatch):
+    root = tmp_path / "room"
+    folder = _attendee(root, "laptop", "Ada", [("03", "baseline", 2.0, 1.0, None, None, ""),
+                                               ("03", "batch 8", 0.5, 4.0, 3.6, 4.4, "x")], monkeypatch)  # fmt: skip
+    path = next(folder.glob("*.csv"))
+    note = "".join(f"{i:07d} " for i in range(625_000))  # 5,000,000 characters, as no results store writes
+    path.write_text(path.read_text().replace(",x; faster,", f",{note},"))
+    board, skipped = collect.collect(root, tmp_path / "out")
+    assert board["notes"].str.len().max() == len(note), "the board's frame keeps what was recorded"
+    page = (tmp_path / "out" / "index.html").read_text()
+    assert len(page) < 20_000, "one note does not make a 5 MB projector page"
+    shown = note[: collect.NOTE_SHOWN] + " [cut: 5,000,000 characters; the whole text is in leaderboard.csv]"
+    assert html.escape(shown) in page
+    assert csv.field_size_limit() == 131_072, "read back with csv's default field limit"
+    with open(tmp_path / "out" / "leaderboard.csv", newline="") as f:
+        rows = {r["technique"]: r for r in csv.DictReader(f)}
+    cell = rows["batch 8"]["notes"]
+    assert cell.startswith(note[: results.TEXT_LIMIT] + " [cut: 5,000,000 characters; the whole text is in the ")
+    assert cell.endswith(f"file laptop/{path.name}]") and len(cell) < 32_767, "fits a spreadsheet cell"
+    assert rows["batch 8"]["speedup_vs_baseline"] == "4.0" and skipped == []
+
+
+def test_the_room_board_shows_each_machine_s_newest_row_per_technique(tmp_path, monkeypatch):
+    """Ada measured batching at 4x in the morning and at 2x after lunch: the board shows 2x (her newest), not
+    her best-ever; her newest is still her best technique of the lesson."""
+    root = tmp_path / "room"
+    folder = _attendee(root, "laptop", "Ada", [("03", "batch 8", 0.5, 4.0, 3.6, 4.4, ""),
+                                               ("03", "baseline", 2.0, 1.0, None, None, ""),
+                                               ("03", "batch 8", 1.0, 2.0, 1.8, 2.2, "")], monkeypatch)  # fmt: skip
+    path = next(folder.glob("*.csv"))
+    lines = path.read_text().splitlines()
+    stamps = ["2026-12-03T09:30:00", "2026-12-03T09:31:00", "2026-12-03T14:05:00"]
+    header = lines[0].split(",")
+    fixed = [lines[0]]
+    for line, stamp in zip(lines[1:], stamps, strict=True):
+        row = next(csv.reader([line]))
+        row[header.index("time")] = stamp
+        fixed.append(",".join(f'"{v}"' if "," in v else v for v in row))
+    path.write_text("\n".join(fixed[:1] + fixed[:0:-1]) + "\n")  # written newest first: the stamp decides
+    board, _ = collect.collect(root, tmp_path / "out")
+    row = board[board["lesson"] == "03"].iloc[0]
+    assert (row["technique"], row["speedup_vs_baseline"], row["time"]) == ("batch 8", 2.0, "2026-12-03T14:05:00")
+    assert collect.verdict(row) == "2x faster (95% interval 1.8-2.2)"
+
+
+def test_a_lesson_without_a_speed_up_is_listed_as_skipped_not_dropped(tmp_path, monkeypatch):
+    root = tmp_path / "room"
+    _attendee(root, "laptop", "Ada", [("09", "loader", 2.0, None, None, None, ""),
+                                      ("03", "baseline", 2.0, 1.0, None, None, "")], monkeypatch)  # fmt: skip
+    board, skipped = collect.collect(root, tmp_path / "out")
+    assert list(board["lesson"]) == ["03"]
+    assert len(skipped) == 1 and skipped[0].startswith("Ada · ") and "lesson 09's 1 row(s)" in skipped[0]
+    assert skipped[0].endswith("carry no speed-up over the lesson's baseline, so there is nothing to rank")
+
+
+def test_an_unwritable_out_is_one_line_naming_the_fix(tmp_path, monkeypatch):
+    root = tmp_path / "room"
+    _attendee(root, "laptop", "Ada", [("03", "baseline", 2.0, 1.0, None, None, "")], monkeypatch)
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    out = subprocess.run([sys.executable, "-m", "scripts.collect", str(root), "--out", str(blocker / "board")],
+                         cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 2 and "Traceback" not in out.stderr
+    assert out.stderr.count("\n") == 1 and out.stderr.startswith(f"collect: cannot write the board into {blocker}")
+    assert out.stderr.rstrip().endswith("give a folder you can write, --out DIR (make collect COLLECT_OUT=DIR)")
+    (root / "laptop" / "sub").mkdir()
+    (root / "laptop" / "sub").chmod(0)
+    try:
+        if os.access(root / "laptop" / "sub", os.R_OK):
+            return  # root reads anything: the unreadable-folder case cannot be made here
+        _, skipped = collect.collect(root, tmp_path / "out")
+        assert any("sub: cannot be read" in s for s in skipped)
+    finally:
+        (root / "laptop" / "sub").chmod(0o755)

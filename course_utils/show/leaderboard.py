@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import re
 import warnings
 from collections.abc import Iterable
@@ -194,35 +195,112 @@ def _install_id(machine: object, folder: Path) -> str:
         return ""
 
 
-def room(root: str | Path) -> pd.DataFrame:
-    """Every attendee's results under ``root`` in one frame, one ``label`` per attendee and machine.
+# Folders that never hold an attendee's results (a whole checkout copied into the room folder brings them along).
+NOT_RESULTS = frozenset({".git", ".venv", "venv", "site-packages", "node_modules", "__pycache__", ".ipynb_checkpoints",
+                         ".pytest_cache", ".ruff_cache"})  # fmt: skip
 
-    ``root`` holds one copy of a results folder per attendee (a sub-folder each; CSV files lying in ``root``
-    itself count as one more, unnamed). Each file is read by :func:`pool`, so damaged rows and files are
-    skipped with the store's own warnings; only regular files are read (a FIFO would block). The label is
-    the attendee's name (:func:`attendee_name`), if any, before the machine's own label (GPU or CPU, host and
-    install id); ``attendee``, ``install_id`` and ``folder`` columns say the same separately.
+
+def _is_reference(f: Path) -> bool:
+    """A shipped GPU reference run (``data/reference/*.csv``, or a CSV with its ``.env.json`` beside it)."""
+    return (f.parent.name == "reference" and f.parent.parent.name == "data") or f.with_suffix(".env.json").is_file()
+
+
+def result_files(folder: Path) -> list[Path]:
+    """Every ``*.csv`` under ``folder``, at any depth (a copied ``results/`` or a whole copied checkout), sorted.
+
+    Environments and caches (:data:`NOT_RESULTS`) are not entered; symbolic links to folders are not followed
+    (no loops). A CSV that is no regular file, or is a shipped reference run, is left out with a warning saying
+    why; an unreadable sub-folder is warned about too, so nothing is left out without a word.
+    """
+    found: list[Path] = []
+
+    def unreadable(exc: OSError) -> None:
+        warnings.warn(f"skipped {exc.filename}: cannot be read ({exc.strerror}); make it readable and collect again",
+                      stacklevel=3)  # fmt: skip
+
+    for top, dirs, names in os.walk(folder, onerror=unreadable):
+        dirs[:] = sorted(d for d in dirs if d not in NOT_RESULTS)
+        for n in sorted(names):
+            f = Path(top) / n
+            if not n.lower().endswith(".csv"):
+                continue
+            if not f.is_file():
+                warnings.warn(f"skipped {f}: not a regular file", stacklevel=2)
+            elif _is_reference(f):
+                warnings.warn(f"skipped {f}: a shipped GPU reference run (data/reference), not this attendee's "
+                              "measurement", stacklevel=2)  # fmt: skip
+            else:
+                found.append(f)
+    return found
+
+
+def _nearest_name(f: Path, top: Path) -> str:
+    """The name in the ``attendee.txt`` nearest to ``f``: in its folder, else in each folder above, up to ``top``."""
+    for folder in [f.parent, *f.parent.parents]:
+        name = attendee_name(folder)
+        if name or folder == top or top not in folder.parents:
+            return name
+    return ""
+
+
+def _unique_labels(df: pd.DataFrame) -> pd.Series:
+    """One label per identity (attendee folder and machine): a label two identities share (cloned lab machines,
+    two attendees of one name on clones) gets the folder added, and the machine name if that is not enough."""
+    ident = df["folder"].astype(str) + "/" + df["machine"].astype(str)
+    label = df["label"].copy()
+    for extra in (df["folder"].astype(str), ident):
+        shared = label.groupby(label).transform(lambda s: ident[s.index].nunique() > 1)
+        label = label.where(~shared, label + " · " + extra)
+    return label
+
+
+def room(root: str | Path) -> pd.DataFrame:
+    """Every attendee's results under ``root`` in one frame, one ``label`` per attendee folder and machine.
+
+    ``root`` holds one copy of a results folder per attendee (a sub-folder each, the CSVs at any depth inside:
+    a copied ``results/`` or a whole copied checkout; :func:`result_files`). A CSV lying in ``root`` itself
+    counts as its own attendee, named by its file. Each file is read by :func:`pool`, so damaged rows and files
+    are skipped with the store's own warnings. The identity of a machine is its attendee folder with its
+    machine name: cloned lab machines (one machine name in two folders) stay two machines. The label is the
+    attendee's name (the nearest ``attendee.txt``, :func:`attendee_name`), if any, before the machine's own label
+    (GPU or CPU, host and install id), plus the folder where two identities would share a label;
+    ``attendee``, ``install_id``, ``folder`` and ``source`` (the file's path under ``root``) columns say the same
+    separately.
     """
     root = Path(root)
     if not root.is_dir():
         raise BadArgumentError(f"{root} is not a folder: collect each attendee's results/ folder into one folder")
+    try:
+        entries = sorted(root.iterdir())
+    except OSError as exc:
+        raise BadArgumentError(f"{root} cannot be read ({exc.strerror}): make it readable and collect again") from None
     frames = []
-    for folder in [root, *sorted(p for p in root.iterdir() if p.is_dir())]:
-        files = [f for f in sorted(folder.glob("*.csv")) if f.is_file()]
-        for f in sorted(set(folder.glob("*.csv")) - set(files)):
-            warnings.warn(f"skipped {f}: not a regular file", stacklevel=2)
-        df = pool(files, origin="attendee") if files else pd.DataFrame()
-        if df.empty:
+    for entry in entries:
+        if entry.is_dir() and entry.name not in NOT_RESULTS:
+            files = result_files(entry)
+        elif entry.name.lower().endswith(".csv"):
+            files = [entry] if entry.is_file() else []
+            if not files:
+                warnings.warn(f"skipped {entry}: not a regular file", stacklevel=2)
+        else:
             continue
-        name = attendee_name(folder) if folder != root else ""
-        df["attendee"] = name
-        df["install_id"] = [_install_id(m, folder) for m in df["machine"]]
-        df["folder"] = folder.name if folder != root else ""
-        df["label"] = [(f"{name} · " if name else "") + _label(r) for _, r in df.iterrows()]
-        frames.append(df)
+        for f in files:
+            df = pool([f], origin="attendee")
+            if df.empty:
+                continue
+            top = entry if entry.is_dir() else root
+            name = _nearest_name(f, top) if entry.is_dir() else ""
+            df["attendee"] = name
+            df["install_id"] = [_install_id(m, f.parent) for m in df["machine"]]
+            df["folder"] = entry.name
+            df["source"] = str(f.relative_to(root))
+            df["label"] = [(f"{name} · " if name else "") + _label(r) for _, r in df.iterrows()]
+            frames.append(df)
     if not frames:
         return pd.DataFrame(columns=COLUMNS + ["source", "origin", "attendee", "install_id", "folder", "label"])
-    return pd.concat(frames, ignore_index=True)
+    out = pd.concat(frames, ignore_index=True)
+    out["label"] = _unique_labels(out)
+    return out
 
 
 def _text(s: pd.Series) -> pd.Series:
@@ -230,20 +308,25 @@ def _text(s: pd.Series) -> pd.Series:
 
 
 def latest_rows(df: pd.DataFrame) -> pd.DataFrame:
-    """The newest row per machine label and (lesson, technique, model, dtype, batch size)."""
+    """The newest row per machine label and (lesson, technique, model, dtype, batch size): a machine's last
+    measurement, not its best-ever one. Rows are ordered by their ``time`` stamp (ISO, 24-hour, so text order is
+    time order); rows of one stamp keep the order they were read in, the last one read wins."""
     if df.empty:
         return df
     keys = ["label"] + KEYS
     df = df.copy()
-    df["_t"] = df["time"].astype(str)
-    out = df.sort_values("_t").groupby(keys, dropna=False, as_index=False).tail(1)
+    df["_t"] = _text(df["time"])  # a row without a stamp counts as the oldest
+    out = df.sort_values("_t", kind="stable").groupby(keys, dropna=False, as_index=False).tail(1)
     return out.drop(columns="_t").reset_index(drop=True)
 
 
 def leaderboard(df: pd.DataFrame, *, lesson: str | None = None, value: str = "median_ms") -> pd.DataFrame:
-    """Machines side by side: one row per (lesson, technique, model, dtype, batch size), one column per machine.
+    """Machines side by side: one row per (lesson, technique, model, dtype, batch size), one column per machine,
+    each cell the machine's newest row (:func:`latest_rows`).
 
     ``value`` is ``median_ms`` (lower is better), ``throughput`` or ``speedup_vs_baseline`` (higher is better).
+    For the speed-up, the 95% intervals the lessons recorded ride along in ``table.attrs`` (``"low"``,
+    ``"high"``: ``{label: {row key: value}}``), which :func:`plot` draws as whiskers.
     """
     if value not in NUMERIC:
         raise BadArgumentError(f"value must be one of {NUMERIC}, got '{value}'")
@@ -256,8 +339,16 @@ def leaderboard(df: pd.DataFrame, *, lesson: str | None = None, value: str = "me
     df = latest_rows(df)
     df = df.assign(batch_size=df["batch_size"].fillna(-1).astype(int), dtype=_text(df["dtype"]),
                    model=_text(df["model"]))  # fmt: skip
-    table = df.pivot_table(index=KEYS, columns="label", values=value, aggfunc="last")
-    return table.dropna(how="all")
+    table = df.pivot_table(index=KEYS, columns="label", values=value, aggfunc="last").dropna(how="all")
+    table.attrs["value"] = value
+    if value == "speedup_vs_baseline" and {"speedup_low", "speedup_high"} <= set(df.columns):
+        for end in ("low", "high"):
+            side = df.dropna(subset=[f"speedup_{end}"])
+            if side.empty:
+                continue
+            wide = side.pivot_table(index=KEYS, columns="label", values=f"speedup_{end}", aggfunc="last")
+            table.attrs[end] = {str(c): {k: float(v) for k, v in wide[c].dropna().items()} for c in wide.columns}
+    return table
 
 
 def machines(df: pd.DataFrame) -> pd.DataFrame:
@@ -289,8 +380,27 @@ def best_technique(df: pd.DataFrame, lesson: str, *, extra: Iterable[str] = ()) 
     return sub.loc[idx, cols].reset_index(drop=True)
 
 
+def _side(table: pd.DataFrame, end: str) -> pd.DataFrame:
+    """The ``end`` ("low"/"high") interval values :func:`leaderboard` attached, shaped like ``table`` (NaN: none)."""
+    given = table.attrs.get(end) or {}
+    return pd.DataFrame(
+        [[given.get(str(c), {}).get(k, np.nan) for c in table.columns] for k in table.index],
+        index=table.index,
+        columns=table.columns,
+        dtype=float,
+    )
+
+
+NOISE_HATCH = "//"  # a bar whose 95% interval holds 1x: no difference beyond the machine's noise
+
+
 def plot(table: pd.DataFrame, *, title: str = "Leaderboard", xlabel: str = "median ms (lower is better)"):
-    """Grouped horizontal bars of a :func:`leaderboard` table: one group per row, one bar per machine."""
+    """Grouped horizontal bars of a :func:`leaderboard` table: one group per row, one bar per machine.
+
+    A speed-up table gets its 95% intervals as whiskers (where the lesson recorded one), a dashed line at 1x
+    (the baseline) and hatching on each bar whose interval holds 1x: no difference beyond that machine's noise.
+    Each bar's ``gid`` is ``"<row> | <machine>"``, so the drawn data can be read back.
+    """
     import matplotlib.pyplot as plt
 
     if table.empty:
@@ -300,12 +410,33 @@ def plot(table: pd.DataFrame, *, title: str = "Leaderboard", xlabel: str = "medi
         return fig
     labels = [" · ".join(str(v) for v in (k if isinstance(k, tuple) else (k,)) if str(v) not in ("", "-1"))
               for k in table.index]  # fmt: skip
-    table = table.copy()
-    fig, ax = plt.subplots(figsize=(9, 0.35 * len(table) * max(1, len(table.columns)) / 1.5 + 1.8))
-    table.index = labels
-    table.plot.barh(ax=ax)
+    speedup = table.attrs.get("value") == "speedup_vs_baseline" or "speed-up" in xlabel or "speedup" in xlabel
+    low, high = _side(table, "low"), _side(table, "high")
+    n, m = len(table), max(1, len(table.columns))
+    fig, ax = plt.subplots(figsize=(9, 0.35 * n * m / 1.5 + 1.8))
+    height = 0.8 / m
+    colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+    for j, col in enumerate(table.columns):
+        mid = table[col].to_numpy(dtype=float)
+        lo, hi = low[col].to_numpy(), high[col].to_numpy()
+        has = np.isfinite(lo) & np.isfinite(hi) & np.isfinite(mid)
+        ys = np.arange(n) - 0.4 + height * (j + 0.5)
+        noisy = has & (lo <= 1.0) & (hi >= 1.0) if speedup else np.zeros(n, bool)
+        bars = ax.barh(ys, np.nan_to_num(mid), height=height, color=colors[j % len(colors)], label=str(col))
+        for i, bar in enumerate(bars):
+            bar.set_gid(f"{labels[i]} | {col}")
+            if noisy[i]:
+                bar.set_hatch(NOISE_HATCH)
+                bar.set_alpha(0.6)
+        if has.any():
+            err = np.vstack([mid[has] - lo[has], hi[has] - mid[has]]).clip(min=0)  # an estimate outside: no arm
+            ax.errorbar(mid[has], ys[has], xerr=err, fmt="none", ecolor="black", capsize=3, lw=1,
+                        gid=f"interval | {col}")  # fmt: skip
+    if speedup:
+        ax.axvline(1.0, color="gray", ls="--", lw=1, gid="1x", label="1x = the baseline")
+    ax.set_yticks(np.arange(n), labels)
     ax.invert_yaxis()
-    ax.set_xlabel(xlabel)
+    ax.set_xlabel(xlabel + ("; whiskers: 95% interval; hatched: interval holds 1x" if low.notna().any().any() else ""))
     ax.set_title(title)
     ax.legend(fontsize=7, loc="best")
     fig.tight_layout()
