@@ -63,7 +63,7 @@ def test_blocks_and_copy_attention_give_the_same_logits(model):
 
 
 def test_copy_on_write_keeps_the_shared_block_intact(config):
-    kv = engine.PagedKV(config, num_blocks=8, block_size=4, prefix_caching=True)
+    kv = engine.PagedKV(config, num_blocks=8, block_size=4, prefix_caching="partial")
     kv.add(0)
     kv.append(0, [1, 2, 3, 4, 5, 6, 7, 8, 9])  # blocks 0, 1 full (cached), block 2 holds one token
     kv.k[:, :, 4:8] = 7.0  # mark block 1's keys
@@ -79,6 +79,16 @@ def test_copy_on_write_keeps_the_shared_block_intact(config):
     kv.release(0)
     kv.release(1)
     assert kv.blocks_in_use() == 0 and len(kv.idle) == 2  # the cached blocks wait, idle, for a later prompt
+
+
+def test_full_block_matching_shares_only_full_blocks(config):
+    kv = engine.PagedKV(config, num_blocks=8, block_size=4, prefix_caching=True)  # vLLM v1's way
+    kv.add(0)
+    kv.append(0, [1, 2, 3, 4, 5, 6, 7, 8, 9])
+    kv.add(1)
+    assert kv.match_prefix(1, [1, 2, 3, 4, 5, 6, 0, 0, 0]) == 4 and kv.tables[1] == [0]
+    kv.append(1, [5, 6, 0, 0, 0])
+    assert kv.copies == 0 and kv.blocks_needed(1, 1) == 0
 
 
 def test_blocks_needed_and_truncate_count_a_partly_filled_block(config):
@@ -105,24 +115,49 @@ def test_a_block_only_one_uncached_sequence_holds_is_written_in_place(config):
     assert kv.copies == 0 and kv.tables[0] == table and kv.blocks_in_use() == 1
 
 
-def test_an_identical_prompt_leaves_its_last_token_to_compute(config):
-    kv = engine.PagedKV(config, num_blocks=8, block_size=4, prefix_caching=True)
+@pytest.mark.parametrize(("mode", "hit"), [(True, 4), ("partial", 7)])
+def test_an_identical_prompt_leaves_its_last_token_to_compute(config, mode, hit):
+    kv = engine.PagedKV(config, num_blocks=8, block_size=4, prefix_caching=mode)
     kv.add(0)
     kv.append(0, list(range(8)))
     kv.release(0)
     kv.add(1)
-    assert kv.match_prefix(1, list(range(8))) == 7  # its logits give the next token: it is computed again
+    # its logits give the next token: full blocks only (vLLM v1) recompute the whole last block, "partial" one token
+    assert kv.match_prefix(1, list(range(8))) == hit
 
 
-def test_idle_cached_blocks_are_evicted_least_recently_used_first(config):
+def test_idle_cached_blocks_are_evicted_tail_first(config):
     kv = engine.PagedKV(config, num_blocks=3, block_size=2, prefix_caching=True)
     kv.add(0)
     kv.append(0, [1, 2, 3, 4])  # blocks 0 and 1, both cached
     kv.release(0)
-    assert kv.blocks_free() == 3 and list(kv.idle) == [0, 1]
+    assert kv.blocks_free() == 3 and list(kv.idle) == [1, 0]  # released tail first: the tail is the oldest
     kv.add(1)
-    kv.append(1, [9, 9, 9, 9])  # block 2 from the free list, then the oldest idle block (0)
-    assert kv.tables[1] == [2, 0] and (1, 2) not in kv.cache and (1, 2, 3, 4) in kv.cache
+    kv.append(1, [9, 9, 9, 9])  # block 2 from the free list, then the oldest idle block: the chain's tail (1)
+    assert kv.tables[1] == [2, 1] and (1, 2) in kv.cache and (1, 2, 3, 4) not in kv.cache
+
+
+def test_after_one_eviction_the_head_of_a_cached_prompt_still_matches(config):
+    kv = engine.PagedKV(config, num_blocks=4, block_size=4, prefix_caching=True)
+    prompt = list(range(10, 22))  # 12 tokens, 3 full blocks
+    kv.add(0)
+    kv.append(0, prompt)
+    kv.release(0)
+    kv.add(1)
+    kv.append(1, [9] * 8)  # the free block, then one eviction
+    kv.release(1)
+    kv.add(2)
+    assert kv.match_prefix(2, prompt + [1, 2, 3, 4]) == 8  # head-first eviction would leave 0
+
+
+@pytest.mark.parametrize("bad", [0, -1, 2.0, True, None])
+def test_pool_sizes_are_checked_when_the_pool_is_made(config, bad):
+    for kwargs in ({"num_blocks": bad}, {"num_blocks": 4, "block_size": bad}):
+        with pytest.raises(ValueError, match=r"must be a whole number >= 1"):
+            engine.PagedKV(config, **kwargs)
+    with pytest.raises(ValueError, match="prefix_caching must be"):
+        engine.PagedKV(config, 4, 4, prefix_caching="yes")
+    assert engine.PagedKV(config, num_blocks=1, block_size=1).num_blocks == 1
 
 
 def test_admission_waits_for_free_blocks(model):
@@ -151,7 +186,7 @@ def test_no_more_running_requests_than_slots(model):
     assert [(r.rid, n) for r, n in batch] == [(0, 3), (1, 3)] and [r.rid for r in sched.waiting] == [2]
 
 
-def test_decodes_are_scheduled_before_prompt_chunks(model):
+def test_running_requests_go_in_order_so_decodes_come_before_prompt_chunks(model):
     kv = engine.PagedKV(model.config, num_blocks=32, block_size=4)
     sched = engine.Scheduler(model, kv, max_slots=4, token_budget=6)
     first = [engine.Request(i, list(range(3, 6)), 8) for i in range(2)]
@@ -199,3 +234,147 @@ def test_the_lessons_server_streams_answers_equal_to_generate(tmp_path, monkeypa
         assert len(a.times_s) == len(got) and a.times_s == sorted(a.times_s)
     bad = answers[3]
     assert bad.status == 200 and "error" in bad.lines[0] and "ValueError" in bad.lines[0]["error"]
+
+
+# ---------------------------------------------------------------- one request cannot break the engine
+def _check(prompt, max_new, **kw):
+    args = {"vocab_size": 100, "context": 64, "num_blocks": 8, "block_size": 4, **kw}
+    engine.check_request(prompt, max_new, **args)
+
+
+@pytest.mark.parametrize(
+    ("prompt", "max_new", "message"),
+    [
+        ([], 1, "the prompt must be a non-empty list of token ids"),
+        ("not ids", 1, "the prompt must be a non-empty list of token ids"),
+        ([5, 100], 1, r"prompt token 1 is 100: token ids are whole numbers from 0 to 99"),
+        ([-1], 1, r"prompt token 0 is -1: token ids are whole numbers from 0 to 99"),
+        ([5, True], 1, r"prompt token 1 is True"),
+        ([5, 1.0], 1, r"prompt token 1 is 1.0"),
+        ([5], 0, r"max_new must be a whole number >= 1, not 0"),
+        ([5], -5, r"max_new must be a whole number >= 1, not -5"),
+        ([5], "3", r"max_new must be a whole number >= 1, not '3'"),
+        ([5] * 60, 5, r"prompt \(60 tokens\) \+ max_new \(5\) exceeds the model's context of 64 tokens"),
+        ([5] * 30, 3, r"needs up to 9 KV blocks and the whole pool has 8: it could never run"),
+    ],
+)
+def test_a_request_that_could_never_run_is_refused_with_its_reason(prompt, max_new, message):
+    with pytest.raises(engine.BadRequest, match=message):
+        _check(prompt, max_new)
+
+
+def test_the_boundaries_of_a_valid_request_are_accepted():
+    _check([0, 99], 1)  # the vocabulary's both ends, one new token
+    _check([5] * 30, 2)  # exactly the whole pool: 32 tokens in 8 blocks of 4
+    _check([5] * 60, 4, num_blocks=16)  # exactly the context
+
+
+def test_the_scheduler_refuses_bad_requests_and_duplicate_ids_before_admission(model):
+    sched = engine.Scheduler(model, engine.PagedKV(model.config, 8, 4), max_slots=2, token_budget=16)
+    vocab = model.config.vocab_size
+    for r in (engine.Request(0, [], 2), engine.Request(0, [vocab], 2), engine.Request(0, [5], 0)):
+        with pytest.raises(engine.BadRequest):
+            sched.add(r)
+    sched.add(engine.Request(7, [5, 6], 2))
+    with pytest.raises(engine.BadRequest, match="request id 7 is already waiting or running"):
+        sched.add(engine.Request(7, [8], 2))
+    sched.step()  # 7 runs now: its id is still taken
+    with pytest.raises(engine.BadRequest, match="request id 7 is already waiting or running"):
+        sched.add(engine.Request(7, [8], 2))
+    assert [r.rid for r in sched.running] == [7] and not sched.waiting
+
+
+def test_a_cancelled_request_leaves_at_once_and_frees_its_blocks(model):
+    kv = engine.PagedKV(model.config, 16, 4)
+    sched = engine.Scheduler(model, kv, max_slots=1, token_budget=32)
+    a, b = engine.Request(0, list(range(3, 12)), 50), engine.Request(1, list(range(3, 8)), 3)
+    sched.add(a)
+    sched.add(b)
+    sched.step()
+    sched.step()
+    assert kv.blocks_in_use() == 3 and list(sched.waiting) == [b]
+    assert sched.cancel(0) is a and a.error == "cancelled" and kv.blocks_in_use() == 0 and 0 not in kv.tables
+    assert sched.cancel(0) is None  # twice, or an unknown id: nothing happens
+    made = sched.step()  # the very next step: b runs in the freed slot, a makes nothing more
+    assert [r.rid for r, _ in made] == [1] and len(a.out) == 2
+    assert sched.cancel(1) is b and not sched.has_work() and kv.blocks_in_use() == 0
+    c = engine.Request(2, [5, 6], 2)
+    sched.add(c)
+    assert sched.cancel(2) is c and not sched.waiting  # a waiting request leaves the queue
+
+
+class Poisoned(torch.nn.Module):
+    """The model's embedding, raising when it meets POISON (an engine fault one request triggers)."""
+
+    POISON = 777
+
+    def __init__(self, embed):
+        super().__init__()
+        self.embed = embed
+
+    def forward(self, ids):
+        if bool((ids == self.POISON).any()):
+            raise RuntimeError("poisoned token")
+        return self.embed(ids)
+
+
+@pytest.mark.parametrize(("budget", "caching"), [(64, True), (None, False), (5, "partial")])
+def test_an_exception_in_a_step_fails_only_the_request_that_caused_it(model, budget, caching):
+    import copy
+
+    bad_model = copy.deepcopy(model)
+    bad_model.model.embed_tokens = Poisoned(bad_model.model.embed_tokens)
+    kv = engine.PagedKV(model.config, 32, 4, prefix_caching=caching)
+    sched = engine.Scheduler(bad_model, kv, max_slots=3, token_budget=budget)
+    head = list(range(40, 48))  # a shared head: the bad request's blocks must not stay in the prefix cache
+    good = [engine.Request(0, head + [9, 10, 11], 6), engine.Request(2, head + [12, 13], 6)]
+    bad = engine.Request(1, head + [Poisoned.POISON, 14, 15, 16, 17], 6)
+    for r in (good[0], bad, good[1]):
+        sched.add(r)
+    while sched.has_work():
+        sched.step()
+    assert sched.failed == [bad] and bad.error == "RuntimeError: poisoned token" and bad.out == []
+    for r in good:
+        assert r.out == reference(model, r.prompt, 6) and not r.error
+    assert kv.blocks_in_use() == 0
+    assert all(Poisoned.POISON not in key for key in kv.cache), "a failed step left its blocks in the prefix cache"
+    again = engine.Request(3, list(good[0].prompt), 6)  # the cache still gives right answers
+    sched.add(again)
+    while sched.has_work():
+        sched.step()
+    assert again.out == good[0].out
+
+
+def reference(model, prompt, max_new):
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False)
+    return out[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("caching", [True, "partial"])
+def test_a_request_needing_exactly_the_whole_pool_runs_after_a_partial_hit(model, caching):
+    kv = engine.PagedKV(model.config, 5, 4, prefix_caching=caching)
+    sched = engine.Scheduler(model, kv, max_slots=2, token_budget=64)
+    first = engine.Request(0, list(range(20, 32)), 1)  # 3 full cached blocks
+    sched.add(first)
+    while sched.has_work():
+        sched.step()
+    exact = engine.Request(1, list(range(20, 30)) + list(range(60, 69)), 1)  # 19 + 1 tokens: all 5 blocks
+    sched.add(exact)
+    for _ in range(40):  # it runs: no livelock on the copy-on-write block it would need first
+        if not sched.has_work():
+            break
+        sched.step()
+    assert not sched.has_work() and exact.out == reference(model, exact.prompt, 1)
+    assert exact.cached == 8 and kv.blocks_in_use() == 0  # two full blocks from the cache
+
+
+def test_rollback_forgets_the_tokens_and_the_cache_entries_of_a_failed_step(config):
+    kv = engine.PagedKV(config, 8, 4, prefix_caching=True)
+    kv.add(0)
+    kv.append(0, [1, 2, 3, 4, 5, 6])
+    kv.append(0, [7, 8, 9])  # the step that fails: it filled block 1 (indexed) and took block 2
+    kv.rollback(0, 6)
+    assert kv.tokens[0] == [1, 2, 3, 4, 5, 6] and len(kv.tables[0]) == 2 and kv.blocks_in_use() == 2
+    assert (1, 2, 3, 4) in kv.cache and (1, 2, 3, 4, 5, 6, 7, 8) not in kv.cache

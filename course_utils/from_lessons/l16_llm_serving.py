@@ -38,9 +38,16 @@ class PagedKV:
     """A paged KV cache: one pool of fixed-size blocks, a block table per sequence, reference-counted blocks.
 
     With `prefix_caching`, every full block is indexed by its tokens and all the tokens before it, so a later
-    sequence that starts with the same tokens reuses the block instead of recomputing it."""
+    sequence that starts with the same tokens reuses the block instead of recomputing it: full blocks only
+    (`True`, as vLLM v1), or also the first tokens of one more block, copied on write (`"partial"`, the
+    token-granular sharing of SGLang's radix tree and vLLM v0's copy-on-write)."""
 
     def __init__(self, config, num_blocks, block_size=16, *, prefix_caching=False, device="cpu", dtype=torch.float32):
+        for name, value in (("num_blocks", num_blocks), ("block_size", block_size)):
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(f"{name} must be a whole number >= 1, not {value!r}: size the pool in blocks")
+        if prefix_caching not in (False, True, "partial"):
+            raise ValueError(f"prefix_caching must be False, True (full blocks) or 'partial', not {prefix_caching!r}")
         shape = (config.num_hidden_layers, config.num_key_value_heads, num_blocks * block_size, config.head_dim)
         self.k = torch.zeros(shape, device=device, dtype=dtype)  # [layer, kv head, slot, dim]: the whole pool
         self.v = torch.zeros(shape, device=device, dtype=dtype)
@@ -132,19 +139,23 @@ class PagedKV:
             self.cache[key], self.key_of[block] = block, key
             self.children.setdefault(key[: j * bs], []).append(block)
 
-    def match_prefix(self, sid, tokens):
+    def match_prefix(self, sid, tokens, partial=None):
         """Reuse cached blocks for the longest cached prefix of `tokens` (sid still empty); return its length.
 
-        Full blocks are shared as they are; the first tokens of one more cached block are shared too (the
-        next write copies that block). At least one token is left to compute: its logits give the next token."""
+        Full blocks are shared as they are, and at least one token is left to compute (its logits give the next
+        token): a prompt found whole recomputes its last block, as vLLM v1 does (`max_cache_hit_length =
+        num_tokens - 1`, full blocks only: vllm/v1/core/kv_cache_manager.py, `get_computed_blocks`). With
+        `partial` (default: `prefix_caching == "partial"`) the first tokens of one more cached block are shared
+        too, and the next write copies that block (copy-on-write)."""
         bs, table = self.block_size, self.tables[sid]
         if not self.prefix_caching:
             return 0
+        partial = self.prefix_caching == "partial" if partial is None else partial
         limit = len(tokens) - 1
         while (len(table) + 1) * bs <= limit and tuple(tokens[: (len(table) + 1) * bs]) in self.cache:
             table.append(self.cache[tuple(tokens[: (len(table) + 1) * bs])])
         done, best, shared = len(table) * bs, None, 0
-        for block in self.children.get(tuple(tokens[:done]), []):  # cached blocks after the same prefix
+        for block in self.children.get(tuple(tokens[:done]), []) if partial else []:  # cached blocks after it
             ahead = self.key_of[block][done:]
             same = next((i for i, (a, b) in enumerate(zip(ahead, tokens[done:limit], strict=False)) if a != b), None)
             same = min(len(ahead), limit - done) if same is None else same
@@ -167,8 +178,23 @@ class PagedKV:
         del self.tables[sid][keep:]
         del self.tokens[sid][n:]
 
+    def rollback(self, sid, n):
+        """Undo a failed step of sid: keep its first n tokens; blocks it filled beyond them leave the prefix cache
+        (their K/V may never have been written)."""
+        bs = self.block_size
+        for j, block in enumerate(self.tables[sid]):
+            if (j + 1) * bs > n and block in self.key_of and self.refs[block] == 1:
+                key = self.key_of.pop(block)
+                del self.cache[key]
+                self.children[key[: len(key) - bs]].remove(block)
+        self.truncate(sid, n)
+
     def release(self, sid):
-        for block in self.tables.pop(sid):
+        # Tail first: a chain's last block becomes the least recently used, so eviction eats a cached prompt from
+        # its end and its head still matches. vLLM v1 frees "in reverse order so that the tail blocks are evicted
+        # first" (vllm/v1/core/kv_cache_manager.py, `free`); nano-vllm's `BlockManager.deallocate` walks
+        # `reversed(seq.block_table)` (nanovllm/engine/block_manager.py).
+        for block in reversed(self.tables.pop(sid)):
             self._drop(block)
         del self.tokens[sid]
 
@@ -240,11 +266,39 @@ def forward(model, kv, batch, *, attention="blocks", all_logits=False):
     return model.lm_head(m.norm(h))[0]
 
 
+import numbers  # noqa: E402
 import time  # noqa: E402, F811
 from collections import deque  # noqa: E402
 from dataclasses import dataclass, field  # noqa: E402
 
+import torch  # noqa: E402, F811
+
 from course_utils.supply.errors import CourseError  # noqa: E402, F811
+
+
+# Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
+class BadRequest(ValueError):
+    """A request the engine refuses before admission (a server answers it with HTTP 4xx and this message)."""
+
+
+# Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
+def check_request(prompt, max_new, *, vocab_size, context, num_blocks, block_size):
+    """Raise BadRequest naming the fix unless the request can run: token ids in the vocabulary, max_new >= 1,
+    prompt + max_new within the model's context and within the whole KV pool (else it could never fit)."""
+    if not isinstance(prompt, list | tuple) or not prompt:
+        raise BadRequest(f"the prompt must be a non-empty list of token ids, not {str(prompt)[:40]!r}")
+    for i, t in enumerate(prompt):
+        if not isinstance(t, numbers.Integral) or isinstance(t, bool) or not 0 <= t < vocab_size:
+            raise BadRequest(f"prompt token {i} is {t!r}: token ids are whole numbers from 0 to {vocab_size - 1}")
+    if not isinstance(max_new, numbers.Integral) or isinstance(max_new, bool) or max_new < 1:
+        raise BadRequest(f"max_new must be a whole number >= 1, not {max_new!r}")
+    if len(prompt) + max_new > context:
+        raise BadRequest(f"prompt ({len(prompt)} tokens) + max_new ({max_new}) exceeds the model's context of "
+                         f"{context} tokens: shorten the prompt or lower max_new")  # fmt: skip
+    need = -(-(len(prompt) + max_new) // block_size)
+    if need > num_blocks:
+        raise BadRequest(f"the request needs up to {need} KV blocks and the whole pool has {num_blocks}: it could "
+                         "never run; shorten the prompt or lower max_new")  # fmt: skip
 
 
 # Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
@@ -260,6 +314,7 @@ class Request:
     computed: int = 0  # tokens whose K/V are in the cache
     cached: int = 0  # of them, tokens the prefix cache gave at admission
     preempted: int = 0  # times it lost its blocks and was recomputed
+    error: str = ""  # why it failed (an exception in its step), or "cancelled"
 
     @property
     def tokens(self):
@@ -281,12 +336,37 @@ class Scheduler:
         self.token_budget, self.policy, self.attention = token_budget, policy, attention
         self.waiting, self.running = deque(), []
         self.preemptions, self.steps, self.prefill_s = 0, 0, 0.0
+        self.failed = []  # requests that failed (an exception in their step) since the caller last emptied it
 
     def add(self, r):
-        need = -(-(len(r.prompt) + r.max_new) // self.kv.block_size)
-        if need > self.kv.num_blocks:
-            raise CourseError(f"request {r.rid} needs up to {need} KV blocks, the pool has {self.kv.num_blocks}")
+        """Queue r, or raise BadRequest (nothing queued) when it could never run or its id is taken."""
+        c = self.model.config
+        check_request(r.prompt, r.max_new, vocab_size=c.vocab_size, context=c.max_position_embeddings,
+                      num_blocks=self.kv.num_blocks, block_size=self.kv.block_size)  # fmt: skip
+        if any(q.rid == r.rid for q in (*self.waiting, *self.running)):
+            raise BadRequest(f"request id {r.rid} is already waiting or running: give each request its own id")
         self.waiting.append(r)
+
+    def cancel(self, rid):
+        """Drop request rid now (its client went away): out of the queue or the batch, its blocks freed. Returns
+        the request, or None when no request rid waits or runs (finished, failed or never seen)."""
+        for q in (self.waiting, self.running):
+            for r in q:
+                if r.rid == rid:
+                    q.remove(r)
+                    if r.rid in self.kv.tables:
+                        self.kv.release(r.rid)
+                    r.error = "cancelled"
+                    return r
+        return None
+
+    def fail(self, r, exc):
+        """r's step raised: r leaves the batch, its blocks go back, and it is reported in `failed`."""
+        self.kv.rollback(r.rid, r.computed)
+        self.running.remove(r)
+        self.kv.release(r.rid)
+        r.error = f"{type(exc).__name__}: {exc}"
+        self.failed.append(r)
 
     def has_work(self):
         return bool(self.waiting or self.running)
@@ -305,13 +385,17 @@ class Scheduler:
             self.kv.release(r.rid)
         budget = self.token_budget or float("inf")
         batch, preempted, claimed = [], False, 0  # claimed: free blocks this step's batch will take
-        decoding = [r for r in self.running if r.computed == len(r.tokens) - 1]
-        for r in decoding + [r for r in self.running if r not in decoding]:  # 2. decodes first, then chunks
+        # The invariant that makes pre-empting running[-1] safe: only the newest running request may be partway
+        # through its prompt (admission stops when a chunk uses up the budget). So walking `running` in order
+        # schedules every decode before it, and a victim taken from the end was never put in this step's batch.
+        mid_prefill = [r for r in self.running if r.computed < len(r.tokens) - 1]
+        assert mid_prefill in ([], self.running[-1:]), f"mid-prefill requests {[r.rid for r in mid_prefill]}"
+        for r in list(self.running):  # 2. the running requests in order (vLLM v1: running, then waiting)
             if r not in self.running or budget <= 0:
                 continue
             n = int(min(len(r.tokens) - r.computed, budget))
             while not self.kv.can_append(r.rid, n, claimed):  # out of blocks: pre-empt the newest running one
-                victim = self.running[-1]
+                victim = self.running[-1]  # vLLM v1: `self.running.pop()` (vllm/v1/core/sched/scheduler.py)
                 self.preempt(victim)
                 preempted = True
                 if victim is r:
@@ -325,6 +409,11 @@ class Scheduler:
                 self.kv.add(r.rid)
                 r.computed = r.cached = self.kv.match_prefix(r.rid, r.tokens)  # a prefix cache hit (0 without)
                 n = int(min(len(r.tokens) - r.computed, budget))
+                if r.cached % self.kv.block_size and not self.kv.can_append(r.rid, n, claimed):
+                    self.kv.release(r.rid)  # a partial block's copy would not fit: share full blocks only
+                    self.kv.add(r.rid)
+                    r.computed = r.cached = self.kv.match_prefix(r.rid, r.tokens, partial=False)
+                    n = int(min(len(r.tokens) - r.computed, budget))
                 if not self.kv.can_append(r.rid, n, claimed):  # admission by free blocks: it waits
                     self.kv.release(r.rid)
                     break
@@ -343,10 +432,9 @@ class Scheduler:
             groups = [batch]
         made = []
         for group in [g for g in groups if g]:
-            t0 = time.perf_counter()
-            logits = forward(self.model, self.kv, [(r.rid, r.tokens[r.computed : r.computed + n]) for r, n in group],
-                             attention=self.attention)  # fmt: skip
-            if self.token_budget is None and group is not groups[-1]:
+            t0, prefill = time.perf_counter(), self.token_budget is None and group is not groups[-1]
+            group, logits = self._forward(group)
+            if prefill:
                 self.prefill_s += time.perf_counter() - t0  # the prefills alone: the same work in every policy
             for (r, n), row in zip(group, logits, strict=True):
                 r.computed += n
@@ -356,6 +444,27 @@ class Scheduler:
                     made.append((r, token))
         self.steps += 1
         return made
+
+    def _forward(self, group):
+        """(group, logits) of one pass. A pass that raises is undone and each request runs alone: one that fails
+        alone fails (`fail`), the others go on with their logits, so one bad request never harms another."""
+        try:
+            return group, self._pass(group)
+        except Exception:
+            for r, _ in group:
+                self.kv.rollback(r.rid, r.computed)
+        kept, rows = [], []
+        for r, n in group:
+            try:
+                rows.append(self._pass([(r, n)])[0])
+                kept.append((r, n))
+            except Exception as exc:
+                self.fail(r, exc)
+        return kept, (torch.stack(rows) if rows else [])
+
+    def _pass(self, group):
+        batch = [(r.rid, r.tokens[r.computed : r.computed + n]) for r, n in group]
+        return forward(self.model, self.kv, batch, attention=self.attention)
 
 
 # Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
