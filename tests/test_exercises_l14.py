@@ -344,8 +344,17 @@ def _pick(keep):
     [
         (_pick(lambda r, b: r["speedup"] > 1.0 and r["accuracy_drop"] < b), "exactly the budget"),
         (_pick(lambda r, b: r["speedup"] >= 1.0 and r["accuracy_drop"] <= b), "exactly 1.0"),
+        (_pick(lambda r, b: r["speedup"] > 1.0 and abs(r["accuracy_drop"]) <= b), "not abs(accuracy_drop)"),
+        (
+            lambda rows, budget: max(
+                (r for r in rows if r["speedup"] > 1 and r["accuracy_drop"] <= budget),
+                key=lambda r: r["speedup"] - r["accuracy_drop"],
+                default={"technique": "baseline"},
+            )["technique"],
+            "rank by speedup alone",
+        ),
     ],
-    ids=["strict-budget", "speedup-at-least-one"],
+    ids=["strict-budget", "speedup-at-least-one", "abs-drop", "speedup-minus-drop"],
 )
 def test_boundary_picks_are_rejected_on_every_seed(fn, message):
     for seed in range(200):

@@ -9,12 +9,15 @@ shows) computes in bfloat16 on a channels_last input inside a ``Conv2d`` module,
 operator runs; outputs are float32 within the BF16 tolerance of the FP32 model; and the given model is left as it
 was (values, dtypes, memory format, modules).
 
-14.pick: random measured rows per call; the answer must be the fastest technique within the accuracy budget.
+14.pick: random measured rows per call, negative accuracy drops among them (a technique can score higher than
+the baseline on a finite test set); the answer must be the fastest technique within the accuracy budget, ranked by
+speed-up alone.
 """
 
 from __future__ import annotations
 
 import copy
+import math
 from collections.abc import Callable
 from typing import Any
 
@@ -29,7 +32,8 @@ def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
         for _ in range(6):
             picked = c.rng.sample(names, c.randint(1, 6))
             speedups = c.rng.sample(range(40, 400), len(picked))  # distinct: "the fastest" is one row
-            rows = [{"technique": t, "speedup": v / 100, "accuracy_drop": c.randint(0, 60) / 1000}
+            # drops from -0.02 to 0.06: a technique can score higher than the baseline on a finite test set
+            rows = [{"technique": t, "speedup": v / 100, "accuracy_drop": c.randint(-20, 60) / 1000}
                     for t, v in zip(picked, speedups, strict=True)]  # fmt: skip
             budget = c.choice([0.0, 0.005, 0.01, 0.02, 0.05])
             ok = [r for r in rows if r["speedup"] > 1.0 and r["accuracy_drop"] <= budget]
@@ -54,7 +58,38 @@ def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
         got = fn([dict(r) for r in rows], budget)
         assert got == t_fast, (
             f"rows {rows}, budget {budget}: {t_over!r} is over the budget and {t_safe!r} is slower; the fastest "
-            f"within the budget is {t_fast!r}, got {got!r}"
+            f"within the budget is {t_fast!r} (rank by speedup alone among the rows within it), got {got!r}"
+        )
+        # a negative drop (accuracy went up, as real runs measure) larger than the budget: within any budget
+        budget = c.choice([0.0, 0.005, 0.01, 0.02])
+        t_up, t_flat = c.rng.sample(names, 2)
+        up_speed = c.randint(150, 400) / 100
+        up_drop = -round(budget + c.randint(1, 30) / 1000, 4)
+        rows = [{"technique": t_up, "speedup": up_speed, "accuracy_drop": up_drop},
+                {"technique": t_flat, "speedup": round(up_speed - c.randint(10, 40) / 100, 2),
+                 "accuracy_drop": 0.0}]  # fmt: skip
+        c.rng.shuffle(rows)
+        got = fn([dict(r) for r in rows], budget)
+        assert got == t_up, (
+            f"rows {rows}, budget {budget}: {t_up!r} is the fastest and its accuracy_drop {up_drop} is negative "
+            "(accuracy went up), which is within any budget: keep rows with accuracy_drop <= budget, not "
+            f"abs(accuracy_drop) <= budget; got {got!r}"
+        )
+        # the fastest row within the budget against a slightly slower one whose drop is far lower (negative): a
+        # ranking by speedup - accuracy_drop (or any mix of the two) picks the slower one
+        budget = c.choice([0.01, 0.02, 0.05])
+        t_top, t_near = c.rng.sample(names, 2)
+        top = c.randint(150, 400) / 100
+        top_drop, near_drop = round(budget / 2, 4), -c.randint(10, 30) / 1000
+        gap = c.randint(1, math.ceil((top_drop - near_drop) * 100 - 1e-9) - 1) / 100  # below the drops' difference
+        rows = [{"technique": t_top, "speedup": top, "accuracy_drop": top_drop},
+                {"technique": t_near, "speedup": round(top - gap, 2), "accuracy_drop": near_drop}]  # fmt: skip
+        c.rng.shuffle(rows)
+        got = fn([dict(r) for r in rows], budget)
+        assert got == t_top, (
+            f"rows {rows}, budget {budget}: both are within the budget and {t_top!r} is the faster; {t_near!r} is "
+            "slower though its accuracy_drop is lower. The budget alone judges accuracy: among the rows within it, "
+            f"rank by speedup alone (not speedup - accuracy_drop); got {got!r}"
         )
         # on the boundaries: the fastest row's drop is exactly the budget (within it: <=), another row has a
         # speed-up of exactly 1.0 (no faster than the baseline: > 1), the budget 0 allows a drop of exactly 0
@@ -86,8 +121,9 @@ def _check_pick(fn: Callable[[list[dict], float], str]) -> None:
         assert got == "baseline", f"nothing faster than the baseline (speed-up > 1): answer 'baseline', got {got!r}"
         got = fn([], 0.01)
         assert got == "baseline", f"no rows at all: answer 'baseline', got {got!r}"
-    observed("7 random row sets, a fastest row whose drop is exactly the budget, a speed-up of exactly 1.0, a "
-             "budget of 0, only slower rows and no rows: your pick matched on every one")  # fmt: skip
+    observed("7 random row sets (drops from -0.02), a fastest row whose accuracy went up by more than the budget, "
+             "a slightly slower row with a far lower drop, a drop of exactly the budget, a speed-up of exactly 1.0, "
+             "a budget of 0, only slower rows and no rows: your pick matched on every one")  # fmt: skip
 
 
 @exercise(
@@ -105,10 +141,15 @@ def pick_technique(rows: list[dict], budget: float) -> str:
 def _boundary(rows: list[dict], budget: float, got: Any, want: str) -> str:
     """What a wrong pick got wrong when a row sits on a boundary of the rule."""
     by = {r["technique"]: r for r in rows}
+    if want in by and by[want]["accuracy_drop"] < 0 and -by[want]["accuracy_drop"] > budget:
+        return (f": {want!r} has a negative accuracy_drop (accuracy went up), within any budget "
+                "(accuracy_drop <= budget, not abs(accuracy_drop))")  # fmt: skip
     if want in by and by[want]["accuracy_drop"] == budget:
         return f": {want!r} drops accuracy by exactly the budget, which is within it (accuracy_drop <= budget)"
     if got in by and by[got]["speedup"] == 1.0:
         return f": {got!r} has a speed-up of exactly 1.0, no faster than the baseline (speed-up > 1)"
+    if want in by and got in by and by[got]["accuracy_drop"] <= budget and 1.0 < by[got]["speedup"]:
+        return f": {got!r} is within the budget but slower than {want!r}: rank by speedup alone"
     return ""
 
 
