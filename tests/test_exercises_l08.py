@@ -177,6 +177,7 @@ def _builder(
     two_profiles=False,
     workspace_mib=False,
     from_bytes=False,
+    names_from_network=False,
 ):
     def build(trt, onnx_path, shapes, workspace_bytes, true_fp32):
         if other_file:
@@ -206,6 +207,9 @@ def _builder(
         elif true_fp32 and not keep_tf32 and not clear_after_build:
             config.clear_flag(trt.BuilderFlag.TF32)
         profile = builder.create_optimization_profile()
+        if names_from_network:  # right too: the input names read from the network, as NVIDIA's samples do
+            names = [network.get_input(i).name for i in range(network.num_inputs)]
+            shapes = {name: shapes[name] for name in names}
         for i, (name, (lo, opt, hi)) in enumerate(shapes.items()):
             if one_input and i:
                 continue
@@ -240,6 +244,38 @@ def test_a_builder_parsing_the_files_bytes_is_accepted():
     model the plan was built from with the given file's bytes, not the path."""
     bad = {s: v for s in SWEEP if (v := verdict("08.builder", _builder(from_bytes=True), seed=s)) != "accepted"}
     assert not bad, bad
+
+
+def test_a_builder_reading_input_names_from_the_network_is_accepted():
+    """``network.get_input(i).name`` for i in ``range(network.num_inputs)`` (TensorRT 11.1 has it; NVIDIA's
+    samples read the inputs so) gives the parsed model's names: accepted on every seed, parsed from the file or
+    its bytes."""
+    for from_bytes in (False, True):
+        fn = _builder(names_from_network=True, from_bytes=from_bytes)
+        bad = {s: v for s in SWEEP if (v := verdict("08.builder", fn, seed=s)) != "accepted"}
+        assert not bad, bad
+
+
+def test_the_fake_networks_inputs_and_outputs_are_the_parsed_models(tmp_path):
+    """The fake's ``get_input``/``get_output``: the ONNX file's tensors with their names, -1 for the dynamic batch,
+    their width and dtype, the same object on each call, and ``None`` out of range (the C++ API's nullptr) or
+    before anything is parsed."""
+    trt = l08.fake_trt()
+    logger = trt.Logger(trt.Logger.WARNING)
+    network = trt.Builder(logger).create_network(0)
+    assert network.num_inputs == 0 and network.get_input(0) is None and network.get_output(0) is None
+    l08.two_io_onnx(tmp_path / "m.onnx", 2.0, 7)
+    assert trt.OnnxParser(network, logger).parse_from_file(str(tmp_path / "m.onnx"))
+    ins = [network.get_input(i) for i in range(network.num_inputs)]
+    outs = [network.get_output(i) for i in range(network.num_outputs)]
+    assert [t.name for t in ins] == ["a", "b"] and [t.name for t in outs] == ["sum", "scaled"]
+    assert [tuple(t.shape) for t in ins + outs] == [(-1, 7)] * 4
+    assert [t.dtype for t in ins + outs] == [trt.DataType.FLOAT] * 3 + [trt.DataType.HALF]  # scaled: float16
+    assert [t.is_network_input for t in ins + outs] == [True, True, False, False]
+    assert [t.is_network_output for t in ins + outs] == [False, False, True, True]
+    assert network.get_input(0) is ins[0] and network.get_input(2) is None and network.get_output(-1) is None
+    with pytest.raises(TypeError, match="incompatible function arguments"):
+        network.get_input("a")
 
 
 BUILDER_WRONG = [

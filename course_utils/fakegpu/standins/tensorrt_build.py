@@ -1,8 +1,9 @@
 """What the fake TensorRT's parser and builder do: read the real ONNX file, check profiles, write a plan.
 
-The parser reads the ONNX file's inputs, outputs and nodes; the builder checks that every dynamic input has a
-profile that agrees with the network's fixed dims, and returns a plan (:data:`PLAN_MAGIC` + JSON holding the ONNX
-model) that :mod:`course_utils.fakegpu.standins.tensorrt_exec` runs.
+The parser reads the ONNX file's inputs, outputs and nodes (``network.num_inputs``/``get_input(i)`` and the
+outputs' pair give them back as TensorRT's ITensor: name, shape with -1 for dynamic dims, dtype); the builder
+checks that every dynamic input has a profile that agrees with the network's fixed dims, and returns a plan
+(:data:`PLAN_MAGIC` + JSON holding the ONNX model) that :mod:`course_utils.fakegpu.standins.tensorrt_exec` runs.
 """
 
 from __future__ import annotations
@@ -134,7 +135,25 @@ def build_behaviors(fake: Any) -> dict[str, Any]:
                 "verbosity": str(cs.get("profiling_verbosity"))}  # fmt: skip
         return HostMemory(PLAN_MAGIC + json.dumps(plan).encode())
 
+    def io_tensor(network, index, kind):
+        """``network.get_input(i)`` / ``get_output(i)``: the parsed model's tensor (one object per index, as the
+        bindings return the network's own ITensor); ``None`` for an index out of range, as the C++ API's
+        nullptr. Dynamic dims read -1, the dtype is the ONNX element type's ``trt.DataType``."""
+        io = st(network).get("io", {}).get(kind, [])
+        i = int(index)
+        if not 0 <= i < len(io):
+            return None
+        made = st(network).setdefault(f"{kind}_tensors", {})
+        if i not in made:
+            d = io[i]
+            made[i] = obj("ITensor", name=d["name"], dtype=getattr(fake.enums["DataType"], d["dtype"]),
+                          shape=Dims([v if isinstance(v, int) and v > 0 else -1 for v in d["dims"]]),
+                          is_network_input=kind == "inputs", is_network_output=kind == "outputs")  # fmt: skip
+        return made[i]
+
     return {
+        "INetworkDefinition.get_input": lambda n, index: io_tensor(n, index, "inputs"),
+        "INetworkDefinition.get_output": lambda n, index: io_tensor(n, index, "outputs"),
         "OnnxParser.__init__": parser_init,
         "OnnxParser.parse_from_file": parse_from_file,
         "OnnxParser.parse": parse,
