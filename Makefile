@@ -120,6 +120,13 @@ collect: setup
 	@test -n "$(FROM)" || { echo "usage: make collect FROM=folder (one copy of results/ per attendee inside)"; exit 2; }
 	$(PY) -m scripts.collect "$(FROM)" --out "$(COLLECT_OUT)"
 
+# The day before a workshop, on each laptop: warm every cache the lessons fill on a first run (SmolLM2 converted,
+# torch.compile's graphs, exported ONNX files, Python's bytecode) by running the path's lessons once as scripts;
+# LESSONS="00 01 03 07 14" (default: all), COURSE_SMOKE=1 for smoke sizes. Rows go to build/warm/, not results/.
+.PHONY: warm
+warm: setup
+	$(PY) -m scripts.warm $(if $(LESSONS),--lessons $(LESSONS))
+
 # Your own copy of the notebooks (git ignores workspace/): created on first run, never overwritten.
 workspace:
 	@mkdir -p $(WORKSPACE)

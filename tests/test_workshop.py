@@ -625,3 +625,39 @@ def test_reset_lesson_restores_exactly_the_lesson_named(tmp_path):
     restored = sorted(p.name for p in ws.glob("*.ipynb"))
     assert restored == [p.name for p in sorted((ROOT / "notebooks").glob("03_*.ipynb"))]
     assert [p.read_text() for p in (ws / ".old").iterdir()] == ["my edits"]
+
+
+# --- make warm: caches filled the day before, each step timed ------------------------------------------------------
+
+
+def test_warm_runs_each_lesson_once_on_scratch_caches_and_times_it(tmp_path, monkeypatch):
+    from scripts import warm
+
+    fake = tmp_path / "repo"
+    (fake / "lessons").mkdir(parents=True)
+    probe = "import os, sys; open(os.environ['COURSE_RESULTS_DIR'] + '.' + os.path.basename(sys.argv[0]), 'a').write(" \
+            "os.environ.get('TORCHINDUCTOR_CACHE_DIR', '') + '|' + os.environ['MPLBACKEND'] + '\\n')"  # fmt: skip
+    (fake / "lessons" / "00_first.py").write_text(probe + "\n")
+    (fake / "lessons" / "03_second.py").write_text(probe + "\nsys.exit(3)\n")
+    monkeypatch.setattr(warm, "ROOT", fake)
+    out = tmp_path / "warm"
+    assert warm.main(["--lessons", "0", "3", "--cold", "--repeat", "2", "--out", str(out)]) == 1, "03 failed"
+    with open(out / "times.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["step"], r["pass"], r["cache"]) for r in rows] == [
+        ("00_first", "1", "cold"),
+        ("03_second", "1", "cold"),
+        ("00_first", "2", "warm"),
+        ("03_second", "2", "warm"),
+    ]
+    assert [r["status"] for r in rows][:2] == ["ok", f"failed (exit 3; see {out}/logs/03_second.1.log)"]
+    assert all(float(r["seconds"]) >= 0 and r["cores"] == str(os.cpu_count()) and r["date"] for r in rows)
+    seen = (tmp_path / "warm" / "results.00_first.py").read_text().splitlines()
+    assert seen == [f"{out}/cache/inductor|agg"] * 2, "the cold caches are scratch folders, kept for pass 2"
+    with pytest.raises(SystemExit, match="warm: no lesson 99: give two-digit numbers of 00, 03"):
+        warm.lessons(["99"])
+    assert [p.name for p in warm.lessons([])] == ["00_first.py", "03_second.py"]
+
+
+def test_make_warm_runs_the_script_with_the_lessons_asked():
+    assert _make_n("warm", "-o", "setup", "LESSONS=00 14")[-1] == ".venv/bin/python -m scripts.warm --lessons 00 14"
