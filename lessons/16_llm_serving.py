@@ -1243,10 +1243,18 @@ print(
 #
 # The server is a file of its own (`%%writefile`): it runs as its own process. It imports this lesson's engine
 # from `course_utils/from_lessons/l16_llm_serving.py` (generated from the cells tagged `export`: the code you
-# read above), inside `setup`, so that only the model worker loads torch and transformers. The process binds
+# read above). The process binds
 # 127.0.0.1 only and is always stopped, also when a cell fails (`server_process.serve`, lesson 13). The
 # engine's settings travel in an environment variable; the model worker gets one thread (the HTTP process and
 # the load generator need the other core of a 2-core machine).
+#
+# One client must not break the others. A streamed answer starts with HTTP 200 before its first token, so a
+# request is judged *before* it reaches the engine: `AdmissionGuard` (`course_utils/serve/stream_guard.py`, in
+# the HTTP process) runs the engine's own `check_request` on each body and answers a request that could never
+# run with **HTTP 422** and the reason (a second stream under a `request_id` still streaming gets 409). It
+# also notices a client that leaves mid-stream and sends its connection id to the model worker, which
+# `cancel`s the request before its next step: its blocks go back at once instead of after its last token. A
+# request whose step raises ends with one `{"error": ...}` line; the others stream on, token for token.
 
 # %%
 import atexit
@@ -1264,13 +1272,17 @@ atexit.register(shutil.rmtree, WORK, ignore_errors=True)
 # %%
 # %%writefile "{WORK}/llm_server.py"
 import asyncio
+import functools
 import json  # noqa: F811 - the server file needs its own imports
+import multiprocessing
 import os  # noqa: F811
 import queue
 
 import litserve as ls
 from litserve.loops import ContinuousBatchingLoop, Output
 from litserve.utils import LitAPIStatus
+
+from course_utils.serve.stream_guard import AdmissionGuard
 
 
 class RestingContinuousLoop(ContinuousBatchingLoop):
@@ -1286,12 +1298,16 @@ class RestingContinuousLoop(ContinuousBatchingLoop):
 class StreamingLLM(ls.LitAPI):
     """Lesson 16's Scheduler behind LitServe: requests join at any step, every token streams as it is made.
 
-    A request is JSON {"prompt": [token ids], "max_new": n}; the answer streams one line per token: {"token": id}."""
+    A request is JSON {"prompt": [token ids], "max_new": n}; the answer streams one line per token: {"token": id},
+    or one line {"error": why} when its step failed. A request the engine could never run was refused before,
+    with HTTP 422 (AdmissionGuard); a client that leaves is cancelled (its connection id arrives on `cancelled`)."""
 
-    def __init__(self, *, slots, token_budget, num_blocks, block_size=16, layers=None, prefix_caching=True):
+    def __init__(self, *, slots, token_budget, num_blocks, block_size=16, layers=None, prefix_caching=True,
+                 cancelled=None, events=None):  # fmt: skip
         super().__init__(max_batch_size=slots, stream=True, loop=RestingContinuousLoop())
         self.settings = dict(slots=slots, token_budget=token_budget, num_blocks=num_blocks, block_size=block_size,
                              layers=layers, prefix_caching=prefix_caching)  # fmt: skip
+        self.cancelled, self.events = cancelled, events  # events: a file for one JSON line per cancel or failure
 
     def setup(self, device):
         import torch
@@ -1305,6 +1321,7 @@ class StreamingLLM(ls.LitAPI):
         self.scheduler = engine.Scheduler(model, kv, max_slots=s["slots"], token_budget=s["token_budget"])
         self.eos = tok.eos_token_id if tok is not None else None
         self.inbox, self.uids, self.count = queue.SimpleQueue(), {}, 0
+        self.rid_of, self.gone = {}, set()  # connection id -> request id; connections gone before they arrived
 
     def add_request(self, uid, request):  # LitServe's event-loop thread: only queue it
         self.inbox.put((uid, request))
@@ -1313,38 +1330,87 @@ class StreamingLLM(ls.LitAPI):
         return True
 
     def has_active_requests(self):
-        return not self.inbox.empty() or self.scheduler.has_work()
+        return not self.inbox.empty() or self.scheduler.has_work() or self._cancels_waiting()
+
+    def _cancels_waiting(self):
+        return self.cancelled is not None and not self.cancelled.empty()
+
+    def _log(self, event, r):
+        if self.events:
+            with open(self.events, "a") as f:
+                f.write(json.dumps({"event": event, "rid": r.rid, "made": len(r.out), "error": r.error,
+                                    "blocks_in_use": self.scheduler.kv.blocks_in_use()}) + "\n")  # fmt: skip
+
+    def _end(self, r, outputs, error=None):
+        uid = self.uids.pop(r.rid)
+        self.rid_of = {c: rid for c, rid in self.rid_of.items() if rid != r.rid}
+        if error:
+            outputs.append(Output(uid, {"error": error}, LitAPIStatus.OK))
+        outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
 
     def step(self, prev_outputs):  # a worker thread: engine steps until one makes a token
         outputs = []
+        while self._cancels_waiting():  # clients gone since the last step: their requests leave now
+            conn = self.cancelled.get()
+            r = self.scheduler.cancel(self.rid_of.get(conn))
+            if r is None:
+                self.gone.add(conn)  # not here yet (or finished): drop it if it arrives
+                continue
+            self._log("cancelled", r)
+            self._end(r, outputs)
         while not self.inbox.empty():
             uid, body = self.inbox.get()
+            body = body if isinstance(body, dict) else {}
+            r = self.engine.Request(self.count, body.get("prompt"), body.get("max_new"), eos=self.eos)
+            if body.get("conn") in self.gone:
+                self.gone.discard(body["conn"])
+                outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
+                continue
             try:
-                r = self.engine.Request(
-                    self.count, [int(t) for t in body["prompt"]], int(body["max_new"]), eos=self.eos
-                )
-                self.scheduler.add(r)
-            except (KeyError, TypeError, ValueError, self.engine.CourseError) as exc:  # ends only its own stream
-                outputs += [Output(uid, {"error": f"{type(exc).__name__}: {exc}"}, LitAPIStatus.OK),
+                self.scheduler.add(r)  # AdmissionGuard refused the bad ones; this is the engine's own check
+            except self.engine.BadRequest as exc:  # ends only its own stream
+                outputs += [Output(uid, {"error": f"BadRequest: {exc}"}, LitAPIStatus.OK),
                             Output(uid, "", LitAPIStatus.FINISH_STREAMING)]  # fmt: skip
                 continue
-            self.uids[r.rid], self.count = uid, self.count + 1
+            self.uids[r.rid], self.rid_of[body.get("conn")], self.count = uid, r.rid, self.count + 1
         while self.scheduler.has_work() and not outputs:
-            for r, token in self.scheduler.step():
+            made = self.scheduler.step()
+            for r in self.scheduler.failed:  # its step raised: it alone ends, with the reason
+                self._log("failed", r)
+                self._end(r, outputs, error=r.error)
+            self.scheduler.failed.clear()
+            for r, token in made:
                 outputs.append(Output(self.uids[r.rid], {"token": token}, LitAPIStatus.OK))
                 if r.done:
-                    outputs.append(Output(self.uids.pop(r.rid), "", LitAPIStatus.FINISH_STREAMING))
+                    self._end(r, outputs)
         return outputs
 
     def encode_response(self, output):
         return output
 
 
+def check_body(body, *, check, vocab_size, context, num_blocks, block_size):
+    """AdmissionGuard's check, in the HTTP process: the engine's own `check_request` (ValueError -> HTTP 422)."""
+    check(body.get("prompt"), body.get("max_new"), vocab_size=vocab_size, context=context, num_blocks=num_blocks,
+          block_size=block_size)  # fmt: skip
+
+
 def build_server(max_batch_size=8, batch_timeout=0.0, workers_per_device=1, accelerator="cpu"):
     """The LitServer that `server_process.serve(...)` starts; engine settings as JSON in COURSE_16_SERVER."""
-    settings = json.loads(os.environ.get("COURSE_16_SERVER", "{}"))
-    api = StreamingLLM(**{"slots": max_batch_size, "token_budget": 64, "num_blocks": 128, **settings})
-    return ls.LitServer(api, accelerator=accelerator, workers_per_device=workers_per_device, timeout=60)
+    import course_utils as cu
+    from course_utils.from_lessons.l16_llm_serving import check_request
+
+    settings = {"slots": max_batch_size, "token_budget": 64, "num_blocks": 128, "block_size": 16,
+                **json.loads(os.environ.get("COURSE_16_SERVER", "{}"))}  # fmt: skip
+    cancelled = multiprocessing.get_context("spawn").SimpleQueue()  # HTTP process -> model worker
+    api = StreamingLLM(**settings, cancelled=cancelled)
+    shape = cu.llm.smollm2_config()  # SmolLM2's vocabulary and context (the stand-in has the same shape)
+    check = functools.partial(check_body, check=check_request, vocab_size=shape.vocab_size,
+                              context=shape.max_position_embeddings, num_blocks=settings["num_blocks"],
+                              block_size=settings["block_size"])  # fmt: skip
+    guard = (AdmissionGuard, {"check": check, "cancelled": cancelled})
+    return ls.LitServer(api, accelerator=accelerator, workers_per_device=workers_per_device, timeout=60,
+                        middlewares=[guard])  # fmt: skip
 
 
 # %% [markdown]

@@ -9,6 +9,7 @@ load generator, every stream equal to greedy `generate`, a bad request ending on
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -212,28 +213,116 @@ def test_a_refused_connection_is_an_error_not_an_answer():
     assert not answer.ok and answer.error and answer.lines == []
 
 
-def test_the_lessons_server_streams_answers_equal_to_generate(tmp_path, monkeypatch):
-    server_file = server_process.writefile_fallback(tmp_path / "llm_server.py", LESSON)
-    settings = {"token_budget": 16, "num_blocks": 32, "block_size": 8, "layers": 2, "prefix_caching": True}
-    monkeypatch.setenv("COURSE_16_SERVER", json.dumps(settings))
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    """The lesson's server file, started once for this module's server tests (stopped at the end, even on failure)."""
+    folder = tmp_path_factory.mktemp("l16_server")
+    server_file = server_process.writefile_fallback(folder / "llm_server.py", LESSON)
+    events = folder / "events.jsonl"
+    settings = {"token_budget": 16, "num_blocks": 300, "block_size": 8, "layers": 2, "prefix_caching": True}
+    old = os.environ.get("COURSE_16_SERVER")
+    os.environ["COURSE_16_SERVER"] = json.dumps({**settings, "events": str(events)})
+    try:
+        with server_process.serve(f"{server_file}:build_server", max_batch_size=3, start_timeout=300) as srv:
+            yield srv, events
+    finally:
+        if old is None:
+            os.environ.pop("COURSE_16_SERVER", None)
+        else:
+            os.environ["COURSE_16_SERVER"] = old
+
+
+def _generate(prompt, max_new):
     model, tok = engine.serving_model(2)
     eos = tok.eos_token_id if tok is not None else None
+    ids = torch.tensor([prompt])
+    with torch.inference_mode():
+        out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=max_new, do_sample=False)
+    want = out[0, len(prompt) :].tolist()
+    return want[: want.index(eos) + 1] if eos in want else want
+
+
+def test_the_lessons_server_streams_answers_equal_to_generate(served):
+    srv, _ = served
     prompts = [list(range(100, 100 + n)) for n in (11, 19, 11)]
     bodies = [{"prompt": p, "max_new": 5} for p in prompts] + [{"prompt": "not ids", "max_new": 2}]
-    with server_process.serve(f"{server_file}:build_server", max_batch_size=3, start_timeout=300) as srv:
-        answers = stream_load.open_loop_stream(srv.predict_url, bodies, rate=20.0, n_requests=4, timeout=120)
+    answers = stream_load.open_loop_stream(srv.predict_url, bodies, rate=20.0, n_requests=4, timeout=120)
     for a, p in zip(answers[:3], prompts, strict=True):
         assert a.ok, a.error
         got = [line["token"] for line in a.lines]
-        ids = torch.tensor([p])
-        with torch.inference_mode():
-            out = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=5, do_sample=False)
-        want = out[0, len(p) :].tolist()
-        want = want[: want.index(eos) + 1] if eos in want else want
-        assert got == want
+        assert got == _generate(p, 5)
         assert len(a.times_s) == len(got) and a.times_s == sorted(a.times_s)
     bad = answers[3]
-    assert bad.status == 200 and "error" in bad.lines[0] and "ValueError" in bad.lines[0]["error"]
+    assert bad.status == 422 and not bad.ok and "the prompt must be a non-empty list of token ids" in bad.error
+
+
+VOCAB = cu.llm.smollm2_config().vocab_size
+BAD_BODIES = [
+    ({"prompt": [], "max_new": 3}, "the prompt must be a non-empty list of token ids"),
+    ({"prompt": [5, VOCAB], "max_new": 3}, f"prompt token 1 is {VOCAB}: token ids are whole numbers from 0"),
+    ({"prompt": [-1], "max_new": 3}, "prompt token 0 is -1"),
+    ({"prompt": [5], "max_new": 0}, "max_new must be a whole number >= 1, not 0"),
+    ({"prompt": [5], "max_new": -5}, "max_new must be a whole number >= 1, not -5"),
+    ({"prompt": [5] * 8000, "max_new": 500}, "exceeds the model's context of 8192 tokens"),
+    ({"prompt": [5] * 2000, "max_new": 500}, "needs up to 313 KV blocks and the whole pool has 300"),
+    ({"max_new": 3}, "the prompt must be a non-empty list"),
+    ([1, 2], "the body must be a JSON object, not list"),
+]
+
+
+def test_a_bad_request_gets_422_and_its_reason_while_the_others_stream_on(served):
+    import httpx
+
+    srv, _ = served
+    good = [{"prompt": list(range(200, 213)), "max_new": 6}, {"prompt": list(range(300, 309)), "max_new": 6}]
+    bodies = [good[0]] + [b for b, _ in BAD_BODIES] + [good[1]]
+    answers = stream_load.open_loop_stream(srv.predict_url, bodies, rate=1e6, n_requests=len(bodies), timeout=120)
+    for a, body in zip((answers[0], answers[-1]), good, strict=True):
+        assert a.ok, a.error
+        assert [line["token"] for line in a.lines] == _generate(body["prompt"], 6)
+    for a, (_, message) in zip(answers[1:-1], BAD_BODIES, strict=True):
+        assert a.status == 422 and message in a.error, (a.status, a.error)
+    with httpx.Client(trust_env=False, timeout=30) as client:
+        r = client.post(srv.predict_url, content=b"{not json", headers={"content-type": "application/json"})
+        assert r.status_code == 400 and "not valid JSON" in r.json()["detail"]  # the course's RequestGuard, outside
+
+
+def test_a_request_id_still_streaming_gets_409(served):
+    import httpx
+
+    srv, _ = served
+    body = {"prompt": list(range(400, 410)), "max_new": 400, "request_id": "same"}
+    with httpx.Client(trust_env=False, timeout=60) as client:
+        with client.stream("POST", srv.predict_url, json=body) as first:
+            lines = first.iter_lines()
+            assert "token" in json.loads(next(lines))  # the first one streams
+            second = client.post(srv.predict_url, json={**body, "max_new": 2})
+            assert second.status_code == 409 and "request_id 'same' is still streaming" in second.json()["error"]
+
+
+def test_a_client_that_leaves_is_cancelled_and_its_blocks_freed(served):
+    import time
+
+    import httpx
+
+    srv, events = served
+    body = {"prompt": list(range(500, 530)), "max_new": 2000}  # minutes of tokens, unless cancelled
+    with httpx.Client(trust_env=False, timeout=60) as client:
+        with client.stream("POST", srv.predict_url, json=body) as r:
+            got = [json.loads(line) for _, line in zip(range(3), r.iter_lines(), strict=False)]
+    assert [("token" in g) for g in got] == [True] * 3  # then the connection closed, 3 tokens in
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        cancelled = [json.loads(x) for x in events.read_text().splitlines()] if events.exists() else []
+        cancelled = [e for e in cancelled if e["event"] == "cancelled"]
+        if cancelled:
+            break
+        time.sleep(0.2)
+    assert len(cancelled) == 1, "the engine never dropped the request of the client that left"
+    assert cancelled[0]["made"] < 2000 and cancelled[0]["blocks_in_use"] == 0, cancelled
+    after = stream_load.open_loop_stream(srv.predict_url, [{"prompt": [7, 8, 9], "max_new": 4}], rate=1.0,
+                                         n_requests=1, timeout=60)  # fmt: skip
+    assert after[0].ok and [x["token"] for x in after[0].lines] == _generate([7, 8, 9], 4)
 
 
 # ---------------------------------------------------------------- one request cannot break the engine

@@ -26,7 +26,8 @@ class StreamedAnswer:
     """One streamed request: when it was due (s after the start), its status, and each line with its arrival.
 
     ``times_s[i]`` is when line ``i`` arrived, in seconds after ``due_s``; ``error`` names what went wrong (a
-    refused connection, the time bound) when the stream did not finish.
+    refused connection, the time bound) when the stream did not finish, and also when it finished empty (no
+    line) or with a line ``{"error": ...}``: such an answer is a failure, never :attr:`ok`.
     """
 
     index: int
@@ -61,6 +62,12 @@ async def _one(client: Any, url: str, body: Any, answer: StreamedAnswer, start: 
                     answer.lines.append(_line(raw))
     except httpx.HTTPError as exc:
         answer.error = f"{type(exc).__name__}: {exc}"
+        return
+    reported = next((x["error"] for x in answer.lines if isinstance(x, dict) and "error" in x), None)
+    if reported is not None:  # a stream that ends with the server's error line failed, whatever its status
+        answer.error = f"the server reported: {str(reported)[:200]}"
+    elif not answer.lines:
+        answer.error = f"an empty answer (status {answer.status}): no line streamed"
 
 
 async def _open(url: str, bodies: Sequence[Any], rate: float, n_requests: int, max_seconds: float,
