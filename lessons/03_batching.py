@@ -131,8 +131,9 @@ cu.exercises.check("03.oom-sweep", oom_safe_sweep)
 
 # %% tags=["contract"]
 def batch_sweep(model, make_input, batch_sizes, device, cap_mb=None, **timing):
-    """Median/p90 latency and throughput per batch size; stops at out-of-memory (or any error) keeping the rows."""
-    rows, x, stopped = [], None, None
+    """Median (with its 95% interval), p10/p90 latency and throughput per batch size; stops at out-of-memory (or
+    any error) keeping the rows. The per-call times stay in `df.attrs["times_ms"]` for later intervals."""
+    rows, x, stopped, times = [], None, None, {}
     with torch.inference_mode():
         for b in batch_sizes:
             try:
@@ -146,43 +147,57 @@ def batch_sweep(model, make_input, batch_sizes, device, cap_mb=None, **timing):
                 stopped = f"{type(exc).__name__} at batch {b}: {str(exc)[:200]}"
             if stopped:
                 break
+            low, high, _ = cu.intervals.median_interval(m.times_ms)  # the median's 95% interval
             rows.append(
                 {
                     "batch_size": b,
                     "median_ms": m.median_ms,
+                    "median_low_ms": low,
+                    "median_high_ms": high,
+                    "p10_ms": m.p10_ms,
                     "p90_ms": m.p90_ms,
                     "throughput": b / (m.median_ms / 1e3),
                     "ms_per_item": m.median_ms / b,
                 }
             )
+            times[b] = list(m.times_ms)
     if stopped:  # out of the except block, the traceback (and the failed batch it holds) is gone: free now
         x = None  # drop our own reference to the failed batch's input
         gc.collect()
         if torch.device(device).type == "cuda":
             torch.cuda.empty_cache()  # hand the cached blocks back
         print(f"sweep stopped: {stopped}; kept {len(rows)} rows")
-    df = pd.DataFrame(rows, columns=["batch_size", "median_ms", "p90_ms", "throughput", "ms_per_item"])
-    df.attrs.update(stopped=stopped, max_fit=rows[-1]["batch_size"] if rows else None)
+    columns = ["batch_size", "median_ms", "median_low_ms", "median_high_ms", "p10_ms", "p90_ms", "throughput"]
+    df = pd.DataFrame(rows, columns=[*columns, "ms_per_item"])
+    df.attrs.update(stopped=stopped, max_fit=rows[-1]["batch_size"] if rows else None, times_ms=times)
     return df
 
 
 # %%
-timing = dict(min_time_s=cu.pick(full=0.5, smoke=0.05), min_repeats=cu.pick(full=10, smoke=3))
+# at least 9 calls per batch size: each median then has an interval the simulation below can carry
+timing = dict(min_time_s=cu.pick(full=0.5, smoke=0.05), min_repeats=9)
 sweeps = {}
 for name, (model, make_input, sizes) in models.items():
     sweeps[name] = batch_sweep(model, make_input, sizes, device, **timing)
     base = sweeps[name].iloc[0]
     print(f"{name}: batch 1 takes {base.median_ms:.3f} ms ({base.throughput:,.0f} items/s)")
 table = pd.concat([df.assign(variant=name) for name, df in sweeps.items()], ignore_index=True)
-table[["variant", "batch_size", "median_ms", "p90_ms", "throughput", "ms_per_item"]].round(3)
+table[["variant", "batch_size", "median_ms", "p10_ms", "p90_ms", "throughput", "ms_per_item"]].round(3)
+
+# %% [markdown]
+# One panel per model, log axes: a 0.05 ms model and a 20 ms one cannot share a linear axis. The whiskers are
+# each median's 95% interval, the band p10-p90 of the calls; a hollow marker is a batch size whose throughput is
+# within noise of the one before it (their intervals overlap): the curve there is flat as far as this run can
+# tell. Each figure is also saved as a PNG beside this machine's results.
 
 # %%
-_ = cu.plots.batch_curve(
-    sweeps[f"resnet18@{res}"], label=f"resnet18@{res}", title=f"ResNet-18 at {res}x{res} on {device}"
+fig = cu.plots.batch_curve(table, title=f"Latency and throughput vs batch size on {device}")
+png = cu.plots.save(fig, "03", "batch_curves")
+flat = cu.plots.figure_data(png).query("within_noise")  # the numbers travel inside the PNG
+print(
+    f"saved {png}; within noise of the size before them: "
+    + (", ".join(f"{r.model} batch {r.batch_size}" for r in flat.itertuples()) or "none")
 )
-
-# %%
-_ = cu.plots.batch_curve(table[table["variant"] != f"resnet18@{res}"], title=f"Digits models on {device}")
 
 # %% [markdown]
 # ## The knee and the best batch under a budget
@@ -190,54 +205,89 @@ _ = cu.plots.batch_curve(table[table["variant"] != f"resnet18@{res}"], title=f"D
 # batch buys little throughput and costs latency. The **best batch under a latency budget** is the one with
 # the highest throughput whose p90 latency fits the budget. Change `LATENCY_BUDGET_MS` to your own target.
 
-# %%
-LATENCY_BUDGET_MS = None  # a number in ms sets your own budget; None uses 4x each model's batch-1 p90 here
 
-rows = []
-for name, df in sweeps.items():
-    budget = LATENCY_BUDGET_MS or 4 * float(df.iloc[0]["p90_ms"])
+# %% tags=["contract"]
+def batch_choice(name, df, budget_ms):
+    """The knee, the best batch under `budget_ms` (p90) and the sweep's top-throughput batch of one sweep."""
     knee = int(df.loc[df["throughput"] >= 0.9 * df["throughput"].max(), "batch_size"].min())
-    fits = df[df["p90_ms"] <= budget]
+    fits = df[df["p90_ms"] <= budget_ms]
     best = None if fits.empty else fits.loc[fits["throughput"].idxmax()]
-    rows.append(
-        {
-            "model": name,
-            "knee": knee,
-            "max_throughput": float(df["throughput"].max()),
-            "budget_ms": budget,
-            "best_batch": None if best is None else int(best["batch_size"]),
-            "best_p90_ms": None if best is None else float(best["p90_ms"]),
-            "top_batch": int(df.loc[df["throughput"].idxmax(), "batch_size"]),
-        }
-    )
-choice = pd.DataFrame(rows)
+    return {
+        "model": name,
+        "knee": knee,
+        "max_throughput": float(df["throughput"].max()),
+        "budget_ms": budget_ms,
+        "best_batch": None if best is None else int(best["batch_size"]),
+        "best_p90_ms": None if best is None else float(best["p90_ms"]),
+        "top_batch": int(df.loc[df["throughput"].idxmax(), "batch_size"]),
+    }
 
-# The throughput of batch 1, the best batch under the budget and the sweep's fastest, taking turns in rounds
-# (lesson 01): ratios per item, with their intervals.
-gains = {}
-with torch.inference_mode():
-    for r in choice.itertuples():
-        model, make_input, _ = models[r.model]
-        best_b = None if pd.isna(r.best_batch) else int(r.best_batch)
-        batches = sorted({1, int(r.top_batch)} | ({best_b} if best_b is not None else set()))
-        inputs = {b: make_input(b) for b in batches}
-        gains[r.model] = cu.compare(
+
+def batches_to_compare(r):
+    """Batch 1, the best batch under the budget and the top batch: [1] alone when batch 1 won everything."""
+    best = None if pd.isna(r.best_batch) else int(r.best_batch)
+    return sorted({1, int(r.top_batch)} | ({best} if best is not None else set()))
+
+
+def compare_batches(model, make_input, batches, device):
+    """Throughput per item of each batch against batch 1, in rounds; None when there is nothing to compare."""
+    if batches == [1]:
+        return None  # cu.compare needs a second variant: batch 1 won the sweep, nothing else is worth timing
+    inputs = {b: make_input(b) for b in batches}
+    with torch.inference_mode():
+        return cu.compare(
             {f"batch {b}": (lambda x=inputs[b], mdl=model: mdl(x)) for b in batches},
             baseline="batch 1",
             device=device,
             items={f"batch {b}": b for b in batches},
         )
-for r in choice.itertuples():
+
+
+def choice_line(r, gains):
+    """The sentence for one model's row of the choice table, whatever the sweep found."""
     if pd.isna(r.best_batch):
-        print(f"{r.model}: no batch size meets {r.budget_ms:.2f} ms at p90; raise the budget or use a faster model.")
-    elif r.best_batch == 1:
-        print(f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is 1.")
-    else:
-        gain = gains[r.model].ratio(f"batch {int(r.best_batch)}")
-        print(
-            f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is {int(r.best_batch)} "
-            f"(p90 {r.best_p90_ms:.2f} ms): {gain.says(f'batch {int(r.best_batch)}', 'batch 1', 'the throughput of')}."
+        return f"{r.model}: no batch size meets {r.budget_ms:.2f} ms at p90; raise the budget or use a faster model."
+    if gains is None:
+        return (
+            f"{r.model}: batch 1 had the top throughput of the sweep and is the best under {r.budget_ms:.2f} ms: no "
+            "larger batch paid on this run, so there is nothing to compare. On a busy machine the sweep's noise can "
+            "hide a gain: run the sweep again before concluding that batching does not help this model."
         )
+    if r.best_batch == 1:
+        return f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is 1."
+    gain = gains.ratio(f"batch {int(r.best_batch)}")
+    return (
+        f"{r.model}: knee at batch {r.knee}; under {r.budget_ms:.2f} ms the best batch is {int(r.best_batch)} "
+        f"(p90 {r.best_p90_ms:.2f} ms): {gain.says(f'batch {int(r.best_batch)}', 'batch 1', 'the throughput of')}."
+    )
+
+
+def top_batch_line(r, gains):
+    """'What surprised us', point 1, for one model: the top batch against batch 1, from the interval."""
+    if r.top_batch == 1 or gains is None:
+        return f"1. {r.model}: no batch size beat batch 1 in the sweep: a larger batch only adds latency here."
+    gain = gains.ratio(f"batch {int(r.top_batch)}")
+    judged = gain.judge(2.0)
+    return f"1. {r.model}: {gain.says(f'batch {int(r.top_batch)}', 'batch 1', 'the throughput of')}; " + (
+        "batching pays a lot here."
+        if judged == "met"
+        else "little to gain here: a larger batch mostly adds latency."
+        if judged == "missed"
+        else "not shown to double it here."
+    )
+
+
+# %%
+LATENCY_BUDGET_MS = None  # a number in ms sets your own budget; None uses 4x each model's batch-1 p90 here
+
+choice = pd.DataFrame(
+    [batch_choice(name, df, LATENCY_BUDGET_MS or 4 * float(df.iloc[0]["p90_ms"])) for name, df in sweeps.items()]
+)
+# The throughput of batch 1, the best batch under the budget and the sweep's fastest, taking turns in rounds
+# (lesson 01): ratios per item, with their intervals. When batch 1 won everything there is nothing to compare.
+gains = {r.model: compare_batches(*models[r.model][:2], batches_to_compare(r), device) for r in choice.itertuples()}
+for r in choice.itertuples():
+    print(choice_line(r, gains[r.model]))
 choice.round(3)
 
 # %%
@@ -259,6 +309,8 @@ ax.set(
     title="Throughput gain from batching (circles: knee)",
 )
 _ = ax.legend()
+
+print(f"saved {cu.plots.save(fig, '03', 'batching_gain')}")
 
 # %% [markdown]
 # ## Out of memory: stop the sweep, keep the results, carry on
@@ -420,41 +472,57 @@ if cu.gpu_section("03.cudnn-benchmark"):
 # **Capacity** first: one instance serving batches of *b* finishes at most `b / service(b)` requests per
 # second. Offered more than that, the queue grows for as long as requests keep coming: every latency figure of
 # such a run depends on how long the run was, so it describes the run, not the server.
+#
+# The service times are measured, so they are uncertain: the simulation runs once with the medians and once
+# with each end of their intervals (`service_bounds`: the fast and the slow end of every batch size's median
+# interval, wide enough to hold together). The gain it reports is the range those runs allow.
 
 # %%
 sweep_cnn = sweeps[f"resnet18@{res}"]
 service = cu.batching_sim.service_time_fn(sweep_cnn)
 max_batch_size = int(min(32, sweep_cnn["batch_size"].max()))
+service_fast, service_slow, joint = cu.batching_sim.service_bounds(sweep_cnn, max_batch_size)
 max_wait_ms = service(1)  # a knob: here, wait at most as long as one single-request inference takes
 dynamic = f"dynamic (max {max_batch_size}, wait {max_wait_ms:.2f} ms)"
 policies = {"no batching": (1, 0.0), dynamic: (max_batch_size, max_wait_ms)}
-capacity = {p: cu.batching_sim.capacity(service, b) for p, (b, _) in policies.items()}
 n_requests = cu.pick(full=4000, smoke=800)
 
 
-def run(rate, policy, n=n_requests, seed=1):
+def run(rate, policy, n=n_requests, seed=1, svc=service):
     b, w = policies[policy]
     return cu.batching_sim.simulate(
-        cu.batching_sim.poisson_arrivals(rate, n, seed=seed), service, max_batch_size=b, max_wait_ms=w
+        cu.batching_sim.poisson_arrivals(rate, n, seed=seed), svc, max_batch_size=b, max_wait_ms=w
     )
 
 
-def sustainable(rate, policy):
+def sustainable(rate, policy, svc=service):
     """Stable at this rate: served as fast as offered, and p99 does not grow when the run is twice as long."""
-    short, long = run(rate, policy), run(rate, policy, n=2 * n_requests)
+    short, long = run(rate, policy, svc=svc), run(rate, policy, n=2 * n_requests, svc=svc)
     return long.throughput >= 0.95 * rate and long.p99_ms <= 1.3 * short.p99_ms
 
 
 fractions = np.arange(0.5, 1.3, 0.05)
-max_rate = {
-    p: max([f * capacity[p] for f in fractions if sustainable(f * capacity[p], p)], default=float("nan"))
-    for p in policies
-}
+
+
+def max_sustainable(policy, svc=service):
+    """The highest sustainable rate on a grid of fractions of the policy's capacity (NaN when none is)."""
+    cap = cu.batching_sim.capacity(svc, policies[policy][0])
+    return max([f * cap for f in fractions if sustainable(f * cap, policy, svc)], default=float("nan"))
+
+
+capacity = {p: cu.batching_sim.capacity(service, b) for p, (b, _) in policies.items()}
+max_rate = {p: max_sustainable(p) for p in policies}
 limits = pd.DataFrame({"capacity b/service(b), req/s": capacity, "max sustainable (simulated), req/s": max_rate})
 display(limits.round(1))
 p_none, p_dyn = list(policies)
-tp_ratio = max_rate[p_dyn] / max_rate[p_none]
-print(f"Simulated: dynamic batching sustains {tp_ratio:.2f}x the request rate of no batching (this run's times).")
+# the gain's range: dynamic at its slowest against no batching at its fastest, and the other way round
+worst = max_sustainable(p_dyn, service_slow) / max_sustainable(p_none, service_fast)
+best = max_sustainable(p_dyn, service_fast) / max_sustainable(p_none, service_slow)
+tp_estimate = max_rate[p_dyn] / max_rate[p_none]
+tp_gain = cu.intervals.ratio_from_bounds(
+    p_dyn, p_none, tp_estimate, min(worst, tp_estimate), max(best, tp_estimate), joint
+)
+print(f"Simulated with this run's times: {tp_gain.says('dynamic batching', 'no batching', 'the sustainable rate of')}.")
 
 # %% [markdown]
 # **Latency where both policies keep up.** The fair comparison is at the highest arrival rate *neither* policy
@@ -462,13 +530,31 @@ print(f"Simulated: dynamic batching sustains {tp_ratio:.2f}x the request rate of
 
 # %%
 fair_rate = 0.9 * max_rate[p_none]
-fair = pd.DataFrame({p: run(fair_rate, p).summary() for p in policies}).T
+fair_runs = {p: run(fair_rate, p) for p in policies}
+fair = pd.DataFrame({p: r.summary() for p, r in fair_runs.items()}).T
 display(fair.round(2))
-p99_ratio = fair.loc[p_none, "p99_ms"] / fair.loc[p_dyn, "p99_ms"]
+
+
+def tail_verdict(rate):
+    """Dynamic batching's p99 against no batching's at `rate`, with the requests' interval, at the medians; the
+    verdict stands only if both ends of the service times' intervals give it too."""
+    tail = cu.intervals.tail_says(p_dyn, run(rate, p_dyn).latencies_ms, p_none, run(rate, p_none).latencies_ms)
+    ends = set()
+    for dyn_svc, none_svc in ((service_slow, service_fast), (service_fast, service_slow)):
+        dyn_ms, none_ms = run(rate, p_dyn, svc=dyn_svc).latencies_ms, run(rate, p_none, svc=none_svc).latencies_ms
+        ends.add(cu.intervals.tail_says(p_dyn, dyn_ms, p_none, none_ms).verdict)
+    if ends != {tail.verdict}:
+        allowed = " or ".join(sorted(ends | {tail.verdict}))
+        return cu.intervals.Finding(
+            "not shown", f"{tail.text}; not shown: the service times' intervals allow {allowed}"
+        )
+    return tail
+
+
+fair_tail = tail_verdict(fair_rate)
 print(
-    f"At {fair_rate:.1f} req/s (90% of no batching's limit) p99 is {fair.loc[p_none, 'p99_ms']:.2f} ms without "
-    f"batching and {fair.loc[p_dyn, 'p99_ms']:.2f} ms with it ({p99_ratio:.2f}x); "
-    f"mean batch {fair.loc[p_dyn, 'mean_batch']:.1f}."
+    f"At {fair_rate:.1f} req/s (90% of no batching's limit), mean batch {fair.loc[p_dyn, 'mean_batch']:.1f}: "
+    f"{fair_tail}."
 )
 
 # %% [markdown]
@@ -516,22 +602,9 @@ cu.exercises.check("03.max-wait", choose_max_wait)
 
 # %%
 for r in choice.itertuples():
-    if r.top_batch == 1:
-        print(f"1. {r.model}: no batch size beat batch 1 in the sweep: a larger batch only adds latency here.")
-        continue
-    gain = gains[r.model].ratio(f"batch {int(r.top_batch)}")
-    print(
-        f"1. {r.model}: {gain.says(f'batch {int(r.top_batch)}', 'batch 1', 'the throughput of')}; "
-        + (
-            "batching pays a lot here."
-            if gain.judge(2.0) == "met"
-            else "not shown to double it here."
-            if gain.judge(2.0) != "missed"
-            else "little to gain here: a larger batch mostly adds latency."
-        )
-    )
+    print(top_batch_line(r, gains[r.model]))
 mlp = choice.set_index("model").loc["digits_mlp"]
-if mlp.top_batch > 1:
+if mlp.top_batch > 1 and gains["digits_mlp"] is not None:
     per_item = gains["digits_mlp"].ratio(f"batch {int(mlp.top_batch)}")  # per item: batch-1 time / batch-b time
     print(
         f"2. For the tiny MLP one item at batch {int(mlp.top_batch)} costs {per_item.interval_text} less time than at "
@@ -543,9 +616,12 @@ if mlp.top_batch > 1:
         )
     )
 print(
-    f"3. Dynamic batching sustained {tp_ratio:.2f}x the request rate of no batching; where both kept up, its p99 "
-    f"was {'lower' if p99_ratio > 1 else 'higher'} ({fair.loc[p_dyn, 'p99_ms']:.2f} vs "
-    f"{fair.loc[p_none, 'p99_ms']:.2f} ms)."
+    f"3. Simulated, {tp_gain.says('dynamic batching', 'no batching', 'the sustainable rate of')}; where both kept "
+    + (
+        f"up, its p99 was {fair_tail.verdict}: {fair_tail}."
+        if fair_tail.verdict in ("lower", "higher")
+        else f"up, the p99s do not tell them apart: {fair_tail}."
+    )
 )
 
 # %% [markdown]
@@ -593,8 +669,8 @@ cu.record(
     median_ms=fair.loc[p_dyn, "p50_ms"],
     p90_ms=None,
     throughput=max_rate[p_dyn],
-    speedup_vs_baseline=tp_ratio,
+    speedup_vs_baseline=tp_gain,
     notes=f"max sustainable {max_rate[p_dyn]:.1f} vs {max_rate[p_none]:.1f} req/s; at {fair_rate:.1f} req/s "
-    f"p99 {fair.loc[p_dyn, 'p99_ms']:.1f} vs {fair.loc[p_none, 'p99_ms']:.1f} ms",
+    f"{fair_tail.verdict}: p99 {fair.loc[p_dyn, 'p99_ms']:.1f} vs {fair.loc[p_none, 'p99_ms']:.1f} ms",
 )
 choice.round(3)

@@ -485,20 +485,9 @@ for seed in seeds:
 kd = pd.DataFrame(kd_rows)
 kd["gain (points)"] = (kd["distilled"] - kd["labels only"]) * 100
 display(kd.round(4))
-gain = kd["gain (points)"]
-mean_gain = gain.mean()
-se = gain.std(ddof=1) / len(gain) ** 0.5 if len(gain) > 1 else float("inf")
-verdict = (
-    "helped"
-    if mean_gain > 2 * se
-    else "hurt"
-    if mean_gain < -2 * se
-    else "made no difference beyond the seed-to-seed spread"
-)
-print(
-    f"Distillation vs labels only over {len(seeds)} seeds ({kd_epochs} epochs, {kd_n} images): mean gain "
-    f"{mean_gain:+.2f} points, standard error {se:.2f} -> distillation {verdict} here."
-)
+# the paired differences' mean with its 95% interval (Student t over the seeds) decides, not the mean alone
+kd_finding = cu.intervals.accuracy_says("the distilled student", "the labels-only one", kd["gain (points)"])
+print(f"Over {len(seeds)} seeds ({kd_epochs} epochs, {kd_n} images): {kd_finding}.")
 student_cmp = compare_models({"teacher": teacher, "student": s_kd}, x_bench)
 m_student, s_student = student_cmp.measurements["student"], student_cmp.ratio("student")
 for name in ("labels only", "distilled"):
@@ -550,8 +539,7 @@ print(
 print(
     f"The student has {pruning.count_params(s_kd):,} parameters "
     f"({pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x "
-    f"fewer), runs at {s_student} the teacher's speed, and distillation changed its "
-    f"accuracy by {mean_gain:+.2f} points on average."
+    f"fewer) and runs at {s_student} the teacher's speed. Distillation: {kd_finding}."
 )
 
 # %% [markdown]

@@ -109,3 +109,115 @@ def test_service_time_fn_sorts_the_sweep_and_scales_below_its_smallest_batch():
     assert svc(1) == pytest.approx(6.0)  # below the smallest measured batch: its time, per item (12 ms for 2)
     assert svc(2) == pytest.approx(12.0) and svc(3) == pytest.approx(13.0) and svc(6) == pytest.approx(16.0)
     assert svc(8) == pytest.approx(18.0)
+
+
+# --- service_bounds: the service times' intervals, for a simulation that carries them -------------------------
+
+
+def _timed_sweep(times: dict[int, list[float]]) -> pd.DataFrame:
+    df = pd.DataFrame({"batch_size": list(times), "median_ms": [float(np.median(t)) for t in times.values()]})
+    df.attrs["times_ms"] = times
+    return df
+
+
+def test_service_bounds_are_each_sizes_median_interval_at_the_bonferroni_level():
+    rng = np.random.default_rng(0)
+    times = {b: list(10.0 + b + rng.normal(0, 0.5, size=60)) for b in (1, 2, 4, 8, 16)}
+    fast, slow, joint = batching.service_bounds(_timed_sweep(times), max_batch_size=4)
+    # batches 1, 2, 4 are needed (and none above: 4 was measured): each at 1 - 0.05/3
+    from course_utils.measuring.intervals import median_interval
+
+    for b in (1, 2, 4):
+        low, high, conf = median_interval(np.asarray(times[b]), 1 - 0.05 / 3)
+        assert (fast(b), slow(b)) == (pytest.approx(low), pytest.approx(high))
+        assert conf == pytest.approx(1 - 0.05 / 3)
+    assert joint == pytest.approx(0.95)
+    assert fast(3) < slow(3)  # interpolated between the bounds of 2 and 4
+    with pytest.raises(ValueError, match="largest measured batch"):
+        slow(8)  # beyond the needed sizes: not bounded
+
+
+def test_service_bounds_with_few_calls_say_their_lower_confidence():
+    times = {1: [1.0, 1.1, 1.2], 2: [2.0, 2.1, 2.2]}  # 3 calls: no 97.5% interval, the range at 75%
+    fast, slow, joint = batching.service_bounds(_timed_sweep(times), max_batch_size=2)
+    assert (fast(1), slow(1), fast(2), slow(2)) == (1.0, 1.2, 2.0, 2.2)
+    assert joint == pytest.approx(0.5)  # 1 - 2 * 0.25
+
+
+def test_service_bounds_needs_the_per_call_times():
+    df = pd.DataFrame({"batch_size": [1, 2], "median_ms": [1.0, 2.0]})
+    with pytest.raises(ValueError, match=r"per-call times of batches \[1, 2\]"):
+        batching.service_bounds(df, max_batch_size=2)
+
+
+# --- lesson 03's choice cell, fed the degenerate sweeps a busy machine gives --------------------------------
+
+
+@pytest.fixture(scope="module")
+def l03():
+    import torch
+
+    import course_utils as cu
+    from tests.gpu_contract.lesson_code import lesson_namespace
+
+    return lesson_namespace("03", torch=torch, pd=pd, cu=cu)
+
+
+def _row(**kw):
+    base = dict(model="m", knee=1, max_throughput=100.0, budget_ms=4.0, best_batch=1, best_p90_ms=1.0, top_batch=1)
+    return next(pd.DataFrame([{**base, **kw}]).itertuples())
+
+
+def _choice_sweep(ms: list[float], p90: list[float]) -> pd.DataFrame:
+    b = [1, 2, 4, 8][: len(ms)]
+    return pd.DataFrame({"batch_size": b, "median_ms": ms, "p90_ms": p90,
+                         "throughput": [n * 1e3 / t for n, t in zip(b, ms, strict=True)]})  # fmt: skip
+
+
+def test_l03_batch_one_winning_everything_leaves_nothing_to_compare(l03):
+    # batch 1 has the top throughput (every larger batch took longer per item) and fits the budget
+    r = l03["batch_choice"]("m", _choice_sweep([1.0, 2.5, 5.0, 12.0], [1.1, 2.6, 5.2, 13.0]), 4.4)
+    assert (r["top_batch"], r["best_batch"], r["knee"]) == (1, 1, 1)
+    row = _row(**r)
+    assert l03["batches_to_compare"](row) == [1]
+    assert l03["compare_batches"](lambda x: x, lambda b: None, [1], "cpu") is None  # no cu.compare, no error
+    line = l03["choice_line"](row, None)
+    assert line.startswith("m: batch 1 had the top throughput of the sweep and is the best under 4.40 ms: no larger")
+    assert "run the sweep again before concluding" in line
+    assert l03["top_batch_line"](row, None) == (
+        "1. m: no batch size beat batch 1 in the sweep: a larger batch only adds latency here."
+    )
+
+
+def test_l03_choice_of_an_ordinary_sweep(l03):
+    r = l03["batch_choice"]("m", _choice_sweep([1.0, 1.2, 1.5, 3.0], [1.1, 1.3, 1.6, 3.2]), 2.0)
+    assert (r["knee"], r["best_batch"], r["top_batch"]) == (4, 4, 4)  # 8: 2667/s < 0.9 * 2667? equal: knee 4
+    r = l03["batch_choice"]("m", _choice_sweep([1.0, 1.2, 1.5, 2.0], [1.1, 1.3, 1.6, 2.2]), 2.0)
+    assert (r["best_batch"], r["top_batch"]) == (4, 8)  # batch 8 is faster per item but its p90 is over budget
+    assert l03["batches_to_compare"](_row(**r)) == [1, 4, 8]
+    none_fit = l03["batch_choice"]("m", _choice_sweep([1.0, 1.2], [1.1, 1.3]), 0.5)
+    assert none_fit["best_batch"] is None
+    row = _row(**{**none_fit, "best_batch": float("nan")})
+    assert l03["batches_to_compare"](row) == [1, 2]
+    assert l03["choice_line"](row, None) == (
+        "m: no batch size meets 0.50 ms at p90; raise the budget or use a faster model."
+    )
+
+
+def test_l03_lines_phrase_the_interval(l03):
+    from course_utils.measuring.comparing import Comparison
+    from course_utils.measuring.intervals import Ratio
+
+    def gains(low, high):
+        r = Ratio("batch 8", "batch 1", (low + high) / 2, low, high, rounds=[1.0] * 9)
+        return Comparison("batch 1", "", "time", {"batch 1": [1.0], "batch 8": [1.0]}, {}, {"batch 8": r})
+
+    row = _row(knee=8, best_batch=8, top_batch=8, best_p90_ms=3.0)
+    assert l03["choice_line"](row, gains(2.5, 3.5)) == (
+        "m: knee at batch 8; under 4.00 ms the best batch is 8 (p90 3.00 ms): batch 8 is 3.00x (95% CI 2.50-3.50) "
+        "the throughput of batch 1."
+    )
+    assert l03["top_batch_line"](row, gains(2.0, 3.5)).endswith("; batching pays a lot here.")
+    assert l03["top_batch_line"](row, gains(1.9, 3.5)).endswith("; not shown to double it here.")
+    assert l03["top_batch_line"](row, gains(1.2, 1.99)).endswith("; little to gain here: a larger batch mostly adds "
+                                                                  "latency.")  # fmt: skip

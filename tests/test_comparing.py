@@ -124,7 +124,7 @@ def test_interval_is_the_order_statistic_interval_of_the_median():
     assert intervals.median_interval(np.arange(1.0, 16.0)) == (4.0, 12.0, 0.95)  # 15 rounds: 4th to 12th
     few = ratio_from_rounds("v", "b", [1.2, 1.05, 1.4, 1.1, 1.3])  # 5 rounds: no 95% interval exists
     assert (few.low, few.high, few.confidence) == (1.05, 1.4, 1 - 2 / 32)
-    assert str(few) == "1.20x (94% CI 1.05-1.40)"
+    assert str(few) == "1.20x (5 rounds: their range 1.05-1.40 covers the median 94% of the time; 6 rounds give 95%)"
 
 
 @pytest.mark.parametrize(

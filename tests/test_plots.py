@@ -35,18 +35,67 @@ def test_batch_curve_plots_sorted_medians_band_and_throughput():
     assert _xy(thr.lines[0]) == ([1.0, 2.0, 4.0], [1000.0, 1333.0, 1600.0])
     band = lat.collections[0].get_paths()[0].vertices
     assert band[:, 1].min() == pytest.approx(0.9) and band[:, 1].max() == pytest.approx(2.9), "the p10-p90 band"
-    assert lat.get_xscale() == "log" and lat.get_xlabel() == "batch size"
-    assert lat.get_ylabel().startswith("latency per batch (ms") and thr.get_ylabel() == "throughput (items/s)"
-    assert [t.get_text() for t in thr.get_legend().get_texts()] == ["mlp"]
+    for ax in (lat, thr):
+        assert (ax.get_xscale(), ax.get_yscale(), ax.get_xlabel()) == ("log", "log", "batch size")
+    assert lat.get_ylabel() == "ms per batch" and thr.get_ylabel() == "items/s"
+    assert lat.get_title() == "mlp: latency (median, 95% CI; band p10-p90)" and thr.get_title() == "mlp: throughput"
     assert fig._suptitle.get_text() == "T"
 
 
-def test_batch_curve_one_line_per_variant():
-    two = pd.concat([DF.assign(variant="a"), DF.assign(variant="b", median_ms=DF["median_ms"] * 2)])
-    lat, thr = plots.batch_curve(two).axes
-    assert [line.get_label() for line in lat.lines] == ["a", "b"]
-    assert _xy(lat.lines[1])[1] == [2.0, 3.0, 5.0]
-    assert [t.get_text() for t in thr.get_legend().get_texts()] == ["a", "b"]
+def test_batch_curve_one_row_of_panels_per_model():
+    two = pd.concat([DF.assign(variant="a"), DF.assign(variant="b", median_ms=DF["median_ms"] * 200)])
+    axes = plots.batch_curve(two).axes
+    assert len(axes) == 4, "a model 200x slower gets its own panels, not a flat line on a shared axis"
+    assert [ax.get_title() for ax in axes[::2]] == [f"{v}: latency (median, 95% CI; band p10-p90)" for v in "ab"]
+    assert _xy(axes[2].lines[0])[1] == [200.0, 300.0, 500.0]
+
+
+def _with_ci(low, high):
+    return DF.sort_values("batch_size").assign(median_low_ms=low, median_high_ms=high).drop(columns="throughput")
+
+
+def test_batch_curve_whiskers_and_the_points_within_noise():
+    # medians 1.0, 1.5, 2.5 ms at batches 1, 2, 4; throughput 1000, 1333, 1600 items/s
+    df = _with_ci([0.9, 1.4, 2.1], [1.1, 1.6, 2.4])  # batch 4: 1667-1905/s overlaps batch 2's 1250-1429/s? no
+    data = plots.batch_curve(df, label="m").course_data
+    assert data["within_noise"].tolist() == [False, False, False]
+    assert data["throughput_low"].tolist() == pytest.approx([1000 / 1.1, 2000 / 1.6, 4000 / 2.4])
+    assert data["throughput_high"].tolist() == pytest.approx([1000 / 0.9, 2000 / 1.4, 4000 / 2.1])
+    # batch 4's interval now reaches down to 1333/s (4000/3.0): it overlaps batch 2's (1250-1429/s)
+    data = plots.batch_curve(_with_ci([0.9, 1.4, 2.1], [1.1, 1.6, 3.0]), label="m").course_data
+    assert data["within_noise"].tolist() == [False, False, True]
+    # touching ends count as overlapping; a gap of a hair does not
+    assert plots.within_noise_of_previous([1.0, 2.0], [2.0, 3.0]).tolist() == [False, True]
+    assert plots.within_noise_of_previous([1.0, 2.0001], [2.0, 3.0]).tolist() == [False, False]
+    fig = plots.batch_curve(_with_ci([0.9, 1.4, 2.1], [1.1, 1.6, 3.0]), label="m")
+    lat = fig.axes[0]
+    segments = [seg for c in lat.collections if hasattr(c, "get_segments") for seg in c.get_segments()]
+    spans = sorted((round(float(s[0][1]), 6), round(float(s[1][1]), 6)) for s in segments if s[0][0] == s[1][0])
+    assert spans == [(0.9, 1.1), (1.4, 1.6), (2.1, 3.0)], "each median's 95% interval drawn as a whisker"
+    hollow = [c for c in fig.axes[1].collections if c.get_label() == "within noise of the previous size"]
+    assert len(hollow) == 1 and hollow[0].get_offsets().tolist() == [[4.0, pytest.approx(1600.0)]]
+
+
+def test_save_writes_a_png_whose_data_reads_back(tmp_path, monkeypatch):
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    fig = plots.batch_curve(_with_ci([0.9, 1.4, 2.1], [1.1, 1.6, 3.0]), label="m")
+    path = plots.save(fig, "03", "batch_curves")
+    assert path.parent.parent == tmp_path / "figures" and path.name == "03_batch_curves.png"
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    back = plots.figure_data(path)
+    assert back["median_ms"].tolist() == [1.0, 1.5, 2.5] and back["within_noise"].tolist() == [False, False, True]
+    assert back["median_high_ms"].tolist() == [1.1, 1.6, 3.0]
+    # a figure without course_data: every line's points
+    fig2, ax = plt.subplots()
+    ax.plot([1, 2], [3, 4], label="line")
+    back2 = plots.figure_data(plots.save(fig2, "01", "roofline"))
+    assert back2[["line", "x", "y"]].values.tolist() == [["line", 1.0, 3.0], ["line", 2.0, 4.0]]
+    with pytest.raises(ValueError, match="letters, digits"):
+        plots.save(fig2, "01", "../escape")
+    other = tmp_path / "plain.png"
+    fig2.savefig(other)
+    with pytest.raises(ValueError, match="not written by course_utils.show.plots.save"):
+        plots.figure_data(other)
 
 
 def test_speedup_bars_values_colours_and_baseline():

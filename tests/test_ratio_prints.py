@@ -27,10 +27,7 @@ RATIO_FORMAT = re.compile(r"\{[^{}]*:\.\d+[fg]\}x")
 
 EXEMPT = {  # (lesson, text on the line): why it is not a comparison of timed variants
     ("02", 'table["share"] = table["ms"] / table["ms"].sum()'): "each stage's share of one profile's total",
-    ("03", "p99_ratio = fair.loc[p_none"): "output of the batching simulation",
     ("03", "long.p99_ms / short.p99_ms"): "output of the batching simulation: what not to do past saturation",
-    ("03", "{tp_ratio:.2f}x"): "output of the batching simulation",
-    ("03", "({p99_ratio:.2f}x)"): "output of the batching simulation",
     ("07", 'per_op["share"] = (per_op["total ms"] / per_op["total ms"].sum())'): "each operator's share of one profile",
     ("09", 'err = (e2e["measured img/s"] / e2e["predicted img/s"] - 1)'): "a measurement against its prediction",
     ("05", "({lin_ratio_mlp:.2f}x smaller"): "bytes of weights, counted, not timed",
@@ -41,7 +38,6 @@ EXEMPT = {  # (lesson, text on the line): why it is not a comparison of timed va
     ("05", "MORE bytes than INT8"): "bytes of weights, counted, not timed",
     ("08", "({fp32_mib / fp16_mib:.2f}x smaller)"): "file sizes, not timed",
     ("09", "({ref_batch.nbytes / u8_batch.nbytes:.0f}x fewer)"): "bytes per batch, counted, not timed",
-    ("11", "{g['peak MiB (RSS)'] / max(inf['peak MiB (RSS)'], 1e-9):.1f}x the peak memory"): "memory, not timed",
     ("12", "cuts parameters {param_cut:.1f}x"): "parameter counts, not timed",
     ("12", "{pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x"): "parameter counts, not timed",
 }

@@ -18,6 +18,7 @@ CONFIDENCE = 0.95
 NO_DIFFERENCE = "no difference beyond this machine's noise"
 VERDICTS = ("faster", "slower", NO_DIFFERENCE)
 JUDGEMENTS = ("met", "not shown", "missed", "not judged (stand-in timing)", "not judged (drifted)")
+MIN_ROUNDS_95 = 6  # the fewest rounds whose median has a distribution-free 95% interval
 RESOLUTION = 0.005  # half the last printed digit of a ratio: smaller differences are not claimed
 STANDIN_FLAG = "stand-in timing (the rehearsal's CPU stand-in, not a GPU): judges nothing"
 
@@ -106,7 +107,22 @@ class Ratio:
 
     @property
     def interval_text(self) -> str:
-        """As printed: "1.45x (95% CI 1.31-1.62)" or "no difference beyond this machine's noise (0.90-1.30x)"."""
+        """As printed: "1.45x (95% CI 1.31-1.62)" or "no difference beyond this machine's noise (0.90-1.30x)".
+
+        Under 6 rounds no 95% interval exists: the text says so instead of printing a "75% CI" where the course
+        promises 95% ("1.45x (3 rounds: their range 1.31-1.62 covers the median 75% of the time; 6 rounds give
+        95%)")."""
+        if self.confidence < CONFIDENCE - 1e-9:
+            n = len(self.rounds)
+            few = (
+                f"{n} rounds: their range {fmt(self.low)}-{fmt(self.high)} covers the median {self.confidence:.0%} "
+                f"of the time; {MIN_ROUNDS_95} rounds give {CONFIDENCE:.0%}"
+                if n
+                else f"{self.confidence:.0%} CI {fmt(self.low)}-{fmt(self.high)}: too few timings for {CONFIDENCE:.0%}"
+            )
+            if self.verdict == NO_DIFFERENCE:
+                return f"{NO_DIFFERENCE} ({few})"
+            return f"{fmt(self.estimate)}x ({few})"
         if self.verdict == NO_DIFFERENCE:
             return f"{NO_DIFFERENCE} ({fmt(self.low)}-{fmt(self.high)}x)"
         return f"{fmt(self.estimate)}x ({self.confidence:.0%} CI {fmt(self.low)}-{fmt(self.high)})"
@@ -193,3 +209,173 @@ def ratio_from_rounds(
         standin=standin,
         confidence=confidence,
     )
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# Sentences from numbers other than speed ratios. Each function returns a Finding: a verdict a lesson may branch
+# on and the sentence to print, phrased from the interval (or the tolerance), never from the estimate alone.
+# ---------------------------------------------------------------------------------------------------------------
+
+NO_ACCURACY_DIFFERENCE = "no accuracy difference beyond the seed-to-seed spread"
+SAME_MEMORY = "about the same memory"
+SAME_TAIL = "no difference beyond this machine's noise"
+
+
+@dataclass(frozen=True)
+class Finding:
+    """A verdict (what a lesson branches on) and the sentence that says it (what a lesson prints)."""
+
+    verdict: str
+    text: str
+
+    def __str__(self) -> str:
+        return self.text
+
+
+def _points(x: float) -> str:
+    return f"{x:+.2f}"
+
+
+def accuracy_says(variant: str, baseline: str, diffs_points, confidence: float = CONFIDENCE) -> Finding:
+    """Accuracy of ``variant`` minus ``baseline``, in points, one paired difference per seed (``diffs_points``).
+
+    The mean difference with its Student-t interval over the seeds decides: "higher" when the interval's low
+    end is above 0, "lower" when its high end is below 0, otherwise :data:`NO_ACCURACY_DIFFERENCE`. One seed has
+    no seed-to-seed error: its verdict is "one seed" and the sentence says that nothing is judged.
+    """
+    d = np.asarray(diffs_points, dtype=float)
+    d = d[np.isfinite(d)]
+    if d.size == 0:
+        raise ValueError(f"{variant} vs {baseline}: no accuracy difference given (pass one per seed, in points)")
+    mean = float(d.mean())
+    if d.size == 1:
+        return Finding(
+            "one seed",
+            f"{variant} vs {baseline}: {_points(mean)} points from one seed: no seed-to-seed error to judge it by "
+            "(run more seeds)",
+        )
+    from scipy import stats
+
+    se = float(d.std(ddof=1) / np.sqrt(d.size))
+    half = float(stats.t.ppf(0.5 + confidence / 2, d.size - 1)) * se
+    low, high = mean - half, mean + half
+    ci = f"{confidence:.0%} CI {_points(low)} to {_points(high)}, {d.size} seeds, standard error {se:.2f}"
+    if low > 0:
+        return Finding("higher", f"{variant} raised accuracy by {_points(mean)} points over {baseline} ({ci})")
+    if high < 0:
+        return Finding("lower", f"{variant} lowered accuracy by {abs(mean):.2f} points vs {baseline} ({ci})")
+    return Finding(
+        NO_ACCURACY_DIFFERENCE, f"{variant} vs {baseline}: {NO_ACCURACY_DIFFERENCE} ({_points(mean)} points, {ci})"
+    )
+
+
+def quantile_interval(samples, q: float, confidence: float = CONFIDENCE) -> tuple[float, float, float]:
+    """(estimate, low, high) of the ``q`` quantile of ``samples``: the distribution-free order-statistic interval.
+
+    ``high`` is ``inf`` when too few samples lie above the quantile to bound it (a p99 needs 367 samples for a
+    95% upper bound: fewer, and the slowest sample may still be below the true p99).
+    """
+    x = np.sort(np.asarray(samples, dtype=float))
+    x = x[np.isfinite(x)]
+    n = x.size
+    if n == 0:
+        raise ValueError("quantile_interval() needs at least one finite sample")
+    if not 0 < q < 1:
+        raise ValueError(f"q={q}: pass a quantile between 0 and 1 (0.99 for p99)")
+    from scipy import stats
+
+    est = float(np.percentile(x, 100 * q))
+    tail = (1 - confidence) / 2
+    # low: the largest k-th order statistic (1-based) with P(Bin(n, q) < k) <= tail; high: the smallest j-th one
+    # with P(Bin(n, q) >= j) <= tail
+    k = int(stats.binom.ppf(tail, n, q))  # P(B <= k) >= tail
+    while k > 0 and stats.binom.cdf(k - 1, n, q) > tail:
+        k -= 1
+    j = int(stats.binom.ppf(1 - tail, n, q)) + 1
+    low = float(x[k - 1]) if k >= 1 else float("-inf")
+    high = float(x[j - 1]) if j <= n else float("inf")
+    return est, min(low, est), max(high, est)
+
+
+def _ms(x: float) -> str:
+    if not np.isfinite(x):
+        return "unbounded"
+    return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
+
+
+def tail_says(name: str, samples_ms, baseline: str, baseline_ms, q: float = 0.99, what: str = "") -> Finding:
+    """The ``q`` quantile (p99) of two sets of latencies, each with its 95% interval: "higher" when ``name``'s
+    interval lies wholly above ``baseline``'s, "lower" when wholly below, otherwise :data:`SAME_TAIL`. Too few
+    samples to bound a p99 from above leave it "unbounded" and the sentence says how many are needed."""
+    label = what or f"p{round(100 * q)}"
+    a, b = quantile_interval(samples_ms, q), quantile_interval(baseline_ms, q)
+    text_a = f"{name} {label} {_ms(a[0])} ms (95% CI {_ms(a[1])}-{_ms(a[2])})"
+    text_b = f"{baseline} {_ms(b[0])} ms ({_ms(b[1])}-{_ms(b[2])})"
+    if a[1] > b[2]:
+        verdict = "higher"
+    elif a[2] < b[1]:
+        verdict = "lower"
+    else:
+        verdict = SAME_TAIL
+    note = ""
+    if not (np.isfinite(a[2]) and np.isfinite(b[2])):
+        note = f"; too few requests to bound a {label} from above (95% needs {_min_n(q)})"
+    if verdict == SAME_TAIL:
+        return Finding(verdict, f"{text_a} vs {text_b}: {SAME_TAIL}{note}")
+    return Finding(verdict, f"{text_a} is {verdict} than {text_b}{note}")
+
+
+def _min_n(q: float, confidence: float = CONFIDENCE) -> int:
+    """The fewest samples whose maximum bounds the ``q`` quantile from above at ``confidence`` (two-sided)."""
+    return int(np.ceil(np.log((1 - confidence) / 2) / np.log(q)))
+
+
+def memory_says(variant: str, variant_mib: float, baseline: str, baseline_mib: float, *, tolerance: float = 0.1,
+                resolution_mib: float = 1.0) -> Finding:  # fmt: skip
+    """Two memory peaks: "less" or "more" only when they differ by more than ``tolerance`` (10%: run-to-run
+    variation of a peak) and more than ``resolution_mib`` (the measurement's granularity); otherwise
+    :data:`SAME_MEMORY`. The ratio is printed as "2.50x less memory", never as a 1.0x saving."""
+    if not (np.isfinite(variant_mib) and np.isfinite(baseline_mib)) or min(variant_mib, baseline_mib) < 0:
+        raise ValueError(f"memory_says(): peaks must be finite and >= 0 MiB, got {variant_mib} and {baseline_mib}")
+    pair = f"{variant_mib:.0f} vs {baseline_mib:.0f} MiB"
+    diff = variant_mib - baseline_mib
+    if abs(diff) <= resolution_mib or abs(diff) <= tolerance * max(variant_mib, baseline_mib):
+        return Finding(
+            SAME_MEMORY,
+            f"{variant} vs {baseline}: {SAME_MEMORY} ({pair}; within {tolerance:.0%} or {resolution_mib:g} MiB, "
+            "what a peak varies by)",
+        )
+    if diff < 0:
+        ratio = baseline_mib / max(variant_mib, 1e-9)
+        return Finding("less", f"{variant} needs {fmt(ratio)}x less memory than {baseline} ({pair})")
+    ratio = variant_mib / max(baseline_mib, 1e-9)
+    return Finding("more", f"{variant} needs {fmt(ratio)}x more memory than {baseline} ({pair})")
+
+
+def prediction_says(
+    what: str, predicted: float, measured: float, *, unit: str = "", tolerance: float = 0.25
+) -> Finding:
+    """A prediction against its measurement: "held" when the measured value is within ``tolerance`` (25%) of the
+    prediction either way, else "too high" (measured below the prediction) or "too low", with the factor: a
+    5x misprediction reads "the prediction was 5.00x too high", never "it fits"."""
+    if not (np.isfinite(predicted) and np.isfinite(measured)) or predicted <= 0 or measured <= 0:
+        return Finding("not judged", f"{what}: predicted {predicted:g}{unit}, measured {measured:g}{unit}: not judged "
+                                     "(a prediction and a measurement must both be positive)")  # fmt: skip
+    u = f" {unit}" if unit else ""
+    pair = f"{what}: predicted {predicted:.4g}{u}, measured {measured:.4g}{u}"
+    factor = max(predicted, measured) / min(predicted, measured)
+    if factor <= 1 + tolerance:
+        return Finding("held", f"{pair}: the prediction held (within {tolerance:.0%})")
+    if predicted > measured:
+        return Finding("too high", f"{pair}: the prediction was {fmt(factor)}x too high")
+    return Finding("too low", f"{pair}: the prediction was {fmt(factor)}x too low")
+
+
+def ratio_from_bounds(name: str, baseline: str, estimate: float, low: float, high: float,
+                      confidence: float = CONFIDENCE) -> Ratio:  # fmt: skip
+    """A :class:`Ratio` computed, not measured in rounds: a simulation fed the measured times at their
+    estimate (``estimate``) and at the ends of their intervals (``low``, ``high``). Each timing's interval must
+    be wide enough that all of them hold together at ``confidence`` (intervals at 1 - (1 - c)/k for k timings)."""
+    if not all(np.isfinite(v) and v > 0 for v in (estimate, low, high)) or not low <= estimate <= high:
+        raise ValueError(f"{name} vs {baseline}: need 0 < low <= estimate <= high, got {low}, {estimate}, {high}")
+    return Ratio(name=name, baseline=baseline, estimate=estimate, low=low, high=high, rounds=[], confidence=confidence)

@@ -138,6 +138,36 @@ def simulate(
     return SimResult(latencies_ms=done - arr, batch_sizes=np.asarray(batches), span_ms=float(done[-1] - arr[0]))
 
 
+def service_bounds(sweep_df: pd.DataFrame, max_batch_size: int, confidence: float = 0.95):
+    """``(fast, slow, joint)``: service-time functions at the low and the high end of each needed batch size's
+    median interval, and the confidence with which all those intervals hold at once.
+
+    A simulation fed ``fast`` and ``slow`` bounds what the timings allow it to say. Each of the ``k`` batch sizes a
+    batch of up to ``max_batch_size`` interpolates from gets an interval at ``1 - (1 - confidence) / k``
+    (Bonferroni), so all hold together at ``confidence`` or more; with too few calls per size an interval is the
+    calls' range at a lower confidence, and ``joint`` (``1 - sum of the misses``) says so. The per-call times come
+    from ``sweep_df.attrs["times_ms"]`` (lesson 03's ``batch_sweep``).
+    """
+    from course_utils.measuring.intervals import median_interval
+
+    times = sweep_df.attrs.get("times_ms") or {}
+    sizes = sorted(int(b) for b in sweep_df["batch_size"])
+    needed = [b for b in sizes if b <= max_batch_size]
+    if max_batch_size not in needed:  # interpolated up to the next measured size
+        needed += [b for b in sizes if b > max_batch_size][:1]
+    missing = [b for b in needed if not times.get(b)]
+    if missing:
+        raise ValueError(f"service_bounds() needs the per-call times of batches {missing} in attrs['times_ms']")
+    per = 1 - (1 - confidence) / len(needed)
+    rows, misses = [], 0.0
+    for b in needed:
+        low, high, conf = median_interval(np.asarray(times[b]), per)
+        rows.append({"batch_size": b, "low": low, "high": high})
+        misses += 1 - conf
+    df = pd.DataFrame(rows)
+    return service_time_fn(df, column="low"), service_time_fn(df, column="high"), max(0.0, 1 - misses)
+
+
 def capacity(service_ms: ServiceFn, max_batch_size: int) -> float:
     """The most requests/s one instance can serve with batches of ``max_batch_size``: ``b * 1000 / service(b)``."""
     return max_batch_size * 1000.0 / service_ms(max_batch_size)
