@@ -219,6 +219,37 @@ def as_list(p, level):
     return list(exercises.get("07.fusion").solution(p, level).elements())
 
 
+def _domain_keyed(p, level, default=""):
+    """fused_ops counting f"{node.domain}:{node.op_type}" (ORT's fused nodes are in com.microsoft); ``default``:
+    how the default ONNX domain is spelled."""
+    import onnx
+
+    out = Path(tempfile.mkdtemp(prefix="fused_")) / "optimized.onnx"
+    so = ort.SessionOptions()
+    so.graph_optimization_level = getattr(ort.GraphOptimizationLevel, l07._LEVEL_NAMES[level])
+    so.optimized_model_filepath = str(out)
+    ort.InferenceSession(p, so, providers=["CPUExecutionProvider"])
+    return collections.Counter(f"{n.domain or default}:{n.op_type}" for n in onnx.load(str(out)).graph.node)
+
+
+def domain_keyed(p, level):  # right too: the keys "domain:op_type"
+    return _domain_keyed(p, level)
+
+
+def domain_keyed_ai_onnx(p, level):  # right too: the default domain written "ai.onnx"
+    return _domain_keyed(p, level, "ai.onnx")
+
+
+def domain_keyed_wrong_domain(p, level):  # every node put in the default domain: FusedConv is com.microsoft's
+    return collections.Counter(f":{k.split(':')[1]}" for k in _domain_keyed(p, level).elements())
+
+
+def domain_keyed_input(p, level):  # the given file's nodes, by domain
+    import onnx
+
+    return collections.Counter(f"{n.domain}:{n.op_type}" for n in onnx.load(p).graph.node)
+
+
 def _at(levels):
     """fused_ops with its own map from level names to ORT's levels."""
     import onnx
@@ -246,7 +277,10 @@ FUSION_WRONG = [
     (level_all_instead, "you report"),
     (hard_coded, "you report"),
     (as_list, "return a Counter"),
+    (domain_keyed_input, "you report the unoptimized graph's counts"),
+    (domain_keyed_wrong_domain, "by domain and op_type, ORT's optimized graph at that level holds"),
 ]
+FUSION_RIGHT = [domain_keyed, domain_keyed_ai_onnx]
 
 
 @pytest.mark.parametrize("fn, reason", FUSION_WRONG, ids=[f.__name__ for f, _ in FUSION_WRONG])
@@ -254,6 +288,12 @@ def test_fusion_rejects(fn, reason):
     for seed in FULL_SEEDS:
         msg = verdict("07.fusion", fn, seed=seed)
         assert reason in msg and f"seed {seed}" in msg, (seed, msg)
+
+
+def test_fusion_accepts_counts_keyed_by_domain_and_op_type():
+    for fn in FUSION_RIGHT:
+        for seed in FULL_SEEDS:
+            assert verdict("07.fusion", fn, seed=seed) == "accepted", (fn.__name__, seed)
 
 
 def _judge_fusion(fn, path, original, others, level, want):
@@ -269,7 +309,8 @@ def test_fusion_judged_on_200_seeds():
     for seed in SWEEP:
         with tempfile.TemporaryDirectory() as tmp:
             path, original, levels = l07.draw_fusion_case(Cases(seed), Path(tmp))
-            for fn, reason in [(exercises.get("07.fusion").solution, "accepted"), *FUSION_WRONG]:
+            right = [(fn, "accepted") for fn in (exercises.get("07.fusion").solution, *FUSION_RIGHT)]
+            for fn, reason in [*right, *FUSION_WRONG]:
                 msg = _first_rejection(partial(_judge_fusion, fn, path, original, dict(levels)), levels)
                 assert reason in msg, (seed, fn.__name__, msg)
 
