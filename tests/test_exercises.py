@@ -5,6 +5,7 @@ tests (tests/test_exercises_lNN.py), not again here."""
 
 import random
 import re
+import threading
 import time
 from pathlib import Path
 
@@ -96,16 +97,21 @@ def test_other_errors_of_the_learner_are_one_line_with_the_place(double_exercise
 
 
 def test_a_hung_answer_is_stopped_by_the_time_limit(double_exercise, capsys):
+    """A wait that burns no CPU is stopped by the wall bound (the limit x WALL_FACTOR), named as a wait."""
+
     def forever(n):
         while True:
             time.sleep(0.01)
 
+    assert exercises.WALL_FACTOR == 5.0
     t0 = time.perf_counter()
     exercises.check(double_exercise, forever)
-    assert time.perf_counter() - t0 < 10
+    assert 10 <= time.perf_counter() - t0 < 30
     (line,) = _verdict_lines(capsys.readouterr().out)
-    assert line.startswith("✗") and "stopped after 2 s" in line
-    assert "stopped after" in exercises.verdict(double_exercise, forever)
+    cpu = float(re.search(r"stopped after 10 s of wall time in which your code used only ([0-9.]+) s of CPU", line)[1])
+    assert line.startswith("✗") and cpu < 1, line  # 1,000 wake-ups from sleep(0.01)
+    assert "it was waiting" in line and "a queue nobody fills" in line and "endless loop" not in line, line
+    assert "it was waiting" in exercises.verdict(double_exercise, forever)
 
 
 def test_a_huge_message_is_cut(double_exercise, capsys):
@@ -175,6 +181,19 @@ def test_the_tick_line_lists_what_was_observed_and_the_seed(double_exercise, cap
     assert "correct" not in line and "proof" not in line
 
 
+def _spin(n):
+    while True:
+        pass
+
+
+def test_an_endless_loop_is_stopped_by_its_cpu_time(double_exercise, capsys, monkeypatch):
+    monkeypatch.setattr(exercises, "WALL_FACTOR", 60.0)  # only the CPU limit can stop it, however busy the machine
+    exercises.check(double_exercise, _spin)
+    (line,) = _verdict_lines(capsys.readouterr().out)
+    used = float(re.search(r"your code used ([0-9.]+) s of CPU \(limit 2 s\)", line).group(1))
+    assert 2.0 <= used < 3.0 and "Look for an endless loop" in line and "waiting" not in line, line
+
+
 def _swallow_exception(n):  # the commonest retry loop: it catches everything an Exception is
     while True:
         try:
@@ -200,12 +219,13 @@ def _swallow_base_then_retry(n):
 
 
 @pytest.mark.parametrize("answer", [_swallow_exception, _swallow_bare, _swallow_base_then_retry])
-def test_the_time_limit_survives_a_retry_loop_that_swallows_errors(double_exercise, capsys, answer):
+def test_the_time_limit_survives_a_retry_loop_that_swallows_errors(double_exercise, capsys, answer, monkeypatch):
+    monkeypatch.setattr(exercises, "WALL_FACTOR", 1.5)  # these sleep: the wall bound stops them, 3 s in
     t0 = time.perf_counter()
     exercises.check(double_exercise, answer)
     assert time.perf_counter() - t0 < 10
     (line,) = _verdict_lines(capsys.readouterr().out)
-    assert line.startswith("✗") and "stopped after 2 s" in line, line
+    assert line.startswith("✗") and "stopped after 3 s of wall time" in line, line
     if answer is not _swallow_exception:
         assert "caught the stop and went on" in line, line
     assert issubclass(exercises.ExerciseTimeout, BaseException)
@@ -251,3 +271,153 @@ def test_a_seed_given_to_verdict_wins(double_exercise, monkeypatch):
     exercises.verdict(double_exercise, lambda n: seen.append(n) or 2 * n, seed=9)
     n9 = random.Random(9).randint(2, 50)
     assert seen == [n9]
+
+
+# ---- the limit counts the learner's code: a busy machine, the checker's own set-up, imports ---------------------
+def _busy_clocks(stretch, queue_known=True):
+    """A test double of the limit's clocks: a machine so busy that wall time runs ``stretch`` x real time (almost
+    all of it waiting for a free CPU, when known), while the main thread's CPU time is the real one."""
+    real = exercises._clocks
+    t0 = time.monotonic()
+
+    def clocks():
+        cpu, wall, _ = real()
+        fake_wall = t0 + (wall - t0) * stretch
+        return cpu, fake_wall, (fake_wall - t0 - cpu if queue_known else None)
+
+    return clocks
+
+
+def _slow_double(n):
+    time.sleep(0.3)  # 3 s of the busy machine's wall time, past the 1 s limit, no CPU
+    return 2 * n
+
+
+@pytest.fixture
+def one_second_double():
+    @exercises.exercise("test.double1", "Return twice n.", _double_checker, time_limit=1)
+    def double(n):
+        return 2 * n
+
+    yield "test.double1"
+    exercises._REGISTRY.pop("test.double1", None)
+
+
+def test_a_correct_answer_on_a_busy_machine_is_accepted(one_second_double, monkeypatch):
+    monkeypatch.setattr(exercises, "_clocks", _busy_clocks(10))
+    assert exercises.verdict(one_second_double, _slow_double) == "accepted"
+
+
+@pytest.mark.parametrize("queue_known", [True, False])
+def test_a_machine_too_busy_to_finish_is_named_not_blamed_on_the_code(one_second_double, monkeypatch, queue_known):
+    monkeypatch.setattr(exercises, "_clocks", _busy_clocks(40, queue_known))
+    got = exercises.verdict(one_second_double, lambda n: time.sleep(2) or 2 * n)
+    wall, cpu = (float(v) for v in re.search(r"([0-9.]+) s of wall time.* only ([0-9.]+) s of CPU", got).groups())
+    assert 5 <= wall <= 80 and 0 <= cpu < 0.5, got  # past the 5 s bound (looks come at real seconds)
+    if queue_known:
+        assert got.startswith(f"this machine is busy: {wall:.0f} s of wall time, only {cpu:.1f} s of CPU"), got
+        assert "waiting for a free CPU" in got and "run the cell again when the machine is quieter" in got, got
+        assert "endless loop" not in got and "it was waiting" not in got, got
+    else:  # no schedstat (macOS): a wait and a busy machine cannot be told apart, and the message says both
+        assert "it was waiting" in got and "if this machine is busy (load average" in got, got
+
+
+def _untimed_checker(fn):
+    with exercises.untimed():  # the checker's own set-up: 1.5 s of CPU and 1 s of waiting, past the 1 s limit
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 1.5:
+            pass
+        with exercises.untimed():  # nested
+            time.sleep(1.0)
+    worker = threading.Thread(target=_untimed_from_a_thread)
+    worker.start()
+    worker.join()
+    assert fn(3) == 6
+
+
+def _untimed_from_a_thread():
+    with exercises.untimed():
+        time.sleep(6)  # the main thread waits for it: past the 5 s wall bound, paused all along
+
+
+@pytest.fixture
+def untimed_exercise():
+    @exercises.exercise("test.untimed", "Return twice n.", _untimed_checker, time_limit=1)
+    def double(n):
+        return 2 * n
+
+    yield "test.untimed"
+    exercises._REGISTRY.pop("test.untimed", None)
+
+
+def test_the_checkers_own_set_up_is_not_counted(untimed_exercise):
+    assert exercises.verdict(untimed_exercise, _slow_double) == "accepted"  # looked at while it sleeps
+    assert "used 1." in exercises.verdict(untimed_exercise, _spin), "the learner's code is still timed"
+    with exercises.untimed():  # outside a check it does nothing
+        pass
+
+
+def test_untimed_work_is_still_bounded(untimed_exercise, monkeypatch):
+    monkeypatch.setattr(exercises, "UNTIMED_MAX_S", 0.5)
+    got = exercises.verdict(untimed_exercise, lambda n: 2 * n)
+    assert "own set-up (imports, helper processes) ran" in got and "not counted against your code" in got, got
+
+
+SLOW_MODULE = """
+import time
+_t0 = time.thread_time()
+while time.thread_time() - _t0 < 1.5:  # a slow first import (sympy's on a busy machine), in CPU time
+    pass
+DONE = True
+"""
+
+
+def test_a_stop_never_lands_inside_an_import(one_second_double, tmp_path, monkeypatch):
+    """The stop comes while a (slow) import runs: it waits for the import to end, then stops the code; the module
+    is complete, and the next check in the same process gives its normal verdict."""
+    import importlib
+    import sys
+
+    name = f"slow_pkg_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "__init__.py").write_text("from . import heavy\nPARENT_DONE = True\n")
+    (tmp_path / name / "heavy.py").write_text(SLOW_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setattr(exercises, "WALL_FACTOR", 60.0)
+
+    def imports_then_spins(n):
+        importlib.import_module(name)
+        while True:
+            pass
+
+    try:
+        got = exercises.verdict(one_second_double, imports_then_spins)
+        used = float(re.search(r"your code used ([0-9.]+) s of CPU", got).group(1))
+        assert used >= 1.5, got  # stopped only once the import's 1.5 s of CPU were done
+        pkg = sys.modules[name]
+        assert pkg.PARENT_DONE and pkg.heavy.DONE and sys.modules[f"{name}.heavy"] is pkg.heavy
+        assert exercises.verdict(one_second_double, lambda n: importlib.import_module(name).heavy.DONE * 2 * n) == (
+            "accepted"
+        )
+    finally:
+        for mod in (name, f"{name}.heavy"):
+            sys.modules.pop(mod, None)
+
+
+def test_warm_imports_run_before_the_clock(monkeypatch, tmp_path):
+    import sys
+
+    name = f"slow_warm_{tmp_path.name.replace('-', '_')}"
+    (tmp_path / f"{name}.py").write_text(SLOW_MODULE)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+    @exercises.exercise("test.warm", "Return twice n.", _double_checker, time_limit=1, imports=(name,))
+    def double(n):
+        return 2 * n
+
+    try:
+        assert exercises.verdict("test.warm", lambda n: sys.modules[name].DONE * 2 * n) == "accepted"
+        assert exercises.get("test.warm").imports == (name,) and "torch._dynamo" in exercises.WARM_IMPORTS
+    finally:
+        exercises._REGISTRY.pop("test.warm", None)
+        sys.modules.pop(name, None)

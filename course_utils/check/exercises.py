@@ -27,6 +27,7 @@ import signal
 import sys
 import sysconfig
 import threading
+import time
 import traceback
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -35,10 +36,24 @@ from typing import Any
 
 from course_utils.show.results import inside_check
 
-#: Seconds a checker may run before it is stopped (a learner's infinite loop or deadlocked DataLoader).
+#: CPU seconds the learner's code may use in one check (an endless loop); waits are bounded by WALL_FACTOR x it.
 DEFAULT_TIME_LIMIT = 180.0
+#: The wall-time bound of a check, as a multiple of its limit (which counts CPU time): a wait that burns no CPU
+#: (a stuck DataLoader, a queue nobody fills) is stopped there; a busy machine (a 2-core laptop beside 6 busy
+#: programs gives this kernel about 1/4 of a core) stretches wall time less than this.
+WALL_FACTOR = 5.0
 #: Seconds between further stops when the learner's code caught the first one and went on.
 REARM_S = 0.25
+#: Seconds between looks while a stop waits for an import to finish, and the longest it waits (or the limit).
+IMPORT_POLL_S = 0.05
+IMPORT_GRACE_S = 120.0
+#: Longest a checker's own set-up (:func:`untimed`: imports, helper processes) may run in all, per check.
+UNTIMED_MAX_S = 600.0
+MIN_LOOK_S = 0.02  # the shortest wait between two looks at the clocks
+#: Modules every check imports before its clock starts (where torch is loaded): entering an operator log
+#: (a TorchDispatchMode) or the profiler imports torch._dynamo on first use, and with it sympy (25-60 s on a busy
+#: machine), which is no part of the learner's work.
+WARM_IMPORTS = ("torch._dynamo",)
 #: Longest verdict message printed: a checker that quotes a huge answer is cut, not dumped.
 MAX_MESSAGE = 1500
 SEED_VAR = "COURSE_EXERCISE_SEED"
@@ -56,6 +71,7 @@ class Exercise:
     checker: Callable[[Callable[..., Any]], None]
     solution: Callable[..., Any]
     time_limit: float = DEFAULT_TIME_LIMIT
+    imports: tuple[str, ...] = ()  # modules imported before the clock starts (heavy first imports)
 
 
 _REGISTRY: dict[str, Exercise] = {}
@@ -65,11 +81,18 @@ _SEALED: dict[str, tuple[Exercise, Any]] = {}
 
 
 def exercise(
-    key: str, prompt: str, checker: Callable[[Callable[..., Any]], None], *, time_limit: float = DEFAULT_TIME_LIMIT
+    key: str,
+    prompt: str,
+    checker: Callable[[Callable[..., Any]], None],
+    *,
+    time_limit: float = DEFAULT_TIME_LIMIT,
+    imports: tuple[str, ...] = (),
 ):
     """Decorator: register the decorated function as the reference solution of exercise ``key``.
 
-    ``time_limit`` (seconds) bounds one run of the checker on a learner's answer.
+    ``time_limit`` (seconds of the learner's CPU time, see :func:`time_limit`) bounds one run of the checker on a
+    learner's answer; ``imports`` names modules the checker needs that are slow to import the first time: they are
+    imported before the clock starts (set-up the checker does itself goes in :func:`untimed`).
     """
 
     def wrap(solution: Callable[..., Any]) -> Callable[..., Any]:
@@ -80,7 +103,7 @@ def exercise(
 
         if old is not None and where(old[0].checker) != where(checker):  # a reloaded module registers again
             raise ValueError(f"exercise {key} is registered already: its checker cannot be replaced")
-        ex = Exercise(key, prompt, checker, solution, time_limit)
+        ex = Exercise(key, prompt, checker, solution, time_limit, tuple(imports))
         _REGISTRY[key], _SEALED[key] = ex, (dataclasses.replace(ex), getattr(checker, "__code__", None))
         return solution
 
@@ -184,27 +207,198 @@ def learner_frame(frame: Any) -> bool:
     return not path.is_relative_to(_PACKAGE) and not any(path.is_relative_to(lib) for lib in _LIBRARIES)
 
 
-@contextlib.contextmanager
-def time_limit(seconds: float, key: str) -> Iterator[None]:
-    """Stop the code inside after ``seconds`` with :class:`ExerciseTimeout` (main thread only, as in a kernel).
+def _main_thread_cpu() -> float:
+    """CPU seconds of the main thread (where a kernel runs the learner's code): its own work, not the spinning of
+    OpenMP's worker threads (which would charge a 16-core machine 16 s a second), nor other programs' work."""
+    try:
+        return time.clock_gettime(time.pthread_getcpuclockid(threading.main_thread().ident))  # type: ignore[arg-type]
+    except (AttributeError, OSError, OverflowError, TypeError):  # no per-thread CPU clock here
+        return time.process_time()
 
-    Uses a real-time interval timer: an endless Python loop or a blocked queue wait is interrupted; a single C
-    call that never returns (rare) is interrupted when it comes back to Python. If the learner's code catches the
-    stop and goes on, the timer fires again every :data:`REARM_S` and a trace function raises it once more at the
-    next line of the learner's handler that swallowed it.
+
+def _runqueue_wait() -> float | None:
+    """Seconds the main thread waited for a free CPU while ready to run (Linux schedstat), None where unknown:
+    what tells a busy machine from code that waits."""
+    try:
+        text = Path(f"/proc/self/task/{threading.main_thread().native_id}/schedstat").read_text()
+        return int(text.split()[1]) / 1e9
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _clocks() -> tuple[float, float, float | None]:
+    """(main thread's CPU s, wall s, main thread's wait for a CPU s or None): the time limit's readings."""
+    return _main_thread_cpu(), time.monotonic(), _runqueue_wait()
+
+
+def _load_text() -> str:
+    try:
+        return f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+    except (AttributeError, OSError):
+        return "its load unknown"
+
+
+def _importing(frame: Any) -> str | None:
+    """The module being imported when ``frame`` runs (the outermost import on the stack), None when no import is:
+    a stop inside an import would leave the module half made, and every later check in the kernel broken."""
+    found, machinery = None, False
+    f = frame
+    while f is not None:
+        if f.f_code.co_filename.startswith("<frozen importlib"):
+            machinery = True
+        elif (
+            f.f_code.co_name == "<module>"
+            and f.f_back is not None
+            and (f.f_back.f_code.co_filename.startswith("<frozen importlib"))
+        ):
+            found = f.f_globals.get("__name__", "?")
+        f = f.f_back
+    return found or ("a module" if machinery else None)
+
+
+class _Clock:
+    """The running limit of one check: the learner's CPU and wall time so far, less what :func:`untimed` held."""
+
+    def __init__(self, limit: float, key: str) -> None:
+        self.limit, self.wall_limit, self.key = limit, limit * WALL_FACTOR, key
+        self.start = _clocks()
+        self.off = [0.0, 0.0, 0.0]  # untimed CPU, wall, wait for a CPU
+        self.depth = 0
+        self.paused_at: tuple[float, float, float | None] | None = None
+        self.lock = threading.Lock()
+
+    def used(self) -> tuple[float, float, float | None]:
+        """(CPU, wall, wait for a CPU) of the learner's code so far (frozen while paused)."""
+        now = self.paused_at if self.depth and self.paused_at is not None else _clocks()
+        cpu = now[0] - self.start[0] - self.off[0]
+        wall = now[1] - self.start[1] - self.off[1]
+        queue = None if now[2] is None or self.start[2] is None else now[2] - self.start[2] - self.off[2]
+        return cpu, wall, queue
+
+    def next_look(self) -> float:
+        """Seconds of wall time until a limit can first be reached (CPU time never runs faster than wall time)."""
+        cpu, wall, _ = self.used()
+        return max(MIN_LOOK_S, min(self.limit - cpu, self.wall_limit - wall))
+
+    def pause(self) -> None:
+        with self.lock:
+            if self.depth == 0:
+                self.paused_at = _clocks()
+            self.depth += 1
+            if self.depth == 1:
+                signal.setitimer(signal.ITIMER_REAL, UNTIMED_MAX_S - self.off[1])  # set-up that never ends
+
+    def resume(self) -> None:
+        with self.lock:
+            if self.depth == 1 and self.paused_at is not None:
+                now = _clocks()
+                self.off[0] += now[0] - self.paused_at[0]
+                self.off[1] += now[1] - self.paused_at[1]
+                if now[2] is not None and self.paused_at[2] is not None:
+                    self.off[2] += now[2] - self.paused_at[2]
+                self.paused_at = None
+            self.depth -= 1  # last: a timer firing in between still sees the clock paused
+            if self.depth == 0:
+                signal.setitimer(signal.ITIMER_REAL, self.next_look())
+
+    def over(self) -> str | None:
+        """Why the check must stop now (None: it may go on)."""
+        if self.depth:
+            assert self.paused_at is not None
+            spent = self.off[1] + _clocks()[1] - self.paused_at[1]
+            if spent < UNTIMED_MAX_S:
+                return None
+            return (
+                f"stopped: the checker of {self.key}'s own set-up (imports, helper processes) ran {spent:.0f} s, "
+                f"not counted against your code, and did not finish; this machine is busy ({_load_text()}) or a "
+                "helper process did not come up. Run the cell again when the machine is quieter"
+            )
+        cpu, wall, queue = self.used()
+        if cpu >= self.limit:
+            return (
+                f"stopped: your code used {cpu:.1f} s of CPU (limit {self.limit:g} s), and the checker of {self.key} "
+                "normally finishes in seconds. Look for an endless loop or work far larger than asked, then run the "
+                "cell again."
+            )
+        if wall < self.wall_limit:
+            return None
+        blocked = wall - cpu - (queue or 0.0)
+        if queue is not None and queue >= blocked:
+            return (
+                f"this machine is busy: {wall:.0f} s of wall time, only {cpu:.1f} s of CPU for your code ({queue:.0f} "
+                f"s waiting for a free CPU; {_load_text()}); the check of {self.key} could not finish. Nothing here "
+                "says your code is wrong: run the cell again when the machine is quieter."
+            )
+        waited = f" ({blocked:.0f} s waiting, {queue:.0f} s waiting for a free CPU)" if queue is not None else ""
+        return (
+            f"stopped after {wall:.0f} s of wall time in which your code used only {cpu:.1f} s of CPU{waited}: it "
+            "was waiting. Look for a wait that never ends (a DataLoader worker that is stuck, a queue nobody fills, "
+            "a lock never released, a process that never answers), then run the cell again"
+            + ("" if queue is not None else f"; if this machine is busy ({_load_text()}), run it when it is quieter")
+            + "."
+        )
+
+
+_CLOCK: list[_Clock] = []  # the running check's clock (one check at a time: the main thread's)
+
+
+@contextlib.contextmanager
+def untimed() -> Iterator[None]:
+    """Work of the checker itself that the exercise's time limit does not count, neither CPU nor wall time.
+
+    A checker wraps its own set-up in it: its heavy first imports (``torch._dynamo``, transformers' lazy modules,
+    litserve), starting helper processes and waiting until they are ready. The learner's code is then timed alone::
+
+        with untimed():
+            import torch._dynamo  # a first import can take a minute on a busy machine: not the learner's time
+
+    Nested uses are fine, from any thread, and so is a use outside any check (it does nothing then). The check's
+    clock is paused while any thread is inside, so keep the learner's code out of it. Set-up still bounded:
+    :data:`UNTIMED_MAX_S` in all per check (a helper process that never comes up), with a message saying so;
+    code inside should bound its own waits well below that.
     """
-    if threading.current_thread() is not threading.main_thread() or seconds <= 0:
+    clock = _CLOCK[-1] if _CLOCK else None
+    if clock is None:
         yield
         return
-    fired, traced = [0], []
+    clock.pause()
+    try:
+        yield
+    finally:
+        clock.resume()
+
+
+@contextlib.contextmanager
+def time_limit(seconds: float, key: str) -> Iterator[None]:
+    """Stop the code inside with :class:`ExerciseTimeout` once it has used ``seconds`` of CPU time, or waited
+    ``seconds`` x :data:`WALL_FACTOR` of wall time (main thread only, as in a kernel).
+
+    What is counted is the learner's work: the main thread's CPU time, so a busy machine (which stretches wall
+    time, not CPU time) does not fail correct code; wall time only bounds waits that burn no CPU (a stuck
+    DataLoader, a queue nobody fills). Work inside :func:`untimed` is not counted. The message says which limit
+    stopped the code, with the numbers: CPU (an endless loop), a wait, or a machine too busy to finish.
+
+    A real-time interval timer looks when a limit can first be reached: an endless Python loop or a blocked queue
+    wait is interrupted; a single C call that never returns (rare) is interrupted when it comes back to Python. A
+    stop never lands inside an import (it would leave the module half made and break every later check in the
+    kernel): it waits for the import to finish (at most :data:`IMPORT_GRACE_S`, or the limit if longer). If the
+    learner's code catches the stop and goes on, the timer fires again every :data:`REARM_S` and a trace function
+    raises it once more at the next line of the learner's handler that swallowed it.
+    """
+    if (
+        threading.current_thread() is not threading.main_thread()
+        or seconds <= 0
+        or not hasattr(signal, "setitimer")
+        or _CLOCK
+    ):
+        yield
+        return
+    clock = _Clock(seconds, key)
+    fired, traced, reason, postponed = [0], [], [""], [None]
     previous_trace = sys.gettrace()
 
     def message() -> str:
-        text = (
-            f"stopped after {seconds:.0f} s: the checker of {key} normally finishes in seconds. Look for an endless "
-            "loop, a wait that never ends (a DataLoader worker that is stuck, a queue nobody fills) or work far larger "
-            "than asked, then run the cell again."
-        )
+        text = reason[0]
         if fired[0] > 1:
             text += (
                 " Your code caught the stop and went on (a bare `except:` or `except BaseException`), so it was "
@@ -213,11 +407,36 @@ def time_limit(seconds: float, key: str) -> Iterator[None]:
         return text
 
     def again(frame: Any, event: str, arg: Any) -> Any:
-        if event == "line" and isinstance(sys.exc_info()[1], ExerciseTimeout) and learner_frame(frame):
+        if (
+            event == "line"
+            and isinstance(sys.exc_info()[1], ExerciseTimeout)
+            and learner_frame(frame)
+            and _importing(frame) is None
+        ):
             raise ExerciseTimeout(message())  # inside the handler that swallowed it: it leaves that try
         return again
 
     def expire(_signum: int, frame: Any) -> None:
+        if not fired[0]:
+            why = clock.over()
+            if why is None:  # not yet (or paused): look again when a limit can first be reached
+                if not clock.depth:
+                    signal.setitimer(signal.ITIMER_REAL, clock.next_look())
+                return
+            module = _importing(frame)
+            if module is not None:
+                first = postponed[0] = postponed[0] or time.monotonic()
+                if time.monotonic() - first < max(IMPORT_GRACE_S, seconds):
+                    signal.setitimer(signal.ITIMER_REAL, IMPORT_POLL_S)  # stop right after the import
+                    return
+                why += (
+                    f" The stop came inside the import of {module}, which ran {time.monotonic() - first:.0f} s past "
+                    "the limit: restart the kernel before the next check (a half-done import breaks later ones)."
+                )
+            reason[0] = why
+        elif _importing(frame) is not None:
+            signal.setitimer(signal.ITIMER_REAL, IMPORT_POLL_S)
+            return
         fired[0] += 1
         signal.setitimer(signal.ITIMER_REAL, REARM_S)  # again, in case this one is caught
         if fired[0] > 1:  # the last one was swallowed: watch the learner's handlers
@@ -231,50 +450,18 @@ def time_limit(seconds: float, key: str) -> Iterator[None]:
         raise ExerciseTimeout(message())
 
     previous = signal.signal(signal.SIGALRM, expire)
-    signal.setitimer(signal.ITIMER_REAL, seconds)
+    _CLOCK.append(clock)
+    signal.setitimer(signal.ITIMER_REAL, clock.next_look())
     try:
         yield
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
+        _CLOCK.remove(clock)
         signal.signal(signal.SIGALRM, previous)
         if fired[0] > 1:
             sys.settrace(previous_trace)
             for f in traced:
                 f.f_trace = None
-
-
-_UNTIMED_DEPTH = [0]
-_UNTIMED_LEFT: list[float] = []
-
-
-@contextlib.contextmanager
-def untimed() -> Iterator[None]:
-    """Work of the checker itself that the exercise's time limit does not count, neither CPU nor wall time.
-
-    A checker wraps its own set-up in it: its heavy first imports (``torch._dynamo``, transformers' lazy modules,
-    litserve), starting helper processes and waiting until they are ready. The learner's code is then timed alone::
-
-        with untimed():
-            import torch._dynamo  # a first import can take a minute on a busy machine: not the learner's time
-
-    Nested uses are fine, and so is a use outside any check (it does nothing then). The clock is paused for the
-    whole check while any thread is inside it, so keep the learner's code out of it; code inside that may hang
-    should bound its own waits (a check's time limit does not).
-    """
-    if threading.current_thread() is not threading.main_thread() or not hasattr(signal, "setitimer"):
-        yield
-        return
-    _UNTIMED_DEPTH[0] += 1
-    if _UNTIMED_DEPTH[0] == 1:
-        _UNTIMED_LEFT.append(signal.setitimer(signal.ITIMER_REAL, 0)[0])
-    try:
-        yield
-    finally:
-        _UNTIMED_DEPTH[0] -= 1
-        if _UNTIMED_DEPTH[0] == 0:
-            left = _UNTIMED_LEFT.pop()
-            if left > 0:
-                signal.setitimer(signal.ITIMER_REAL, left)
 
 
 # ---- running a check --------------------------------------------------------------------------------------------
@@ -303,6 +490,15 @@ def _where(exc: BaseException) -> str:
     return f"{Path(last.filename).name}:{last.lineno} in {last.name}()"
 
 
+def _warm_imports(ex: Exercise) -> None:
+    """Import :data:`WARM_IMPORTS` (where torch is loaded) and the exercise's ``imports`` before its clock starts.
+    An import that fails is left to the checker, which meets it where it needs the module and says so."""
+    for name in (*(WARM_IMPORTS if "torch" in sys.modules else ()), *ex.imports):
+        if name not in sys.modules:
+            with contextlib.suppress(Exception):
+                importlib.import_module(name)
+
+
 @contextlib.contextmanager
 def _one_check(seed: int | None) -> Iterator[_Run]:
     """The state of one checker run: the seed it must use (or None), the seeds it drew, what it observed."""
@@ -320,6 +516,7 @@ def verdict(key: str, answer: Callable[..., Any], *, seed: int | None = None, **
     cases. A run past the exercise's time limit is a rejection too; other errors propagate.
     """
     ex = get(key)
+    _warm_imports(ex)
     token = _RUN.set(_Run(seed))
     try:
         with time_limit(ex.time_limit, key), inside_check(key):
@@ -354,6 +551,7 @@ def check(key: str, answer: Callable[..., Any]) -> None:
 
 def _run_and_print(ex: Exercise, answer: Callable[..., Any], run: _Run) -> None:
     key = ex.key
+    _warm_imports(ex)
     try:
         with time_limit(ex.time_limit, key), inside_check(key):  # rows the answer records are marked
             ex.checker(answer)
