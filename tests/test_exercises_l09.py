@@ -58,7 +58,11 @@ WRONG_LOADERS = {  # id: (make the loader, the reason), the ones that start no w
     "shuffled": (lambda ds: DataLoader(ds, batch_size=8, shuffle=True), "shuffle"),
     "cache-no-workers": (lambda ds: CachingLoader(ds, batch_size=8), "kept from an earlier pass"),
     "no-workers": (lambda ds: DataLoader(ds, batch_size=8, num_workers=0), "main process"),
-    "copied": (read_in_advance, "dataset you were given"),
+    "copied": (read_in_advance, "dataset you were given (not on a copy"),
+    "subset": (  # a view, not a copy: named as what it is
+        lambda ds: DataLoader(torch.utils.data.Subset(ds, range(len(ds))), batch_size=8),
+        "reads a torch.utils.data.Subset of the dataset you were given (",
+    ),
     # the sample count is never a multiple of 8 in any call: the short last batch is always there to lose
     "drop-last": (lambda ds: DataLoader(ds, batch_size=8, drop_last=True), "drop_last=True drops it"),
     "batch-4": (lambda ds: DataLoader(ds, batch_size=4, num_workers=2), "batches of 8"),
@@ -67,7 +71,7 @@ WRONG_LOADERS = {  # id: (make the loader, the reason), the ones that start no w
         "kept from an earlier pass",
     ),
 }
-IN_PROCESS = ["not-a-loader", "shuffled", "cache-no-workers", "no-workers", "copied", "drop-last"]
+IN_PROCESS = ["not-a-loader", "shuffled", "cache-no-workers", "no-workers", "copied", "subset", "drop-last"]
 WITH_WORKERS = ["batch-4", "cache-with-workers"]
 
 

@@ -125,6 +125,13 @@ def _check_loader(fn: Callable[[Dataset], DataLoader], target_ips: float | None 
         ds = SlowStorageDataset(n, seed=c.randint(1, 10**6), log_path=log, wait_s=wait_s)
         loader = fn(ds)
         assert isinstance(loader, DataLoader), f"return a torch.utils.data.DataLoader, got {type(loader).__name__}"
+        view = loader.dataset
+        if isinstance(view, torch.utils.data.Subset) and view.dataset is ds:
+            raise AssertionError(
+                f"your DataLoader reads a torch.utils.data.Subset of the dataset you were given ({len(view)} of its "
+                f"{len(ds)} samples): a view of it, not a copy, but the exercise loads the data set itself: "
+                "DataLoader(ds, ...), with no Subset or sampler between"
+            )
         assert loader.dataset is ds, (
             "build the DataLoader on the dataset you were given (not on a copy or on samples read in advance: "
             "the data changes between passes)"
