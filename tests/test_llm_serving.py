@@ -467,3 +467,75 @@ def test_rollback_forgets_the_tokens_and_the_cache_entries_of_a_failed_step(conf
     kv.rollback(0, 6)
     assert kv.tokens[0] == [1, 2, 3, 4, 5, 6] and len(kv.tables[0]) == 2 and kv.blocks_in_use() == 2
     assert (1, 2, 3, 4) in kv.cache and (1, 2, 3, 4, 5, 6, 7, 8) not in kv.cache
+
+
+def test_random_scenarios_with_cancels_faults_and_bad_requests_leave_no_block_and_right_answers():
+    import copy
+    import random
+
+    model = cu.llm.tiny_llama(
+        num_hidden_layers=2,
+        vocab_size=1024,
+        hidden_size=64,
+        intermediate_size=128,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )  # small: 30 scenarios
+
+    bad_model = copy.deepcopy(model)
+    bad_model.model.embed_tokens = Poisoned(bad_model.model.embed_tokens)
+    answers = {}
+
+    def want(prompt, cap):
+        key = tuple(prompt)
+        if key not in answers:
+            answers[key] = reference(model, list(prompt), 8)
+        return answers[key][:cap]
+
+    stats = {"cancelled": 0, "failed": 0, "refused": 0, "preemptions": 0}
+    for seed in range(30):
+        rng = random.Random(seed)
+        bs, slots = rng.randint(2, 8), rng.randint(1, 5)
+        heads = [[rng.randrange(3, 900) for _ in range(rng.randint(0, 10))] for _ in range(2)]
+        reqs = []
+        for i in range(rng.randint(3, 7)):
+            prompt = rng.choice(heads) + [rng.randrange(3, 900) for _ in range(rng.randint(1, 9))]
+            if rng.random() < 0.15:
+                prompt.insert(rng.randrange(len(prompt) + 1), Poisoned.POISON)
+            reqs.append(engine.Request(i, prompt, rng.randint(1, 8)))
+        need = max(-(-(len(r.prompt) + r.max_new) // bs) for r in reqs)
+        kv = engine.PagedKV(
+            model.config, rng.randint(need, 3 * need), bs, prefix_caching=rng.choice([False, True, "partial"])
+        )
+        sched = engine.Scheduler(bad_model, kv, max_slots=slots, token_budget=rng.choice([None, 3, 8, 32]))
+        arrive = {r.rid: rng.randint(0, 6) for r in reqs}
+        cancel_at = {r.rid: rng.randint(0, 12) for r in reqs if rng.random() < 0.2}
+        step = 0
+        while step < 400 and (sched.has_work() or step <= 6):
+            for r in reqs:
+                if arrive[r.rid] == step:
+                    sched.add(r)
+            if rng.random() < 0.2:  # a bad request now and then: refused, nothing queued
+                with pytest.raises(engine.BadRequest):
+                    sched.add(rng.choice([engine.Request(99, [], 2), engine.Request(99, [5], 0),
+                                          engine.Request(reqs[0].rid, [5], 2) if reqs[0] in sched.waiting else
+                                          engine.Request(99, [model.config.vocab_size], 2)]))  # fmt: skip
+                stats["refused"] += 1
+            for rid, at in cancel_at.items():
+                if at == step and sched.cancel(rid) is not None:
+                    stats["cancelled"] += 1
+            sched.step()
+            step += 1
+        assert not sched.has_work(), f"seed {seed}: no progress after {step} steps"
+        assert kv.blocks_in_use() == 0, f"seed {seed}: {kv.blocks_in_use()} blocks still held"
+        stats["failed"] += len(sched.failed)
+        stats["preemptions"] += sched.preemptions
+        for r in reqs:
+            if r.error == "cancelled":
+                assert r.out == want(r.prompt, 8)[: len(r.out)], f"seed {seed}: request {r.rid}"
+            elif Poisoned.POISON in r.prompt:
+                assert r in sched.failed and r.error == "RuntimeError: poisoned token", f"seed {seed}: {r.rid}"
+            else:
+                assert r.out == want(r.prompt, r.max_new) and not r.error, f"seed {seed}: request {r.rid}"
+    assert min(stats.values()) > 0, stats  # every kind of trouble happened somewhere
