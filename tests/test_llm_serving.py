@@ -539,3 +539,22 @@ def test_random_scenarios_with_cancels_faults_and_bad_requests_leave_no_block_an
             else:
                 assert r.out == want(r.prompt, r.max_new) and not r.error, f"seed {seed}: request {r.rid}"
     assert min(stats.values()) > 0, stats  # every kind of trouble happened somewhere
+
+
+@pytest.mark.parametrize(("watermark", "admitted"), [(0.0, [0, 1, 2]), (0.25, [0, 1])])
+def test_a_watermark_keeps_spare_blocks_free_at_admission(model, watermark, admitted):
+    kv = engine.PagedKV(model.config, num_blocks=8, block_size=4)
+    sched = engine.Scheduler(model, kv, max_slots=4, token_budget=64, watermark=watermark)
+    assert sched.spare == int(8 * watermark)
+    for i, n in enumerate((12, 7, 12)):  # 3, 2 and 3 blocks: the last fits exactly, but not with 2 spare
+        sched.add(engine.Request(i, list(range(3, 3 + n)), 2))
+    assert [r.rid for r, _ in sched.schedule()] == admitted
+
+
+def test_alone_a_request_is_admitted_despite_the_watermark(model):
+    kv = engine.PagedKV(model.config, num_blocks=8, block_size=4)
+    sched = engine.Scheduler(model, kv, max_slots=4, token_budget=64, watermark=0.5)
+    sched.add(engine.Request(0, list(range(3, 33)), 2))  # all 8 blocks
+    assert [r.rid for r, _ in sched.schedule()] == [0]
+    with pytest.raises(ValueError, match="watermark is the fraction of the pool"):
+        engine.Scheduler(model, kv, max_slots=4, watermark=1.0)

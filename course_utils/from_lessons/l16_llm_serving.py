@@ -329,9 +329,16 @@ class Request:
 class Scheduler:
     """Continuous batching over a paged KV cache, one engine step at a time (see the text above)."""
 
-    def __init__(self, model, kv, *, max_slots, token_budget=None, policy="continuous", attention="blocks"):
+    def __init__(self, model, kv, *, max_slots, token_budget=None, policy="continuous", attention="blocks",
+                 watermark=0.0):  # fmt: skip
         if policy not in ("static", "continuous"):
             raise ValueError(f"policy must be 'static' or 'continuous', not {policy!r}")
+        if not 0.0 <= watermark < 1.0:
+            raise ValueError(f"watermark is the fraction of the pool kept free at admission, 0 <= it < 1: {watermark}")
+        # Admission keeps `spare` blocks free for the running requests to grow into, as vLLM's block manager does
+        # (`num_free_blocks - num_required_blocks >= watermark_blocks`, watermark 1% of the pool:
+        # vllm/core/block_manager.py, `can_allocate`). Alone in the engine a request is admitted anyway.
+        self.spare = int(watermark * kv.num_blocks)
         self.model, self.kv, self.max_slots = model, kv, max_slots
         self.token_budget, self.policy, self.attention = token_budget, policy, attention
         self.waiting, self.running = deque(), []
@@ -414,7 +421,8 @@ class Scheduler:
                     self.kv.add(r.rid)
                     r.computed = r.cached = self.kv.match_prefix(r.rid, r.tokens, partial=False)
                     n = int(min(len(r.tokens) - r.computed, budget))
-                if not self.kv.can_append(r.rid, n, claimed):  # admission by free blocks: it waits
+                spare = self.spare if self.running else 0  # those already running will need blocks to grow
+                if not self.kv.can_append(r.rid, n, claimed + spare):  # admission by free blocks: it waits
                     self.kv.release(r.rid)
                     break
                 self.running.append(self.waiting.popleft())
