@@ -378,3 +378,26 @@ def test_batching_is_skipped_when_the_example_already_has_the_batching_batch():
     assert variant.name == "batching" and variant.note == "same model, batch 8 instead of 7"
     with pytest.raises(T.Skip, match="no batch dimension"):
         T.batching(eager, False, 1, 8)
+
+
+def test_the_baseline_is_timed_and_counted_at_the_examples_batch(monkeypatch):
+    """The baseline runs the example's batch (2) and its items/s count those 2 items, while the batching step runs
+    and counts 16: a baseline labelled with the batching step's batch would report 8x its real items/s."""
+    model, example, acc = _setup(Conv1dNet(), (2, 4, 32))
+    real, seen = opt.measure, []
+
+    def spy(fn, **kw):  # what each timed call runs: (label, the batch it is counted as, the batch it runs)
+        seen.append((kw.get("label"), kw.get("batch_size"), int(fn().shape[0])))
+        return real(fn, **kw)
+
+    monkeypatch.setattr(opt, "measure", spy)
+    report = opt.optimize(model, example, acc, device="cpu", techniques=["batching"], batch_size=16,
+                          measure_kwargs=FAST, verbose=False)  # fmt: skip
+    assert seen == [("baseline", 2, 2)]
+    base, batching = report.step("baseline"), report.step("batching")
+    assert base.batch_size == base.measurement.batch_size == 2
+    assert base.throughput == pytest.approx(2 * 1000 / base.median_ms, rel=1e-9)
+    assert batching.batch_size == batching.measurement.batch_size == 16
+    assert batching.throughput == pytest.approx(16 * 1000 / batching.median_ms, rel=1e-9)
+    row = report.df.set_index("technique").loc["baseline"]
+    assert row["batch_size"] == 2 and row["throughput"] == pytest.approx(2 * 1000 / row["median_ms"], rel=1e-9)

@@ -922,3 +922,25 @@ def test_streamed_lines_skip_blanks_and_each_request_sends_its_own_body(echo_ser
     assert [a.lines for a in answers] == [[{"i": i % 3}] for i in range(5)], "blank lines are no lines"
     assert all(a.ok and len(a.times_s) == 1 for a in answers)
     assert not stream_load.StreamedAnswer(0, 0.0, status=200, error="ReadTimeout: cut").ok
+
+
+def test_the_model_call_record_writes_milliseconds_under_its_ms_label(tmp_path, monkeypatch):
+    """CallRecorder's line is '<start s> <predict ms>': a call from t=100.000 s to 100.250 s is written
+    "100.000000 250.000" and read back by Server.calls as predict_ms 250 (not 0.25: seconds under an ms label),
+    a 2 ms call as 2.0; a line that is not two numbers is skipped."""
+    from course_utils.serve import server_watch
+
+    clock = iter([100.0, 100.25, 101.0, 101.002])
+    monkeypatch.setattr(server_watch, "time", __import__("types").SimpleNamespace(time=lambda: next(clock)))
+    rec = server_watch.CallRecorder(str(tmp_path / "calls.txt"))
+    for _ in range(2):
+        rec.on_before_predict()
+        rec.on_after_predict()
+    assert (tmp_path / "calls.txt").read_text().splitlines() == ["100.000000 250.000", "101.000000 2.000"]
+    with open(tmp_path / "calls.txt", "a") as fh:
+        fh.write("torn\n")
+    server = server_process.Server("127.0.0.1", 0, 0, tmp_path, {}, process=None)
+    calls = server.calls()
+    assert list(calls.columns) == ["start_s", "predict_ms"]
+    assert calls["predict_ms"].tolist() == pytest.approx([250.0, 2.0]) and calls["start_s"].tolist() == [100.0, 101.0]
+    assert server.calls(since=1)["predict_ms"].tolist() == pytest.approx([2.0])
