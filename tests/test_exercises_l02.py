@@ -1,5 +1,7 @@
 """Lesson 02's exercises reject wrong fixes and wrong profiler readings (and accept the reference solutions)."""
 
+import re
+
 import numpy as np
 import pytest
 import torch
@@ -216,6 +218,14 @@ def asarray_loop(images):  # np.asarray per image strips any marking, then numpy
     return torch.from_numpy(np.stack([np.asarray(im).astype(np.float32) / 16.0 for im in images])).unsqueeze(1)
 
 
+def tensor_of_list(images):  # torch.tensor walks each image, row and pixel in C: a per-pixel loop (torch warns)
+    return (torch.tensor(images).float() / 16.0).unsqueeze(1)
+
+
+def as_tensor_of_list_float(images):
+    return torch.as_tensor(images, dtype=torch.float32).div(16.0).unsqueeze(1)
+
+
 def np_array_once(images):  # right too: one np.array of the list, one conversion
     return torch.from_numpy(np.array(images, dtype=np.float32) / np.float32(16.0)).unsqueeze(1)
 
@@ -267,12 +277,15 @@ def true_division_reshaped(images):  # right too: uint8 / 16 is a float32 tensor
         (no_channel, "expected shape"),
         (pixel_loop, "Python loop over the images"),
         (asarray_loop, "Python loop over the images"),
+        (tensor_of_list, "torch.tensor (or torch.as_tensor) on a list of arrays walks every image, row and pixel"),
+        (as_tensor_of_list_float, "read 4 images element by element|read [5-8] images element by element"),
     ],
 )
+@pytest.mark.filterwarnings("ignore:Creating a tensor from a list of numpy.ndarrays")
 def test_vectorize_rejects(wrong, message):
     for seed in range(200):  # every draw of 9-40, 4-8 and 48-96 images
         reason = exercises.verdict("02.vectorize", wrong, seed=seed)
-        assert message in reason, (seed, reason)
+        assert re.search(message, reason) if "|" in message else message in reason, (seed, reason)
 
 
 def test_vectorize_accepts_right_answers_on_200_seeds():

@@ -70,9 +70,20 @@ def _op_calls(fn: Callable[[], object]) -> int:
 
 
 class _Img(np.ndarray):
-    """An image that counts the numpy operations done on it alone (a per-image loop, in numpy)."""
+    """An image that counts the numpy operations done on it alone (a per-image loop, in numpy), and the reads of
+    its rows and pixels as a Python sequence (a per-pixel loop, in torch's C code: ``torch.tensor(list_of_arrays)``
+    walks every image, row and pixel through ``__getitem__``; ``np.stack`` reads each image once)."""
 
     touched = 0
+    read = 0
+
+    def __getitem__(self, key: Any) -> Any:
+        _Img.read += 1
+        return super().__getitem__(key)
+
+    def __iter__(self) -> Any:
+        _Img.read += 1
+        return super().__iter__()
 
     def __array_ufunc__(self, ufunc: Any, method: str, *inputs: Any, **kwargs: Any) -> Any:
         _Img.touched += 1
@@ -132,8 +143,15 @@ def _check_vectorize(fn: Callable[[list[np.ndarray]], torch.Tensor]) -> None:
             "np.stack the list once, then convert and scale the whole batch"
         )
         for k in (small_n, large_n):
-            _Img.touched = 0
+            _Img.touched = _Img.read = 0
             fn(_images(c, k, counting=True))
+            assert _Img.read <= 2 * k, (
+                f"your code read {k} images element by element ({_Img.read} reads of single rows and pixels, "
+                f"{_Img.read / k:.0f} per image): torch.tensor (or torch.as_tensor) on a list of arrays walks every "
+                "image, row and pixel as a Python sequence, one at a time: a loop over the pixels inside torch (it "
+                "warns: 'Creating a tensor from a list of numpy.ndarrays is extremely slow'). np.stack the list into "
+                "one array first, then torch.from_numpy converts it at once"
+            )
             assert _Img.touched <= 2, (
                 f"{_Img.touched} numpy operations on single images for {k} images: a Python loop over the images, "
                 "in numpy instead of torch, is still a loop. np.stack the list, then convert and scale the whole "
@@ -141,7 +159,7 @@ def _check_vectorize(fn: Callable[[list[np.ndarray]], torch.Tensor]) -> None:
             )
     observed(f"{n} images to a ({n}, 1, 8, 8) float32 tensor equal to pixels / 16; {small} operators for {small_n} "
              f"images and {large} for {large_n}; {calls[0]} and {calls[1]} Python calls; no thread, no numpy "
-             "operation on a single image")  # fmt: skip
+             "operation on a single image, no image read element by element")  # fmt: skip
 
 
 @exercise(
