@@ -123,16 +123,17 @@ def test_ort_cuda_provider_given_as_a_tuple_is_the_stand_in(gpu, tmp_path):
     )
 
 
-def test_the_profiler_drops_only_the_cuda_activity(gpu):
+def test_the_profiler_stands_in_only_for_the_cuda_activity(gpu):
     from torch.profiler import ProfilerActivity, profile
 
     from course_utils.fakegpu.standins import rehearsal
 
-    key = "profiler CUDA activity dropped (no kernel trace on the stand-in)"
+    key = "profiler CUDA activity (stand-in device events)"
     before = rehearsal.checks().get(key, 0)
-    with profile(activities=[ProfilerActivity.CPU]):
-        torch.ones(2) + 1
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        torch.ones(2, device="cuda") + 1
     assert rehearsal.checks().get(key, 0) == before
+    assert not [e for e in prof.events() if e.device_type.name == "CUDA"]  # CPU activity only: no device events
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         torch.ones(2) + 1
     assert rehearsal.checks().get(key, 0) == before + 1 and prof.key_averages()

@@ -1,5 +1,7 @@
 """Stand-ins for GPU software on a CPU machine: the rehearsal's CUDA device (``tensor``, ``streams``, ``graphs``,
-``cuda``), ONNX Runtime's CUDA provider (``ort``) and TensorRT 11.1 (``tensorrt``). See
+``cuda``, and ``kernels``: the kernel CUDA would choose, with cuDNN's autotuning workspace, the SDPA backends, the
+precision in force at each call and the profiler's device events), ONNX Runtime's CUDA provider (``ort``) and
+TensorRT 11.1 (``tensorrt``). See
 :mod:`course_utils.fakegpu.standins.rehearsal` for how a lesson's GPU sections run on them, and ``tensorrt`` for the
 fake TensorRT that the contract tests and exercise 08 also use.
 

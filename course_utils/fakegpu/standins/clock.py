@@ -14,13 +14,16 @@ earlier work (and what it waits for) ends, so device-bound work takes its modell
 and events around host-side work measure that host time, as on a GPU. A host wait (``synchronize``, an event wait,
 a blocking copy) lasts until the device time it waits for: the host sleeps until the wall clock reaches it, so a
 wall-clock timer that synchronizes reads at least the modelled time and one that does not reads only the launch.
-CUDA events report device time (``elapsed_time``).
+CUDA events report device time (``elapsed_time``). While a profiler asked for CUDA activity records, every piece of
+work placed here is also kept as a device event (its name, start, end and stream: :attr:`DeviceClock.recorders`).
 """
 
 from __future__ import annotations
 
 import bisect
+import contextlib
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from time import perf_counter as _wall  # the real clock (the rehearsal checks reads of time.perf_counter)
 from typing import Any
@@ -38,6 +41,9 @@ SATURATION = 132 * 2048  # threads the stand-in's multiprocessors hold: a kernel
 _HALF = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float64: "fp64"}
 _MATMUL_LIKE = {"mm", "addmm", "bmm", "baddbmm", "matmul", "linear", "conv1d", "conv2d", "conv3d", "convolution",
                 "_convolution", "cudnn_convolution", "scaled_dot_product_attention"}  # fmt: skip
+
+
+_EVENT_NAMES = {"h2d": "Memcpy HtoD (stand-in)", "d2h": "Memcpy DtoH (stand-in)", "compute": "kernel"}
 
 
 @dataclass
@@ -87,16 +93,32 @@ class DeviceClock:
         self.start = _wall()
         self.host = 0.0  # device time up to which the host has waited
         self.busy_s = 0.0  # device time of all work issued (for the record)
+        self.recorders: list[list[tuple[str, float, float, int]]] = []  # profilers' device events being recorded
+        self.labels: list[str] = []  # the name device events take inside :meth:`naming` (a library's kernel)
 
     def now(self) -> float:
         """The device time of this moment (work issued now can start no earlier)."""
         return _wall() - self.start
 
-    def issue(self, engine: str, sid: int, ready: float, duration: float, width: float = 1.0) -> float:
+    def issue(self, engine: str, sid: int, ready: float, duration: float, width: float = 1.0, name: str = "") -> float:
         """Place work of ``duration`` on ``engine`` for stream ``sid`` ready at ``ready``; return its end."""
         start = self.engines[engine].place(sid, max(ready, self.now()), duration, min(max(width, 1 / 132), 1.0))
         self.busy_s += duration
+        if self.recorders:
+            label = self.labels[-1] if self.labels else (name or _EVENT_NAMES.get(engine, "kernel"))
+            for recorder in self.recorders:
+                recorder.append((f"{label} (stand-in kernel)" if engine == "compute" else label, start,
+                                 start + duration, sid))  # fmt: skip
         return start + duration
+
+    @contextlib.contextmanager
+    def naming(self, label: str) -> Iterator[None]:
+        """Device events of the work issued in the block are named ``label`` (one library call's kernels)."""
+        self.labels.append(label)
+        try:
+            yield
+        finally:
+            self.labels.pop()
 
     def wait(self, until: float) -> None:
         """The host waits for device time ``until``: it sleeps until the wall clock has reached it."""
@@ -117,12 +139,14 @@ def _rate(dtype: torch.dtype, base: str) -> float:
         return RATES[_HALF[dtype]]
     if dtype in (torch.int8, torch.uint8):
         return RATES["int8"]
-    if dtype == torch.float32 and base in _MATMUL_LIKE and _tf32(base):
+    if dtype == torch.float32 and base in _MATMUL_LIKE and tf32_in_force(base):
         return RATES["tf32"]
     return RATES["fp32"]
 
 
-def _tf32(base: str) -> bool:
+def tf32_in_force(base: str) -> bool:
+    """Whether an FP32 call of operator ``base`` runs in TF32 now: cuDNN's switch for convolutions, the matmul
+    switch or ``float32_matmul_precision`` other than 'highest' for matrix products (read at the call)."""
     conv = base.startswith(("conv", "_conv", "cudnn_conv"))
     if conv:
         return bool(torch.backends.cudnn.allow_tf32)

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from course_utils.fakegpu.standins import clock as costs
-from course_utils.fakegpu.standins import copies
+from course_utils.fakegpu.standins import copies, kernels
 from course_utils.fakegpu.standins.cuda import gpu_only_op
 from course_utils.fakegpu.standins.issue import order, place
 from course_utils.fakegpu.standins.streams import MODEL
@@ -174,6 +174,9 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
         return func.decompose(*args, **kwargs)  # may copy (reshape, contiguous, to): its parts are dispatched
     if not any("Tensor" in str(r.type) for r in rets) or any(r.alias_info and not r.alias_info.is_write for r in rets):
         out = func(*unwrap(args), **_kwargs(unwrap(kwargs)))  # a view or a metadata query: no data is read
+        if torch.is_inference_mode_enabled() and any(isinstance(t, Rehearsed) and not t.is_inference() for t in flat):
+            with torch.inference_mode(False):  # a view of a normal tensor made in inference mode is a normal one
+                return fmap(lambda t: wrap(t) if isinstance(t, torch.Tensor) else t, out)
         return fmap(lambda t: wrap(t) if isinstance(t, torch.Tensor) else t, out)
     run_func = func
     if base == "cudnn_batch_norm":  # CUDA picks cuDNN's kernel for a "cuda" tensor; its CPU twin has 3 outputs
@@ -198,7 +201,10 @@ def dispatch(func: Any, args: tuple, kwargs: dict) -> Any:
             MODEL.made(key_of(t), MODEL.current)  # memory of the graph's private pool, on the capture stream
         return outs
     clock = order(name, base, reads, {key_of(t.elem) for t in written}, {key_of(t) for _, t in fresh_elems})
-    place("compute", *cost)
+    kernels.matmul_issued(base, flat)
+    if base in kernels.CONVOLUTIONS:
+        kernels.convolution_issued(base, _meta(args), _meta(_no_pin(kwargs)), meta_out)
+    place("compute", *cost, name=f"aten::{base}")
     if base not in _ALLOCATE_ONLY:
         MODEL.enqueue(MODEL.current, clock, lambda: run_into(run_func, host_args, host_kwargs, fresh_elems))
     return outs
@@ -288,7 +294,7 @@ def _at_once(func: Any, run_func: Any, name: str, base: str, args: tuple, kwargs
     out = run_func(*unwrap(args), **_kwargs(unwrap(kwargs)))
     new = {key_of(t) for t in leaves(out) if isinstance(t, torch.Tensor) and key_of(t) not in before}
     order(name, base, before, written, new)
-    place("compute", costs.LAUNCH_S)
+    place("compute", costs.LAUNCH_S, name=f"aten::{base}")
     return fmap(lambda t: wrap(t) if isinstance(t, torch.Tensor) and not isinstance(t, Rehearsed) else t, out)
 
 

@@ -23,7 +23,7 @@ def order(name: str, base: str, reads: set[int], writes: set[int], new: set[int]
     return clock
 
 
-def place(engine: str, duration: float, width: float = 1.0) -> None:
-    """Put work of ``duration`` on the current stream's timeline."""
+def place(engine: str, duration: float, width: float = 1.0, name: str = "") -> None:
+    """Put work of ``duration`` on the current stream's timeline (``name``: its device event's, for a profiler)."""
     stream = MODEL.current
-    stream.ready = MODEL.clock.issue(engine, stream.sid, stream.ready, duration, width)
+    stream.ready = MODEL.clock.issue(engine, stream.sid, stream.ready, duration, width, name)

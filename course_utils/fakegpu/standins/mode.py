@@ -1,5 +1,6 @@
 """The rehearsal's torch function mode: "cuda" placement (``.to("cuda")``, ``.cuda()``, factories with
-``device="cuda"``) makes stand-in tensors; pinning makes pinned host tensors (:mod:`.memory`); the rest runs
+``device="cuda"``) makes stand-in tensors; pinning makes pinned host tensors (:mod:`.memory`);
+``F.scaled_dot_product_attention`` on stand-in tensors takes the backend CUDA would (:mod:`.kernels`); the rest runs
 unchanged. Installed by :func:`course_utils.fakegpu.standins.rehearsal.activate`."""
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 
-from course_utils.fakegpu.standins import memory
+from course_utils.fakegpu.standins import kernels, memory
 from course_utils.fakegpu.standins.copies import to_device
 from course_utils.fakegpu.standins.issue import order, place
 from course_utils.fakegpu.standins.tensor import RehearsalError, Rehearsed, check_index, is_pinned, wrap
@@ -59,6 +60,10 @@ class CudaMode(TorchFunctionMode):
             fmt = kwargs.get("memory_format")
             out = args[0] if isinstance(args[0], Rehearsed) else to_device(args[0], bool(kwargs.get("non_blocking")))
             return out.contiguous(memory_format=fmt) if fmt is not None else out
+        if name == "scaled_dot_product_attention" and any(
+            isinstance(t, Rehearsed) for t in tree_flatten((args, kwargs))[0]
+        ):
+            return kernels.sdpa(func, args, kwargs)  # CUDA's backend choice (or its "No available kernel")
         if func is torch.Tensor.pin_memory and args and not isinstance(args[0], Rehearsed):
             return memory.pin(args[0])
         if func is torch.Tensor.is_pinned and args and not isinstance(args[0], Rehearsed):

@@ -21,14 +21,16 @@ from course_utils.fakegpu.standins.tensor import STATE, Rehearsed
 
 
 def profiler_init(real: Any) -> Any:
-    """torch.profiler.profile on the stand-in: CPU activity only (CUPTI's kernel trace needs a GPU)."""
+    """torch.profiler.profile on the stand-in: the CPU activity is torch's own; ``ProfilerActivity.CUDA`` (CUPTI's
+    kernel trace needs a GPU) becomes the stand-in's device events (:func:`.kernels.profiler_patches`)."""
 
     def init(self: Any, *args: Any, activities: Any = None, **kwargs: Any) -> None:
         wanted = list(activities or [])
         cpu_only = [a for a in wanted if a.name != "CUDA"]
-        if len(cpu_only) != len(wanted):
-            STATE.count("profiler CUDA activity dropped (no kernel trace on the stand-in)")
         real(self, *args, activities=cpu_only or None, **kwargs)
+        if len(cpu_only) != len(wanted):
+            STATE.count("profiler CUDA activity (stand-in device events)")
+            self._rehearsal_cuda = True
 
     return init
 

@@ -7,6 +7,9 @@ JupyterLab is the one the tests run), "cuda" means the stand-in GPU of :mod:`cou
 
 * ``torch.cuda.*`` answers for one sm_90 stand-in (streams, events, graphs, memory counters, the pinned cache and
   the allocation history); ``cuda:1`` and beyond raise CUDA's "invalid device ordinal";
+* the kernel CUDA would choose (:mod:`.kernels`): cuDNN's autotuning workspace under ``cudnn.benchmark`` in the
+  memory peak, the SDPA backend (or "No available kernel"), the TF32 switches in force at each matrix product, and
+  device events for ``torch.profiler.profile(activities=[..., ProfilerActivity.CUDA])``;
 * ``.cuda()``, ``.to("cuda")``, ``Module.to("cuda")`` and factories with ``device="cuda"`` make
   :class:`~course_utils.fakegpu.standins.tensor.Rehearsed` tensors; their operators are checked and queued per stream
   (:mod:`.dispatch`, :mod:`.streams`) on a virtual device clock (:mod:`.clock`);
@@ -34,7 +37,7 @@ from typing import Any
 import torch
 
 from course_utils.fakegpu.standins import cuda as scuda
-from course_utils.fakegpu.standins import memory, packages, switches
+from course_utils.fakegpu.standins import kernels, memory, packages, switches
 from course_utils.fakegpu.standins.cuda import GPU_ONLY, NotRehearsable
 from course_utils.fakegpu.standins.mode import CudaMode, pin_batch
 from course_utils.fakegpu.standins.streams import MODEL
@@ -139,6 +142,7 @@ def activate(total_memory: int | None = None) -> None:
     from torch.profiler import profile as profiler_class
 
     _patch(profiler_class, "__init__", packages.profiler_init(profiler_class.__init__))
+    kernels.profiler_patches(_patch)
     import torch.utils.data._utils.pin_memory as pinning
 
     _patch(pinning, "pin_memory", pin_batch)  # DataLoader(pin_memory=True) pins in a thread: no mode there
@@ -156,6 +160,7 @@ def enter(section: str) -> None:
     """The GPU section now running (its deliberate mistakes, :data:`DELIBERATE`, are allowed)."""
     _ACTIVE["section"] = section
     _ACTIVE["timer"] = None
+    STATE.deliberate = set(DELIBERATE.get(section, set()))
 
 
 def deliberate(what: str) -> bool:
@@ -293,5 +298,6 @@ def deactivate() -> dict[str, int]:
     sys.meta_path[:] = [f for f in sys.meta_path if type(f).__name__ != "AutoinitRefused"]
     STATE.capture = None
     STATE.history = None
+    STATE.deliberate = set()
     _ACTIVE.clear()
     return counts

@@ -12,8 +12,9 @@ are computed only when something waits for it, as a GPU computes them after the 
 So a timer that does not synchronize measures the launch only, a non-blocking copy to the host lands when the host
 waits for its stream (before that the buffer holds poison: NaN), and memory a queued copy reads from the host is
 read when the copy runs. ``elapsed_time`` is asked of completed events only (else "device not ready") and
-reports the device time between them. The fake TensorRT's ``execute_async_v3`` takes a stream handle
-(``Stream.cuda_stream``).
+reports the device time between them; for two events of one stream recorded in the wrong order (the end before
+the start) CUDA returns a negative time, which the stand-in refuses with that reason. The fake TensorRT's
+``execute_async_v3`` takes a stream handle (``Stream.cuda_stream``).
 """
 
 from __future__ import annotations
@@ -112,11 +113,13 @@ class StandinEvent:
         self.clock: dict[int, int] = {}
         self.stream: StandinStream | None = None
         self.t = 0.0
+        self.seq = 0  # the order of records (a record of another event after this one has a higher number)
 
     def record(self, stream: StandinStream | None = None) -> None:
         self.stream = stream or MODEL.current
         self.clock = dict(self.stream.tick())
         self.t = max(self.stream.ready, MODEL.clock.now())
+        self.seq = self.clock[self.stream.sid]
 
     def wait(self, stream: StandinStream | None = None) -> None:
         (stream or MODEL.current).wait_event(self)
@@ -136,12 +139,21 @@ class StandinEvent:
             raise RuntimeError("Both events must be created with argument 'enable_timing=True'.")
         if self.stream is None or end.stream is None:
             raise RuntimeError("Both events must be recorded before calculating elapsed time.")
-        if not end.done():
+        ms = (end.t - self.t) * 1000.0
+        if self.stream is end.stream and self.seq > end.seq:  # before "not ready": the order is the root cause
+            STATE.count("timing violations")
             raise RehearsalError(
-                "CUDA error: device not ready (elapsed_time() before the end event completed: call "
-                "end.synchronize() or torch.cuda.synchronize() first; rehearsal stand-in)"
+                f"start.elapsed_time(end) = {ms:.4f} ms: the end event was recorded before the start "
+                f"event on {self.stream.name}, so CUDA returns a negative time (or 'device not ready' while the start "
+                "is still queued). The events are in the wrong order: record start, run the work, record end, then "
+                "start.elapsed_time(end) (rehearsal stand-in)"
             )
-        return (end.t - self.t) * 1000.0
+        if not (end.done() and self.done()):
+            raise RehearsalError(
+                f"CUDA error: device not ready (elapsed_time() before the {'end' if not end.done() else 'start'} "
+                "event completed: call end.synchronize() or torch.cuda.synchronize() first; rehearsal stand-in)"
+            )
+        return ms
 
 
 class StreamModel(Ordering):

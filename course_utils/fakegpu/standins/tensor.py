@@ -65,6 +65,8 @@ class State:
         self.peak_raised = False  # the peak rose since the last read (or was reset)
         self.peak_read = False  # the peak was read since the last reset
         self.history: Any = None  # the allocation history while torch.cuda.memory._record_memory_history records
+        self.peak_workspace: str | None = None  # what set the peak when a transient workspace did (cuDNN's search)
+        self.deliberate: set[str] = set()  # mistakes the running section makes on purpose (rehearsal.DELIBERATE)
 
     def count(self, what: str, n: int = 1) -> None:
         self.counts[what] = self.counts.get(what, 0) + n
@@ -90,7 +92,7 @@ class State:
             self.cached = max(0, self.cached - nbytes)
             self.allocs_since_read += 1
             if self.allocated > self.peak:
-                self.peak, self.peak_raised = self.allocated, True
+                self.peak, self.peak_raised, self.peak_workspace = self.allocated, True, None
             if self.history is not None:
                 HOOKS.on_memory_event("alloc", ptr, nbytes)
         entry[0] += 1
@@ -114,8 +116,18 @@ class State:
         block = 2 * 2**20
         return -(-(self.allocated + self.cached) // block) * block
 
+    def workspace(self, nbytes: int, what: str) -> None:
+        """A workspace allocated and freed within one call (cuDNN's algorithm search): it raises the peak, never the
+        current count; capped at the free memory (the search skips algorithms whose workspace does not fit)."""
+        nbytes = max(0, min(nbytes, self.total_memory - self.allocated))
+        self.allocs_since_read += 1
+        if self.allocated + nbytes > self.peak:
+            self.peak, self.peak_raised = self.allocated + nbytes, True
+            self.peak_workspace = f"{nbytes / 2**20:.2f} MiB of {what}"
+
     def reset_peak(self) -> None:
         self.peak, self.peak_raised, self.peak_read, self.allocs_since_read = self.allocated, True, False, 0
+        self.peak_workspace = None
 
     def read_peak(self, what: str) -> int:
         """``max_memory_allocated()`` and friends: a read whose value is a peak an earlier read already saw, after
@@ -128,6 +140,15 @@ class State:
                 f"since then ({self.allocs_since_read} allocations) stayed below it, so this number is the previous "
                 "variant's peak, not this one's. Fix: torch.cuda.reset_peak_memory_stats() (after a synchronize) "
                 "before each variant (rehearsal stand-in)"
+            )
+        if self.peak_workspace is not None and "autotuning workspace in a peak" not in self.deliberate:
+            self.count("peak-memory violations")
+            found, self.peak_workspace = self.peak_workspace, None
+            raise RehearsalError(
+                f"{what} returned {self.peak / 2**20:.2f} MiB, a peak set by {found}: the search runs once per "
+                "input shape, so this is the first call's peak, not the steady one (and a peak measured with "
+                "benchmark off misses it). Fix: run one warm-up call with the flag as it will be used, then "
+                "torch.cuda.reset_peak_memory_stats() before measuring (rehearsal stand-in)"
             )
         self.peak_read, self.peak_raised, self.allocs_since_read = True, False, 0
         return self.peak
