@@ -380,3 +380,18 @@ def test_accuracy_counts_every_row_including_a_partial_last_batch():
     assert models.accuracy(torch.nn.Identity(), scores, labels, batch_size=2) == pytest.approx(3 / 5)
     assert models.accuracy(torch.nn.Identity(), scores, labels, batch_size=5) == pytest.approx(3 / 5)
     assert models.accuracy(torch.nn.Identity(), scores[:4], labels[:4], batch_size=3) == pytest.approx(2 / 4)
+
+
+@pytest.mark.parametrize("name", ["cnn", "mlp"])
+def test_shipped_digits_models_load_in_eval_mode(name):
+    """Loaded for inference: no module in training mode, so an image's output does not depend on the batch it
+    comes in (BatchNorm with its stored statistics, not the batch's) and running the model changes no buffer."""
+    d = data.load_digits_split()
+    model = models.load_digits_model(name)
+    assert [n for n, m in model.named_modules() if m.training] == []
+    buffers = {k: v.clone() for k, v in model.named_buffers()}
+    with torch.no_grad():
+        whole = model(d.x_test[:64])
+        alone = torch.cat([model(d.x_test[i : i + 1]) for i in range(4)])
+    torch.testing.assert_close(alone, whole[:4], rtol=1e-4, atol=1e-5)
+    assert all(torch.equal(v, buffers[k]) for k, v in model.named_buffers())
