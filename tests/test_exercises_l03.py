@@ -532,3 +532,12 @@ def test_oom_sweep_accepts_the_reference_and_alternatives_over_200_seeds(frozen_
     for seed in range(3, 8):  # and the full check on five more seeds (1 and 2 run above)
         for fn in (exercises.get("03.oom-sweep").solution, guarded_empty_cache):
             assert exercises.verdict("03.oom-sweep", fn, seed=seed) == "accepted", (seed, fn.__name__)
+
+
+def test_a_batch_built_inside_the_timed_call_is_named(frozen_gc):
+    """measure(lambda: model(make_input(b))) times making the batch too: named on every seed (the check counts
+    make_input's calls during each timed call); the reference, which builds x first, is accepted."""
+    for seed in range(50):
+        reason = sweeps(builds_inside_the_timed_call, seed)
+        assert "the input of batch" in reason and "was built inside the timed call" in reason, (seed, reason)
+        assert sweeps(exercises.get("03.oom-sweep").solution, seed) == "accepted", seed

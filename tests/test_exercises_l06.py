@@ -434,3 +434,11 @@ def test_pad_batch_on_the_device_in_16_bits_over_200_seeds():
                     l06.serve_on_device(fn, Cases(seed), device)
                 assert re.search(reason, str(err.value)), (seed, fn.__name__, str(err.value))
     assert dtypes == {torch.float16, torch.bfloat16}
+
+
+def test_the_full_check_serves_16_bit_requests_on_the_gpu():
+    """The check itself (not only its device part) names padding made with plain torch.zeros, on a few seeds."""
+    for seed in (0, 1):
+        for fn, reason in PAD_DEVICE_WRONG:
+            msg = verdict("06.pad-batch", fn, seed=seed)
+            assert re.search(reason, msg) and f"random case seed {seed}" in msg, (fn.__name__, seed, msg)
