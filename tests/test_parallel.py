@@ -5,6 +5,7 @@ killed mid-step stops the whole world with no process and no listening port left
 from __future__ import annotations
 
 import os
+import re
 import signal
 import socket
 import threading
@@ -28,10 +29,36 @@ def model():
 
 
 @pytest.fixture(scope="module")
-def world(model, tmp_path_factory):
+def mqa():
+    """One K/V head for 6 query heads, an odd vocabulary (1003: uneven slices over 2 and 3 ranks), 3 layers."""
+    return cu.llm.tiny_llama(
+        seed=4,
+        num_attention_heads=6,
+        num_key_value_heads=1,
+        head_dim=32,
+        hidden_size=192,
+        intermediate_size=96,
+        vocab_size=1003,
+        num_hidden_layers=3,
+    )
+
+
+@pytest.fixture(scope="module")
+def world(model, mqa, tmp_path_factory):
     path = tmp_path_factory.mktemp("l17") / "model.pt"
     torch.save(model.state_dict(), path)
+    mqa_path = path.with_name("mqa.pt")
+    torch.save(mqa.state_dict(), mqa_path)
     with l17.World(3, timeout_s=120.0) as w:
+        w.run(l17.load_shards, path=str(mqa_path), shape=l17.shape_of(mqa.config), sizes=[1, 2, 3], name="mqa")
+        w.run(
+            l17.load_shards,
+            path=str(mqa_path),
+            shape=l17.shape_of(mqa.config),
+            sizes=[1],
+            name="mqa whole",
+            whole_on_every_rank=True,
+        )
         w.run(l17.load_shards, path=str(path), shape=l17.shape_of(model.config), sizes=[1, 2, 3], name="m")
         w.run(
             l17.load_shards,
@@ -57,6 +84,66 @@ def test_slices_pinned():
     assert torch.equal(
         l17.column_parallel(torch.arange(12.0).view(4, 3), 1, 2), torch.tensor([[6.0, 7, 8], [9, 10, 11]])
     )
+
+
+def test_head_split_is_vllms_rule():
+    assert [l17.head_split(18, 6, p) for p in (1, 2, 3, 6)] == [
+        {"q": 18, "kv": 6, "replicas": 1},
+        {"q": 9, "kv": 3, "replicas": 1},
+        {"q": 6, "kv": 2, "replicas": 1},
+        {"q": 3, "kv": 1, "replicas": 1},  # p == K/V heads: one each, no copy yet
+    ]
+    assert l17.head_split(6, 1, 2) == {"q": 3, "kv": 1, "replicas": 2}  # past the K/V heads: replicated
+    assert l17.head_split(8, 2, 4) == {"q": 2, "kv": 1, "replicas": 2}
+    assert l17.head_split(8, 2, 8) == {"q": 1, "kv": 1, "replicas": 4}
+
+
+@pytest.mark.parametrize(
+    ("heads", "kv", "p", "message"),
+    [
+        (9, 3, 2, "9 query heads do not divide by 2 ranks (each rank holds whole heads); tensor-parallel sizes "
+         "that work for 9 query and 3 K/V heads: [1, 3, 9]"),
+        (18, 6, 4, "18 query heads do not divide by 4 ranks"),
+        (18, 6, 9, "9 ranks is not a multiple of 6 K/V heads"),
+        (24, 8, 12, "12 ranks is not a multiple of 8 K/V heads"),
+        (24, 6, 4, "6 K/V heads do not divide by 4 ranks; tensor-parallel sizes that work for 24 query and 6 K/V "
+         "heads: [1, 2, 3, 6, 12, 24]"),
+    ],
+)  # fmt: skip
+def test_head_splits_vllm_refuses_are_refused_with_the_sizes_that_work(heads, kv, p, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        l17.head_split(heads, kv, p)
+
+
+def test_features_that_do_not_divide_are_refused_not_dropped():
+    w = torch.zeros(100, 8)
+    with pytest.raises(ValueError, match=re.escape("100 MLP features do not divide by 3 ranks (100 = 3 x 33 + 1): the "
+                                                   "last 1 would be dropped. Use a number of ranks that divides 100 "
+                                                   "([1, 2, 4, 5, 10, 20, 25, 50, 100])")):  # fmt: skip
+        l17.column_parallel(w, 0, 3, "MLP features")
+    with pytest.raises(ValueError, match="100 input features do not divide by 3"):
+        l17.row_parallel(w.T, 2, 3)
+    assert l17.column_parallel(w, 1, 4).shape == (25, 8) and l17.row_parallel(w.T, 1, 2).shape == (8, 50)
+
+
+def test_uneven_vocabulary_blocks_cover_every_row_once():
+    assert [l17.uneven_block(1003, r, 3) for r in range(3)] == [(0, 335), (335, 670), (670, 1003)]
+    assert [l17.uneven_block(5, r, 4) for r in range(4)] == [(0, 2), (2, 4), (4, 5), (5, 5)]
+    for n in range(1, 40):
+        for p in range(1, 6):
+            rows = [i for r in range(p) for i in range(*l17.uneven_block(n, r, p))]
+            assert rows == list(range(n)), (n, p)
+
+
+def test_stage_layers_split_like_vllm_and_refuse_empty_stages():
+    assert l17.stage_layers(3, 2) == [(0, 2), (2, 3)]
+    assert l17.stage_layers(30, 3) == [(0, 10), (10, 20), (20, 30)]
+    sizes = [b - a for a, b in l17.stage_layers(61, 4)]
+    assert sizes == [15, 15, 16, 15]  # vLLM's documented example: the extra layer before the last stage
+    assert l17.stage_layers(2, 2) == [(0, 1), (1, 2)]
+    with pytest.raises(ValueError, match=re.escape("2 layers cannot fill 3 pipeline stages: a stage would hold no "
+                                                   "layer. Use at most 2 stages")):  # fmt: skip
+        l17.stage_layers(2, 3)
 
 
 def test_best_token_takes_the_highest_score_and_on_a_tie_the_lowest_id(monkeypatch):
@@ -102,6 +189,50 @@ def test_tensor_parallel_tokens_equal_generate_at_every_rank_count(world, model)
         assert len(runs[0]["step_ms"]) == len(runs[0]["comm_ms"]) == 6
 
 
+def test_one_kv_head_is_replicated_and_tokens_equal_generate(world, mqa):
+    """6 query heads and 1 K/V head: at 2 and 3 ranks every rank holds a copy of the K/V head (vLLM's rule), the
+    vocabulary of 1003 is split unevenly, and the greedy tokens are generate's."""
+    prompt = list(range(7, 19))
+    want = greedy(mqa, prompt, 6)
+    kv = {}
+    for p in (1, 2, 3):
+        runs = world.run(l17.tp_generate, ranks=range(p), name="mqa", p=p, prompt=prompt, n_new=6)
+        assert all(r["tokens"][: len(want)] == want for r in runs), (p, [r["tokens"] for r in runs], want)
+        kv[p] = {r["kv_bytes"] for r in runs}
+        assert {r["kv_positions"] for r in runs} == {len(prompt) + 5}
+    per_position = 2 * 3 * 1 * 32 * 4  # K and V, 3 layers, 1 head of 32, fp32
+    assert kv == {p: {per_position * (len(prompt) + 5)} for p in (1, 2, 3)}, "the K/V cache per rank stops shrinking"
+
+
+def test_the_kv_cache_per_rank_shrinks_while_kv_heads_divide(world):
+    got = {p: world.run(l17.tp_generate, ranks=range(p), name="m", p=p, prompt=[5, 6, 7], n_new=2) for p in (1, 2, 3)}
+    per_position = {p: 2 * LAYERS * (6 // p) * 32 * 4 for p in (1, 2, 3)}
+    assert {p: {r["kv_bytes"] for r in runs} for p, runs in got.items()} == {
+        p: {4 * n} for p, n in per_position.items()
+    }
+
+
+def test_held_bytes_count_the_slices(world, mqa):
+    held = world.run(l17.held_bytes, ranks=range(2), name="mqa", p=2)
+    d, h, f = 32, 192, 96
+    layer = 2 * h + 3 * d * h + 2 * d * h + 3 * d * h + 3 * h * f // 2  # norms, q (3 heads), k+v (1 head), o, MLP
+    assert [x["layers"] for x in held] == [4 * 3 * layer] * 2
+    vocab = [502, 501]
+    assert [x["all"] - x["layers"] for x in held] == [4 * (1003 * h + h + v * h) for v in vocab]
+
+
+def test_sizes_that_do_not_divide_are_refused_in_the_ranks(world, model, tmp_path):
+    odd = cu.llm.tiny_llama(seed=1, num_attention_heads=6, num_key_value_heads=3, head_dim=32, hidden_size=192,
+                            intermediate_size=100, num_hidden_layers=1)  # fmt: skip
+    path = tmp_path / "odd.pt"
+    torch.save(odd.state_dict(), path)
+    with pytest.raises(l17.RankError, match=re.escape("100 MLP features do not divide by 3 ranks")):
+        world.run(l17.load_shards, path=str(path), shape=l17.shape_of(odd.config), sizes=[3], name="odd")
+    with pytest.raises(l17.RankError, match=re.escape("3 K/V heads do not divide by 2 ranks")):
+        world.run(l17.load_shards, path=str(path), shape=l17.shape_of(odd.config), sizes=[2], name="odd")
+    assert world.run(l17.held_bytes, ranks=[0], name="m", p=1)[0]["layers"] > 0  # the world still answers
+
+
 def test_compute_only_runs_skip_every_collective(world):
     (res,) = world.run(l17.tp_generate, ranks=[0], name="m", p=1, prompt=[5, 6, 7], n_new=3, communicate=False)
     assert res["calls_per_step"] == 0 and res["comm_ms"] == [0.0, 0.0, 0.0]
@@ -116,6 +247,25 @@ def test_pipeline_logits_equal_the_model(world, model):
         assert stages[0]["logits"] is None and len(stages[0]["busy"]) == len(stages[1]["busy"]) == m
         torch.testing.assert_close(stages[1]["logits"], want, atol=1e-4, rtol=1e-4)
         assert stages[1]["busy"][0][0] >= stages[0]["busy"][0][1]  # stage 1 starts after stage 0 sent
+
+
+def test_three_layers_on_two_stages_give_the_models_logits(world, mqa):
+    tokens = torch.randint(3, 1000, (4, 5), generator=torch.Generator().manual_seed(1))
+    with torch.inference_mode():
+        want = mqa(tokens).logits[:, -1]
+    for handoff in ("send", "isend"):
+        stages = world.run(l17.pp_forward, ranks=range(2), name="mqa whole", p=2, tokens=tokens, m=2, handoff=handoff)
+        assert [s["layers"] for s in stages] == [(0, 2), (2, 3)]
+        torch.testing.assert_close(stages[1]["logits"], want, atol=1e-4, rtol=1e-4)
+        assert stages[0]["blocked_s"]["recv"] == 0.0 and stages[1]["blocked_s"]["send"] == 0.0
+
+
+def test_a_batch_that_does_not_split_into_micro_batches_is_refused(world):
+    tokens = torch.zeros(5, 3, dtype=torch.long)
+    with pytest.raises(
+        l17.RankError, match=re.escape("5 prompts (the batch) do not divide by 2 micro-batches (5 = 2 x 2 + 1)")
+    ):
+        world.run(l17.pp_forward, ranks=range(2), name="whole", p=2, tokens=tokens, m=2)
 
 
 def test_allreduce_sweep_shape(world):
@@ -170,3 +320,85 @@ def test_a_rank_killed_mid_step_leaves_no_process_and_no_port(model, tmp_path):
     for port in ports:
         with socket.socket() as s:
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listening"
+
+
+# ------------------------------------------------------------------ the lesson's cells tagged "contract"
+@pytest.fixture(scope="module")
+def cells():
+    from tests.gpu_contract.lesson_code import lesson_namespace
+
+    return lesson_namespace("17")
+
+
+def test_the_rendezvous_store_listens_on_loopback_only(cells):
+    import gc
+
+    store, port = cells["loopback_store"]()
+    try:
+        store.set("k", "v")
+        assert store.get("k") == b"v"
+        mine = [a for a in cells["listening"](os.getpid()) if a.endswith(f":{port}")]
+        assert mine == [f"127.0.0.1:{port}"], f"the store listens beyond loopback: {mine}"
+    finally:
+        del store
+        gc.collect()
+    assert not [a for a in cells["listening"](os.getpid()) if a.endswith(f":{port}")], "the store's port stays open"
+
+
+NBYTES = [4, 2304, 147456]
+
+
+def test_a_sound_allreduce_fit_is_read_and_not_flagged(cells):
+    fit = cells["fit_allreduce"](NBYTES, [0.1, 0.12, 0.11 + 0.147456], 2, small_bytes=2304)  # latency: the median
+    assert fit["flags"] == [] and fit["latency_ms"] == pytest.approx(0.11) and fit["GB_per_s"] == pytest.approx(1.0)
+    assert cells["allreduce_ms"](2, 1e6, fit) == pytest.approx(0.11 + 1.0)  # 1 MB at 1 GB/s: 1 ms
+    fit3 = cells["fit_allreduce"](NBYTES, [0.1, 0.1, 0.2], 3, small_bytes=2304)  # ring: 4/3 of the bytes sent
+    assert fit3["GB_per_s"] == pytest.approx(4 / 3 * 147456 / 0.1 / 1e6)
+
+
+@pytest.mark.parametrize(
+    ("ms", "flag"),
+    [
+        ([0.2, 0.2, 0.15], "took no longer than the small ones (0.15 vs 0.2 ms): this sweep shows no bandwidth"),
+        ([0.2, 0.2, 0.2], "this sweep shows no bandwidth"),
+        ([0.1, 0.1, 0.1 + 147456 / 8100e6], "is above any memory's (8000 GB/s): noise"),
+        ([-0.1, -0.1, 0.5], "latency -0.1 ms is below zero"),
+    ],
+)
+def test_an_impossible_allreduce_fit_is_flagged_and_not_used(cells, ms, flag):
+    fit = cells["fit_allreduce"](NBYTES, ms, 2, small_bytes=2304)
+    assert any(flag in f for f in fit["flags"]), fit["flags"]
+    assert cells["allreduce_ms"](2, 1e9, fit) == fit["latency_ms"], "a flagged fit: the model uses the latency alone"
+
+
+def test_a_bandwidth_just_below_the_fastest_memory_is_not_flagged(cells):
+    fit = cells["fit_allreduce"](NBYTES, [0.1, 0.1, 0.1 + 147456 / 7900e6], 2, small_bytes=2304)
+    assert fit["flags"] == [] and fit["GB_per_s"] == pytest.approx(7900)
+
+
+def test_predicted_memory_equals_what_the_ranks_hold(cells, world, model, mqa):
+    for name, m in (("m", model), ("mqa", mqa)):
+        shape = l17.shape_of(m.config)
+        for p in (1, 2, 3):
+            predicted = cells["tp_memory"](shape, p, 4)
+            assert world.run(l17.held_bytes, ranks=[0], name=name, p=p)[0]["all"] == predicted["weights"], (name, p)
+            (run,) = world.run(l17.tp_generate, ranks=range(p), name=name, p=p, prompt=[5, 6], n_new=2)[:1]
+            assert run["kv_bytes"] == predicted["kv_per_token"] * run["kv_positions"], (name, p)
+    assert cells["tp_memory"](l17.shape_of(mqa.config), 3, 4)["kv_copies"] == 3
+
+
+def test_tokens_that_fit_and_the_70b_rule(cells):
+    assert cells["tokens_that_fit"](1000, 400, 6) == 100 and cells["tokens_that_fit"](300, 400, 6) == 0
+    shape = cells["LLAMA_70B"]
+    kv = {p: cells["tp_memory"](shape, p, 2, split_embedding=True)["kv_per_token"] for p in (4, 8, 16)}
+    assert kv == {4: 2 * 80 * 2 * 128 * 2, 8: 2 * 80 * 1 * 128 * 2, 16: 2 * 80 * 1 * 128 * 2}  # copied past 8
+
+
+def test_the_bubble_models(cells):
+    bubble, staged = cells["bubble"], cells["stage_time_bubble"]
+    for p in (2, 3, 4):
+        for m in (1, 4, 8):
+            assert staged([0.01] * p, m) == pytest.approx((p - 1) / (m + p - 1))  # equal stages: the formula
+    assert staged([1.0, 2.0], 4) == pytest.approx(1 / 3)  # wall 3 + 3 x 2 = 9, busy 4 x 3 = 12 of 18
+    stages = [{"busy": [(0.0, 1.0), (1.0, 2.0)]}, {"busy": [(1.0, 2.0), (2.0, 3.0)]}]
+    assert bubble(stages) == pytest.approx(1 - 4 / 6)

@@ -60,14 +60,14 @@ def rank_main(rank, world_size, init_method, backend, inbox, outbox, parent_pid,
             backend=backend,
             device=torch.device("cuda", rank) if backend == "nccl" else torch.device("cpu"),
         )
-        outbox.put((rank, "ok", os.getpid()))
+        outbox.put((rank, 0, "ok", os.getpid()))
         while (task := inbox.get()) is not None:
-            module, name, kwargs = task
+            seq, module, name, kwargs = task
             try:
                 result = getattr(importlib.import_module(module), name)(**kwargs)
-                outbox.put((rank, "ok", result))
-            except Exception:  # noqa: BLE001 - reported to the parent, which stops the world
-                outbox.put((rank, "error", traceback.format_exc()))
+                outbox.put((rank, seq, "ok", result))
+            except Exception:  # noqa: BLE001 - reported to the parent
+                outbox.put((rank, seq, "error", traceback.format_exc()))
     finally:
         dist.destroy_process_group()
 
@@ -97,7 +97,7 @@ class World:
     Use it as `with World(3) as world:`: on leaving the block, also by an error, every rank is stopped."""
 
     def __init__(self, size, backend="gloo", timeout_s=300.0):
-        self.size, self.backend, self.timeout_s, self.procs = size, backend, timeout_s, []
+        self.size, self.backend, self.timeout_s, self.procs, self.seq = size, backend, timeout_s, [], 0
 
     def __enter__(self):
         ctx = mp.get_context("spawn")
@@ -120,15 +120,16 @@ class World:
     def run(self, task, ranks=None, **kwargs):
         """Run `task(**kwargs)` on `ranks` (default: all); return their results in rank order."""
         ranks = list(range(self.size)) if ranks is None else list(ranks)
+        self.seq += 1  # answers to an earlier task (after one rank's error, the others') are skipped
         for r in ranks:
-            self.inboxes[r].put((task.__module__, task.__name__, kwargs))
+            self.inboxes[r].put((self.seq, task.__module__, task.__name__, kwargs))
         return self._collect(ranks)
 
     def _collect(self, ranks):
         got, deadline = {}, time.monotonic() + self.timeout_s
         while len(got) < len(ranks):
             try:
-                rank, status, value = self.outbox.get(timeout=0.2)
+                rank, seq, status, value = self.outbox.get(timeout=0.2)
             except queue.Empty:
                 dead = [f"{p.name} (exit code {p.exitcode})" for p in self.procs if not p.is_alive()]
                 if dead:
@@ -136,6 +137,8 @@ class World:
                 if time.monotonic() > deadline:
                     missing = sorted(set(ranks) - set(got))
                     raise RankError(f"no answer from ranks {missing} in {self.timeout_s:.0f} s") from None
+                continue
+            if seq != self.seq:
                 continue
             if status == "error":
                 raise RankError(f"rank {rank} failed:\n{value}")
@@ -171,17 +174,78 @@ class World:
 
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
-def column_parallel(weight, rank, p):
+def divisors(n):
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
+def even_share(n, p, what, into="ranks"):
+    """`n // p`, or a ValueError naming the sizes and the fix when `n` does not divide by `p` (no silent remainder)."""
+    if n % p:
+        raise ValueError(
+            f"{n} {what} do not divide by {p} {into} ({n} = {p} x {n // p} + {n % p}): the last {n % p} would be "
+            f"dropped. Use a number of {into} that divides {n} ({divisors(n)})"
+        )
+    return n // p
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
+def column_parallel(weight, rank, p, what="output features"):
     """This rank's slice of a column-parallel layer: its block of output features (rows of torch's weight)."""
-    n = weight.shape[0] // p
+    n = even_share(weight.shape[0], p, what)
     return weight[rank * n : (rank + 1) * n].clone()
 
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
-def row_parallel(weight, rank, p):
+def row_parallel(weight, rank, p, what="input features"):
     """This rank's slice of a row-parallel layer: its block of input features (columns of torch's weight)."""
-    n = weight.shape[1] // p
+    n = even_share(weight.shape[1], p, what)
     return weight[:, rank * n : (rank + 1) * n].contiguous()
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
+def uneven_block(n, rank, p):
+    """(start, stop) of this rank's block of n rows when n need not divide by p: ceil(n / p) each, the last
+    rank the rest. (Megatron and vLLM pad the vocabulary to a multiple of p instead: the same idea.)"""
+    per = -(-n // p)
+    return min(rank * per, n), min((rank + 1) * per, n)
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
+def head_split(heads, kv_heads, p):
+    """vLLM's rule (`QKVParallelLinear.__init__`, vllm/model_executor/layers/linear.py): the query heads divide by
+    p; the K/V heads divide by p too, or, when p reaches their number, each K/V head is *replicated* on
+    p / kv_heads ranks (p a multiple of kv_heads). Returns query heads, K/V heads per rank and the replicas."""
+    works = [s for s in divisors(heads) if kv_heads % s == 0 or s % kv_heads == 0]
+    fix = f"tensor-parallel sizes that work for {heads} query and {kv_heads} K/V heads: {works}"
+    if heads % p:
+        raise ValueError(f"{heads} query heads do not divide by {p} ranks (each rank holds whole heads); {fix}")
+    if p >= kv_heads:
+        if p % kv_heads:
+            raise ValueError(
+                f"{p} ranks is not a multiple of {kv_heads} K/V heads: past the K/V head count each K/V head is "
+                f"copied to p / kv_heads ranks, a whole number; {fix}"
+            )
+        return {"q": heads // p, "kv": 1, "replicas": p // kv_heads}
+    if kv_heads % p:
+        raise ValueError(f"{kv_heads} K/V heads do not divide by {p} ranks; {fix}")
+    return {"q": heads // p, "kv": kv_heads // p, "replicas": 1}
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
+def stage_layers(layers, p):
+    """(start, stop) of each pipeline stage's block of layers. Uneven counts as vLLM's `get_pp_indices`
+    (vllm/distributed/utils.py): the extra layers go to the stages before the last (it has the output layer)."""
+    if layers < p:
+        raise ValueError(
+            f"{layers} layers cannot fill {p} pipeline stages: a stage would hold no layer. Use at most {layers} "
+            f"stages, or a model with at least {p} layers"
+        )
+    sizes = [layers // p] * p
+    for i in range(2, layers % p + 2):
+        sizes[-i] += 1
+    starts = [sum(sizes[:i]) for i in range(p)]
+    return [(s, s + n) for s, n in zip(starts, sizes, strict=True)]
 
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
@@ -190,6 +254,11 @@ def shape_of(config):
     rope = getattr(config, "rope_parameters", None) or {"rope_theta": config.rope_theta}
     return {
         "layers": config.num_hidden_layers,
+        "hidden": config.hidden_size,
+        "intermediate": config.intermediate_size,
+        "vocab": config.vocab_size,
+        "heads": config.num_attention_heads,
+        "kv_heads": config.num_key_value_heads,
         "head_dim": config.head_dim,
         "eps": config.rms_norm_eps,
         "theta": rope["rope_theta"],
@@ -200,58 +269,91 @@ def shape_of(config):
 def load_shards(path, shape, sizes, name, whole_on_every_rank=False):
     """Read the full weights (memory-mapped) and keep this rank's slices for every split size in `sizes`.
 
-    `whole_on_every_rank=True` keeps whole layers on every rank (the pipeline's stages pick their blocks)."""
+    `whole_on_every_rank=True` keeps whole layers on every rank (the pipeline's stages pick their blocks).
+    Returns the bytes this rank holds for each size."""
     full = torch.load(path, mmap=True, weights_only=True)  # a checkpoint: weights only, no pickled code
-    rank, dev = STATE["rank"], STATE["device"]
+    rank, dev, d = STATE["rank"], STATE["device"], shape["head_dim"]
     kept = STATE.setdefault("models", {}).setdefault(name, {})
     for p in sizes:
         if rank >= p and not whole_on_every_rank:
             continue
         r = 0 if whole_on_every_rank else rank
+        heads = head_split(shape["heads"], shape["kv_heads"], p)  # refuses a split vLLM would refuse
+        kv_r = r // heads["replicas"]  # the K/V head(s) this rank's query heads attend to
         layers = []
         for i in range(shape["layers"]):
             w = {k.split(f"layers.{i}.")[1]: v for k, v in full.items() if f".layers.{i}." in k}
+            q, kv = heads["q"] * d, heads["kv"] * d  # rows of q_proj, of k_proj and v_proj, per rank
             layers.append(
                 {
                     "ln1": w["input_layernorm.weight"].clone(),
                     "ln2": w["post_attention_layernorm.weight"].clone(),
-                    "q": column_parallel(w["self_attn.q_proj.weight"], r, p),  # whole query heads
-                    "k": column_parallel(w["self_attn.k_proj.weight"], r, p),  # their K/V heads
-                    "v": column_parallel(w["self_attn.v_proj.weight"], r, p),
-                    "o": row_parallel(w["self_attn.o_proj.weight"], r, p),
-                    "gate": column_parallel(w["mlp.gate_proj.weight"], r, p),
-                    "up": column_parallel(w["mlp.up_proj.weight"], r, p),
-                    "down": row_parallel(w["mlp.down_proj.weight"], r, p),
+                    "q": w["self_attn.q_proj.weight"][r * q : (r + 1) * q].clone(),  # whole query heads
+                    "k": w["self_attn.k_proj.weight"][kv_r * kv : (kv_r + 1) * kv].clone(),  # their K/V heads
+                    "v": w["self_attn.v_proj.weight"][kv_r * kv : (kv_r + 1) * kv].clone(),
+                    "o": row_parallel(w["self_attn.o_proj.weight"], r, p, "attention features"),
+                    "gate": column_parallel(w["mlp.gate_proj.weight"], r, p, "MLP features"),
+                    "up": column_parallel(w["mlp.up_proj.weight"], r, p, "MLP features"),
+                    "down": row_parallel(w["mlp.down_proj.weight"], r, p, "MLP features"),
                 }
             )
         head = full.get("lm_head.weight", full["model.embed_tokens.weight"])  # tied embeddings in SmolLM2
-        d = shape["head_dim"]
+        start, stop = uneven_block(head.shape[0], r, p)  # this rank's slice of the vocabulary, any size
         kept[p] = {
             "embed": full["model.embed_tokens.weight"].clone().to(dev),
             "norm": full["model.norm.weight"].clone().to(dev),
-            "lm_head": column_parallel(head, r, p).to(dev),  # this rank's slice of the vocabulary
-            "vocab_start": r * (head.shape[0] // p),
+            "lm_head": head[start:stop].clone().to(dev),
+            "vocab_start": start,
             "layers": [{k: v.to(dev) for k, v in layer.items()} for layer in layers],
             "inv_freq": 1.0 / (shape["theta"] ** (torch.arange(0, d, 2, dtype=torch.int64).float() / d)),
             "eps": shape["eps"],
             "head_dim": d,
         }
-    return sum(t.numel() * t.element_size() for layer in kept[min(kept)]["layers"] for t in layer.values())
+    return {p: held_bytes(name, p) for p in kept}
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
+def held_bytes(name, p):
+    """Bytes of weights this rank holds for the p-way split: its layer slices, and all it holds."""
+    model = STATE["models"][name][p]
+    layers = sum(t.numel() * t.element_size() for layer in model["layers"] for t in layer.values())
+    other = sum(model[k].numel() * model[k].element_size() for k in ("embed", "norm", "lm_head"))
+    return {"layers": layers, "all": layers + other}
 
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 class Comm:
-    """The collectives of tensor parallelism over `group`, timed; `enabled=False` skips them (compute-only runs)."""
+    """The collectives of tensor parallelism over `group`, timed; `enabled=False` skips them (compute-only runs).
 
-    def __init__(self, group, enabled=True):
+    On a CPU (gloo) a collective has finished when the call returns: the host clock times it. On a GPU (NCCL) the
+    call only *queues* it on the GPU and returns: the host clock would time the launch. There each collective is
+    bracketed by CUDA events on the current stream, read by `settle()` once the step has synchronized."""
+
+    def __init__(self, group, enabled=True, device=None):
         self.group, self.enabled, self.seconds, self.calls = group, enabled, 0.0, 0
+        self.cuda, self.pending = device is not None and device.type == "cuda", []
+
+    def timed(self, collective, *args, **kwargs):
+        if self.cuda:  # the device's clock: events queued on the stream before and after the collective
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            collective(*args, **kwargs)
+            end.record()
+            self.pending.append((start, end))
+        else:
+            start = time.perf_counter()
+            collective(*args, **kwargs)
+            self.seconds += time.perf_counter() - start
+        self.calls += 1
+
+    def settle(self):
+        """Add the GPU-timed collectives to `seconds` (call after torch.cuda.synchronize())."""
+        self.seconds += sum(start.elapsed_time(end) for start, end in self.pending) / 1000
+        self.pending.clear()
 
     def all_reduce(self, t):
-        if self.enabled:
-            start = time.perf_counter()
-            dist.all_reduce(t, op=dist.ReduceOp.SUM, group=self.group)  # in place: the sum of every rank's t
-            self.seconds += time.perf_counter() - start
-            self.calls += 1
+        if self.enabled:  # in place: the sum of every rank's t
+            self.timed(dist.all_reduce, t, op=dist.ReduceOp.SUM, group=self.group)
         return t
 
     def best_token(self, logits, vocab_start):
@@ -260,11 +362,8 @@ class Comm:
         mine = torch.stack([score, (index + vocab_start).to(score.dtype)])
         if not self.enabled:
             return int(mine[1])
-        start = time.perf_counter()
         every = [torch.empty_like(mine) for _ in range(dist.get_world_size(self.group))]
-        dist.all_gather(every, mine, group=self.group)
-        self.seconds += time.perf_counter() - start
-        self.calls += 1
+        self.timed(dist.all_gather, every, mine, group=self.group)
         best = max(every, key=lambda t: (float(t[0]), -float(t[1])))  # ties: the lowest id, as argmax does
         return int(best[1])
 
@@ -315,10 +414,11 @@ def tp_layer(h, w, cache, cos, sin, comm, eps, head_dim):
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def tp_generate(name, p, prompt, n_new, communicate=True):
-    """Greedy decoding on this rank's slices of the p-way split: tokens, and per step its ms and comm ms."""
+    """Greedy decoding on this rank's slices of the p-way split: tokens, per step its ms and comm ms, and the bytes
+    of this rank's KV cache at the end (its K/V heads only) with the number of positions it holds."""
     model = STATE["models"][name][p]
     dev = STATE["device"]
-    comm = Comm(STATE["groups"][p], communicate)
+    comm = Comm(STATE["groups"][p], communicate, dev)
     caches = [[] for _ in model["layers"]]
     ids, start, out, step_ms, comm_ms = torch.tensor([prompt], device=dev), 0, [], [], []
     with torch.inference_mode():
@@ -329,15 +429,24 @@ def tp_generate(name, p, prompt, n_new, communicate=True):
             for w, cache in zip(model["layers"], caches, strict=True):
                 h = tp_layer(h, w, cache, cos, sin, comm, model["eps"], model["head_dim"])
             logits = F.linear(rms_norm(h[0, -1], model["norm"], model["eps"]), model["lm_head"])
-            token = comm.best_token(logits, model["vocab_start"])
+            token = comm.best_token(logits, model["vocab_start"])  # int(): waits for the GPU's answer
             if dev.type == "cuda":
-                torch.cuda.synchronize()
+                torch.cuda.synchronize()  # the step has run on the GPU: now the host clock and the events agree
+                comm.settle()
             step_ms.append(1000 * (time.perf_counter() - t0))
             comm_ms.append(1000 * (comm.seconds - c0))
             out.append(token)
             start += ids.shape[1]
             ids = torch.tensor([[token]], device=dev)
-    return {"tokens": out, "step_ms": step_ms, "comm_ms": comm_ms, "calls_per_step": comm.calls / max(n_new, 1)}
+    kv_bytes = sum(t.numel() * t.element_size() for cache in caches for t in cache)
+    return {
+        "tokens": out,
+        "step_ms": step_ms,
+        "comm_ms": comm_ms,
+        "calls_per_step": comm.calls / max(n_new, 1),
+        "kv_bytes": kv_bytes,
+        "kv_positions": start,
+    }
 
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
@@ -353,18 +462,23 @@ def drop(name):
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
 def allreduce_sweep(p, sizes, reps):
-    """Median seconds of one all_reduce of `n` float32 values over the first p ranks, for each n in `sizes`."""
+    """Median seconds of one all_reduce of `n` float32 values over the first p ranks, for each n in `sizes`.
+
+    gloo: the host clock around the call (it returns when the sum has arrived). NCCL: CUDA events on the stream,
+    read after a synchronize (the call returns once the collective is queued)."""
     group, dev, out = STATE["groups"][p], STATE["device"], []
     for n in sizes:
         t = torch.ones(n, device=dev)
         dist.barrier(group=group)
+        comm = Comm(group, device=dev)
         times = []
         for _ in range(reps if n * 4 < 1_000_000 else max(3, reps // 4)):
-            start = time.perf_counter()
-            dist.all_reduce(t, group=group)
+            before = comm.seconds
+            comm.timed(dist.all_reduce, t, group=group)
             if dev.type == "cuda":
                 torch.cuda.synchronize()
-            times.append(time.perf_counter() - start)
+                comm.settle()
+            times.append(comm.seconds - before)
         out.append(sorted(times)[len(times) // 2])
     return out
 
@@ -406,26 +520,35 @@ def stop_replica():
 
 
 # Defined in lessons/17_beyond_one_device.py, section "Column- and row-parallel layers"
-def pp_forward(name, p, tokens, m):
+def pp_forward(name, p, tokens, m, handoff="isend"):
     """Stage `rank` of a p-stage pipeline: its block of whole layers, over `tokens` (B, T) in m micro-batches.
 
     Stage 0 embeds; each stage receives the activations of a micro-batch from the stage before (`dist.recv`),
-    runs its layers and sends them on (`dist.send`); the last stage returns the last position's logits.
-    Returns the (start, end) times of each micro-batch's compute on this stage, and the logits (last stage)."""
+    runs its layers and sends them on; the last stage returns the last position's logits. `handoff="send"`
+    sends with the blocking `dist.send`, which on gloo returns only once the next stage has *received*: the
+    sender waits while the receiver still computes the previous micro-batch. `"isend"` queues the send and
+    goes on to the next micro-batch (the handles are waited on at the end).
+    Returns the (start, end) of each micro-batch's compute on this stage, the seconds spent blocked in sends and
+    in receives, and the logits (last stage)."""
     rank, model = STATE["rank"], STATE["models"][name][1]  # the 1-way split: whole layers
-    per = len(model["layers"]) // p
-    mine = model["layers"][rank * per : (rank + 1) * per]
+    first, last = stage_layers(len(model["layers"]), p)[rank]
+    mine = model["layers"][first:last]
     b, t = tokens.shape
-    mb, hidden = b // m, model["embed"].shape[1]
+    mb, hidden = (
+        even_share(b, m, "prompts (the batch)", "micro-batches"),
+        model["embed"].shape[1],
+    )  # equal micro-batches
     cos, sin = rotary(model["inv_freq"], torch.arange(t).unsqueeze(0), model["embed"].device)
     no_tp = Comm(None, enabled=False)  # whole layers: no tensor parallelism inside a stage
-    busy, logits = [], []
+    busy, logits, queued, blocked = [], [], [], {"send": 0.0, "recv": 0.0}
     dist.barrier(group=STATE["groups"][p])
     with torch.inference_mode():
         for j in range(m):
             if rank > 0:
                 h = torch.empty(mb, t, hidden)
+                waited = time.perf_counter()
                 dist.recv(h, src=rank - 1)  # this micro-batch's activations from the stage before
+                blocked["recv"] += time.perf_counter() - waited
             start = time.perf_counter()
             if rank == 0:
                 h = F.embedding(tokens[j * mb : (j + 1) * mb], model["embed"])
@@ -435,5 +558,20 @@ def pp_forward(name, p, tokens, m):
                 logits.append(F.linear(rms_norm(h[:, -1], model["norm"], model["eps"]), model["lm_head"]))
             busy.append((start, time.perf_counter()))
             if rank < p - 1:
-                dist.send(h.contiguous(), dst=rank + 1)  # on to the next stage
-    return {"busy": busy, "logits": torch.cat(logits) if logits else None}
+                waited = time.perf_counter()
+                if handoff == "isend":
+                    queued.append((dist.isend(h.contiguous(), dst=rank + 1), h))  # keep h alive until sent
+                else:
+                    dist.send(h.contiguous(), dst=rank + 1)  # on to the next stage, once it has received
+                blocked["send"] += time.perf_counter() - waited
+        if queued:  # the queued sends: done once the next stage has received them all
+            waited = time.perf_counter()
+            for work, _ in queued:
+                work.wait()
+            blocked["send"] += time.perf_counter() - waited
+    return {
+        "busy": busy,
+        "blocked_s": blocked,
+        "layers": (first, last),
+        "logits": torch.cat(logits) if logits else None,
+    }
