@@ -137,6 +137,32 @@ def async_without_wait(x, linear, group):  # async_op=True, the Work handle neve
     return y if linear.bias is None else y + linear.bias
 
 
+def sum_then_divide(x, linear, group):  # summed (right op), then divided by the number of ranks
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    k = linear.in_features // p
+    y = F.linear(x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k])
+    dist.all_reduce(y, group=group)
+    y = y / p
+    return y if linear.bias is None else y + linear.bias
+
+
+def doubled(x, linear, group):  # a numeric mistake with no named cause: the sum counted twice
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    k = linear.in_features // p
+    y = F.linear(x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k])
+    dist.all_reduce(y, group=group)
+    return 2 * y if linear.bias is None else 2 * y + linear.bias
+
+
+def skips_on_the_last_rank(x, linear, group):  # the last rank of the group never calls the collective: deadlock
+    rank, p = dist.get_rank(group), dist.get_world_size(group)
+    k = linear.in_features // p
+    y = F.linear(x[..., rank * k : (rank + 1) * k], linear.weight[:, rank * k : (rank + 1) * k])
+    if rank != p - 1:
+        dist.all_reduce(y, group=group)
+    return y if linear.bias is None else y + linear.bias
+
+
 def async_then_wait(x, linear, group):  # correct: async_op=True, waited on before the result is used
     rank, p = dist.get_rank(group), dist.get_world_size(group)
     k = linear.in_features // p
@@ -166,7 +192,8 @@ def test_correct_alternatives_accepted(world, answer):
         (bias_every_rank, "bias was added on every rank"),
         (wrong_dim, "wrong dimension"),
         (whole_layer, "nothing was split"),
-        (averages, "ReduceOp.SUM"),
+        (averages, "your all_reduce used dist.ReduceOp.AVG, the partial outputs must be added: dist.ReduceOp.SUM"),
+        (sum_then_divide, "the summed output was divided by the number of ranks"),
         (default_group, "pass group=group"),
         (global_world_size, "dist.get_world_size() without the group"),
         (async_without_wait, "never waited on"),
@@ -208,3 +235,27 @@ def test_the_cases_hold_the_boundaries():
             assert any(not c["bias"] for c in mine) and any(len(c["lead"]) == 2 for c in mine)
             assert all(c["in"] % p == 0 for c in mine)
         assert any(c.get("ranks", [0]) != list(range(c["p"])) for c in cs), "a group that does not start at rank 0"
+
+
+def test_a_numeric_mismatch_with_no_named_cause_does_not_guess_one(world):
+    for seed, verdict in zip(range(0, 200, 10), verdicts(world, doubled, range(0, 200, 10)), strict=True):
+        assert "every rank must return linear(x); the largest difference was" in verdict, f"seed {seed}: {verdict}"
+        assert "wrong dimension" not in verdict, f"seed {seed}: {verdict}"
+
+
+def test_a_rank_that_skips_the_collective_is_named_and_no_rank_is_left(capsys):
+    """A deadlock: the other ranks wait in all_reduce until the checker stops them all; the verdict says why."""
+    import psutil
+
+    before = {c.pid for c in psutil.Process().children(recursive=True)}
+    verdict = exercises.verdict("17.row-parallel", skips_on_the_last_rank, seed=3)
+    assert "ranks [0] waited in dist.all_reduce while rank(s) [1] returned from your function without calling it" in (
+        verdict
+    ), verdict
+    assert "EVERY rank of the group calls it" in verdict and "The ranks were stopped" in verdict
+    left = [
+        c
+        for c in psutil.Process().children(recursive=True)
+        if c.pid not in before and c.status() != psutil.STATUS_ZOMBIE
+    ]
+    assert not left, f"rank processes left after the verdict: {left}"

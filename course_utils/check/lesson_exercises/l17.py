@@ -27,10 +27,12 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_utils.check.exercises import exercise
+from course_utils.check.exercises import exercise, untimed
 from course_utils.check.lesson_exercises.observe import MATMUL_OPS, OpLog, cases
 
 TOL = 1e-4  # fp32, sums of up to 64 products of unit-scale values
+START_S = 300.0  # the ranks' start-up (not counted against the learner: untimed), and gloo's collective timeout
+TASK_S = 60.0  # the learner's function on every case, all ranks: a rank silent this long is stuck
 CASES_PER_SIZE = 1  # random layers per world size, besides the three boundary cases
 
 
@@ -70,8 +72,20 @@ class _Work:
         return getattr(self._work, name)
 
 
-def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
-    """In a rank process: run the learner's function (its source) on each case this rank belongs to."""
+def _note(progress: str | None, line: str) -> None:
+    """One line in this rank's progress file (read by the parent when the ranks stop answering: a deadlock)."""
+    if progress:
+        from course_utils.from_lessons.l17_beyond_one_device import STATE
+
+        with open(f"{progress}/rank{STATE['rank']}", "a") as f:
+            f.write(line + "\n")
+
+
+def run_cases(source: str, name: str, cases_: list[dict], progress: str | None = None) -> list[dict]:
+    """In a rank process: run the learner's function (its source) on each case this rank belongs to.
+
+    With ``progress`` (a folder), each rank notes where it is: "i call" before a collective of case i, "i done"
+    when the function returned (or raised), so a rank that skipped a collective the others wait in is named."""
     import torch.distributed as dist
     import torch.nn.functional as F
 
@@ -109,7 +123,8 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
             global_rank = _blocks(x, linear.weight, members, k) + bias
         reduced: list[dict] = []
 
-        def watched(t, op=dist.ReduceOp.SUM, group=None, async_op=False, _g=group, _log=reduced):
+        def watched(t, op=dist.ReduceOp.SUM, group=None, async_op=False, _g=group, _log=reduced, _i=i):
+            _note(progress, f"{_i} call")
             entry = {"shape": tuple(t.shape), "ptr": t.data_ptr(), "op": str(op), "group_ok": group is _g}
             _log.append(entry)
             if group is not _g:
@@ -137,6 +152,7 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
             row["where"] = traceback.format_exc().strip().splitlines()[-3:]
             row["kind"] = "raised"
         finally:
+            _note(progress, f"{i} done")
             dist.all_reduce = original
             for entry in reduced:  # a handle the function did not wait on: finished here, for the next case
                 if "work" in entry:
@@ -158,6 +174,8 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
                     "partial+bias": partial + bias,
                     "bias on every rank": want + (p - 1) * bias,
                     "average": (want - bias) / p + bias,
+                    "sum divided by p": want / p,
+                    "wrong dimension": _rows_blocks(x, linear.weight, members, k, case["out"] // p) + bias,
                     "global size": global_size,
                     "global rank": global_rank,
                 }
@@ -176,6 +194,14 @@ def run_cases(source: str, name: str, cases_: list[dict]) -> list[dict]:
         row["bad"] = row["bad"] or any(r.get("waited") is False for r in reduced)
         results.append(row)
     return results
+
+
+def _rows_blocks(x: torch.Tensor, weight: torch.Tensor, index: list[int], width: int, rows: int) -> torch.Tensor:
+    """The split along the wrong dimension, where it runs (a square layer): each rank's block of x times its block of
+    the weight's ROWS (output features), summed. NaN where the shapes cannot multiply."""
+    if width != rows or weight.shape[0] != weight.shape[1]:
+        return torch.full(x.shape[:-1] + (weight.shape[0],), float("nan"))
+    return sum(x[..., j * width : (j + 1) * width] @ weight[j * rows : (j + 1) * rows] for j in range(len(index)))
 
 
 def _blocks(x: torch.Tensor, weight: torch.Tensor, index: list[int], width: int) -> torch.Tensor:
@@ -256,8 +282,8 @@ def _diagnose(row: dict, k_full: int) -> str:
     sums = [r for r in reduced if r["op"].endswith("SUM") or r["op"] == "ReduceOp.SUM" or "SUM" in r["op"]]
     if reduced and not sums:
         return (
-            f"your all_reduce used {reduced[0]['op']}, the partial outputs must be added: dist.ReduceOp.SUM "
-            f"(the default) {where}"
+            f"your all_reduce used dist.ReduceOp.{reduced[0]['op'].split('.')[-1]}, the partial outputs must be "
+            f"added: dist.ReduceOp.SUM (the default) {where}"
         )
     if reduced and "global size" in matches:
         return (
@@ -293,12 +319,24 @@ def _diagnose(row: dict, k_full: int) -> str:
             f"the bias was added on every rank before the sum, so it counts {c['p']} times {where}: add it once, "
             "after the all_reduce (or on one rank only)"
         )
-    if "average" in matches:
+    if "average" in matches or "sum divided by p" in matches:
+        if sums:
+            return (
+                f"the summed output was divided by the number of ranks ({c['p']}) {where}: the partial outputs of a "
+                "row-parallel layer add up to the output (each rank multiplied different input features); keep the "
+                "sum, do not divide it"
+            )
         return f"the partial outputs were averaged, not summed {where}: use dist.ReduceOp.SUM"
+    if "wrong dimension" in matches:
+        return (
+            f"each rank multiplied its block of x by a block of the weight's ROWS (output features) {where}; on a "
+            "square layer the shapes fit, the numbers do not. A row-parallel layer splits the input features: the "
+            "columns `weight[:, start:stop]`, the same block as `x[..., start:stop]` (wrong dimension)"
+        )
     return (
         f"every rank must return linear(x); the largest difference was {row['max_err']:.3g} {where}. Take this "
-        "rank's block of x's last dimension and the same block of the weight's columns (`weight[:, start:stop]`, "
-        "not its rows: wrong dimension?), all_reduce the partial product, add the bias once"
+        "rank's block of x's last dimension and the same block of the weight's columns (`weight[:, start:stop]`), "
+        "all_reduce the partial product over the group, add the bias once"
     )
 
 
@@ -331,16 +369,44 @@ def source_of(fn: Callable[..., Any]) -> tuple[str, str]:
 def check_in_world(world: Any, fn: Callable[..., Any], seed: int) -> str:
     """One checker call's cases (from ``seed``) on a running 3-rank world: 'accepted' or the mistake."""
     import random
+    import tempfile
 
     from course_utils.from_lessons.l17_beyond_one_device import RankError
 
     source, name = source_of(fn)
-    rows_per_rank = None
-    try:
-        rows_per_rank = world.run(run_cases, source=source, name=name, cases_=_case_list(random.Random(seed)))
-    except RankError as exc:
-        return f"the rank processes failed while running your function: {str(exc).splitlines()[-1][:300]}"
+    cases_ = _case_list(random.Random(seed))
+    with tempfile.TemporaryDirectory(prefix="check17_") as progress:
+        try:
+            rows_per_rank = world.run(run_cases, source=source, name=name, cases_=cases_, progress=progress)
+        except RankError as exc:
+            stuck = _deadlock(progress, cases_, world.size) if "no answer from ranks" in str(exc) else ""
+            world.close(graceful=False)  # ranks stuck in a collective: stopped now, none left behind
+            return stuck or f"the rank processes failed while running your function: {str(exc).splitlines()[-1][:300]}"
     return judge([r for rows in rows_per_rank for r in rows])
+
+
+def _deadlock(progress: str, cases_: list[dict], size: int) -> str:
+    """From the ranks' progress files: which ranks wait in a collective that a rank of their group never called."""
+    from pathlib import Path
+
+    notes = {}
+    for r in range(size):
+        f = Path(progress) / f"rank{r}"
+        notes[r] = [tuple(line.split()) for line in f.read_text().splitlines()] if f.exists() else []
+    for i, case in enumerate(cases_):
+        members = case.get("ranks", list(range(case["p"])))
+        waiting = [r for r in members if notes[r] and notes[r][-1] == (str(i), "call")]
+        skipped = [r for r in members if (str(i), "done") in notes[r] and (str(i), "call") not in notes[r]]
+        if waiting and skipped:
+            c = case
+            return (
+                f"ranks {waiting} waited in dist.all_reduce while rank(s) {skipped} returned from your function "
+                f"without calling it (on {c['p']} ranks {members}, nn.Linear({c['in']}, {c['out']}, "
+                f"bias={c['bias']})): a collective waits until EVERY rank of the group calls it, so all of them must "
+                "call the same collectives in the same order (no `if rank == 0:` around it, no early return on some "
+                "ranks). The ranks were stopped"
+            )
+    return ""
 
 
 def _check(fn: Callable[..., Any], seed: int | None = None) -> None:
@@ -349,8 +415,15 @@ def _check(fn: Callable[..., Any], seed: int | None = None) -> None:
     source_of(fn)  # the placeholder and lambdas are answered before any process starts
     with cases("17.row-parallel") as c:
         seed = c.seed if seed is None else seed
-        with World(3, timeout_s=60.0) as world:
+        world = World(3, timeout_s=START_S)
+        try:
+            with untimed():  # three processes importing torch and joining a group: the checker's time, not yours
+                world.__enter__()
+            world.timeout_s = TASK_S  # the learner's function: every rank answers within this, or it is stuck
             verdict = check_in_world(world, fn, seed)
+        finally:
+            with untimed():
+                world.close(graceful=False)
         assert verdict == "accepted", f"{verdict} [random case seed {seed}]"
     print(
         "✓ observed: on 2 and 3 gloo ranks and on a group of ranks 1 and 2, random layers (square, no bias, 3-D "
