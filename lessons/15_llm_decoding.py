@@ -54,7 +54,7 @@ n_prompt = cu.pick(full=128, smoke=16)  # prompt tokens
 n_new = cu.pick(full=128, smoke=8)  # new tokens for the cache vs no-cache comparison
 n_short = cu.pick(full=32, smoke=6)  # new tokens for the other comparisons
 n_time = cu.pick(full=16, smoke=4)  # new tokens where only the median step time is read
-n_agree = cu.pick(full=64, smoke=8)  # new tokens over which INT8 KV is compared with FP32
+n_agree = cu.pick(full=64, smoke=8)  # new tokens of the free-running INT8 KV and FP8 KV loops
 requests = cu.pick(full=3, smoke=2)  # repeated requests for the latency percentiles
 rounds = cu.pick(full=6, smoke=3)  # rounds of every cu.compare in this lesson
 
@@ -218,11 +218,15 @@ print(f"hand-written cache: {len(t_hand) / sum(t_hand):.2f} tokens/s over {len(t
 
 # %% [markdown]
 # ## 3. transformers' caches: `DynamicCache` and `StaticCache`
-# transformers does the same with a cache object passed as `cache=` (the older `past_key_values=` name is
-# deprecated in transformers 5): `DynamicCache` grows by concatenation like ours; `StaticCache` preallocates
-# `max_cache_len` positions once and writes each new K/V in place (fixed shapes and addresses, which
-# `torch.compile` and CUDA graphs need: section 8). The loop below also takes a batch with an
-# `attention_mask` (left padding) and explicit positions; section 7 uses that.
+# transformers does the same with a cache object passed to the model's forward: as `cache=` from transformers
+# 5.24 on, as `past_key_values=` before (5.24 still accepts the old name, with a deprecation warning, "until
+# 5.40"). The name matters: transformers 5.17 takes an unknown `cache=` into its `**kwargs` and runs **without**
+# a cache, silently, and the tokens differ from `generate`. So the loops pass it as
+# `**cu.llm.cache_arg(model, cache)`, which reads the name from the model's `forward` signature.
+# `DynamicCache` grows by concatenation like ours; `StaticCache` preallocates `max_cache_len` positions once and
+# writes each new K/V in place (fixed shapes and addresses, which `torch.compile` and CUDA graphs need:
+# section 8). The loop below also takes a batch with an `attention_mask` (left padding) and explicit positions;
+# section 7 uses that.
 
 
 # %% tags=["contract"]
@@ -236,10 +240,11 @@ def greedy_cache(model, ids, n, cache, mask=None, sync=lambda: None, step=None):
     mask = torch.ones_like(ids) if mask is None else mask
     padded = bool((mask == 0).any())  # no padding: no mask, so a compiled step sees the same shapes every time
     positions = (mask.cumsum(-1) - 1).clamp(min=0)  # left padding: real tokens count from 0
+    kv_arg = cu.llm.cache_arg(model, cache)  # {"cache": cache}, or {"past_key_values": cache} before 5.24
     out, times = [], []
     with torch.inference_mode():
         t0 = time.perf_counter()
-        logits = model(ids, attention_mask=mask if padded else None, position_ids=positions, cache=cache).logits
+        logits = model(ids, attention_mask=mask if padded else None, position_ids=positions, **kv_arg).logits
         token = logits[:, -1:].argmax(-1)
         sync()
         times.append(time.perf_counter() - t0)
@@ -248,7 +253,7 @@ def greedy_cache(model, ids, n, cache, mask=None, sync=lambda: None, step=None):
             t0 = time.perf_counter()
             mask = torch.cat([mask, torch.ones_like(token)], dim=1)
             positions = positions[:, -1:] + 1
-            logits = step(token, attention_mask=mask if padded else None, position_ids=positions, cache=cache).logits
+            logits = step(token, attention_mask=mask if padded else None, position_ids=positions, **kv_arg).logits
             token = logits[:, -1:].argmax(-1)
             sync()
             times.append(time.perf_counter() - t0)
@@ -293,7 +298,7 @@ def paired_decode(model, prompt, n, sync=lambda: None, seed=0):
                     picked[name] = model(seq, use_cache=False).logits[:, -1:].argmax(-1)
                 else:  # the prompt once (the prefill), then one token per step
                     ids = prompt if step == 0 else token
-                    picked[name] = model(ids, cache=cache).logits[:, -1:].argmax(-1)
+                    picked[name] = model(ids, **cu.llm.cache_arg(model, cache)).logits[:, -1:].argmax(-1)
                 sync()
                 times[name].append(time.perf_counter() - t0)
             if not torch.equal(picked["none"], picked["kv"]):
@@ -403,16 +408,16 @@ def decode_step_fn(m, ids, mask=None, cache=None, step=None):
     cache cropped back, so every call decodes at the same position. `step`: the function run (default: `m`)."""
     cache = DynamicCache(config=m.config) if cache is None else cache
     mask, step = torch.ones_like(ids) if mask is None else mask, step or m
-    padded = bool((mask == 0).any())
+    padded, kv_arg = bool((mask == 0).any()), cu.llm.cache_arg(m, cache)
     pos = (mask.cumsum(-1) - 1).clamp(min=0)
     with torch.inference_mode():
-        m(ids, attention_mask=mask if padded else None, position_ids=pos, cache=cache)
+        m(ids, attention_mask=mask if padded else None, position_ids=pos, **kv_arg)
     token, step_mask = ids[:, -1:], torch.cat([mask, torch.ones_like(ids[:, -1:])], dim=1)
 
     def run():
         with torch.inference_mode():
-            step(token, attention_mask=step_mask if padded else None, position_ids=pos[:, -1:] + 1, cache=cache)
-        cache.crop(-1)  # forget the token again
+            step(token, attention_mask=step_mask if padded else None, position_ids=pos[:, -1:] + 1, **kv_arg)
+        cu.llm.crop_cache(cache, 1)  # forget the token again (cache.crop(-1); 5.17's StaticCache has no crop)
 
     return run
 
@@ -926,7 +931,13 @@ else:
 # cuts those bytes: each new key and value vector (one per token and KV head, `head_dim` numbers) is stored
 # as INT8 with one FP32 scale (symmetric: scale = max |x| / 127), and attention reads them scaled back. Below
 # it is written by hand into section 2's forward pass; memory is measured as the bytes the cache's tensors
-# hold, quality as perplexity on the story and greedy token agreement with FP32 over `n_agree` tokens.
+# hold, quality as perplexity on the story and as **token agreement per position, teacher-forced**: the FP32
+# greedy sequence (the prompt and `ref`) goes through the INT8-KV forward pass once, and at each position where
+# FP32 chose a token we ask whether INT8-KV's argmax, given the same FP32 prefix, is that token. Comparing two
+# free-running sequences instead would count one early flip as every later token lost (each loop then continues
+# its own text): that is shown beside it, as where the INT8-KV loop first leaves the FP32 text. (Where FP32's
+# own choice was a near-tie, the one-pass and the step-by-step computations, which round differently, can also
+# disagree there.) The 90% target is judged from the share's 95% interval: a few positions cannot show it.
 
 
 # %% tags=["contract"]
@@ -970,7 +981,26 @@ def kv_cache_bytes(kv):
     return sum(t.nbytes for layer in kv for part in layer for t in (part if isinstance(part, tuple) else (part,)))
 
 
-# %%
+def teacher_forced_picks(forward, model, prompt, tokens):
+    """The argmax after each prefix of prompt + tokens[:, :-1] (one pass of `forward`, all positions): entry j is
+    the model's choice for tokens[:, j] given the prompt and tokens[:, :j]."""
+    seq = torch.cat([prompt, tokens[:, :-1]], dim=1)
+    with torch.inference_mode():
+        logits = forward(model, seq, [None] * model.config.num_hidden_layers, 0, all_logits=True)
+    return logits[:, prompt.shape[1] - 1 :].argmax(-1)
+
+
+def agreement_verdict(same, total, target=0.9):
+    """A share of agreeing positions against a target: (text, verdict). The verdict reads the share's 95% interval
+    (Clopper-Pearson, exact): "met" when its low end reaches the target, "missed" when its high end is below it,
+    "not shown" when too few positions were compared to tell (8 of 8 positions cannot show 90%)."""
+    from scipy import stats
+
+    ci = stats.binomtest(same, total).proportion_ci(0.95)
+    verdict = "met" if ci.low >= target else "missed" if ci.high < target else "not shown"
+    return f"{same} of {total} positions, {same / total:.1%} (95% CI {ci.low:.0%}-{ci.high:.0%})", verdict
+
+
 def greedy_int8_kv(model, prompt, n):
     """Greedy decoding with the INT8 KV cache; returns (new tokens, the cache)."""
     kv, out, pos = [None] * model.config.num_hidden_layers, [], prompt.shape[1]
@@ -984,6 +1014,7 @@ def greedy_int8_kv(model, prompt, n):
     return torch.cat(out, dim=1), kv
 
 
+# %%
 def filled_cache_bytes(kind):
     """The bytes of a cache holding the prompt, FP32 (section 2's) or INT8: built, measured, dropped."""
     kv = [None] * config.num_hidden_layers
@@ -992,8 +1023,11 @@ def filled_cache_bytes(kind):
     return kv_cache_bytes(kv)
 
 
-new_q8, kv_q8 = greedy_int8_kv(model, prompt, n_agree)
-agreement = (new_q8.cpu() == ref[:, :n_agree].cpu()).float().mean().item()
+picked_q8 = teacher_forced_picks(forward_int8_kv, model, prompt, ref)  # along the FP32 sequence, every position
+same_q8 = int((picked_q8.cpu() == ref.cpu()).sum())
+agreement, n_agree_pos = same_q8 / ref.shape[1], ref.shape[1]
+agreement_text, agreement_judged = agreement_verdict(same_q8, n_agree_pos)
+new_q8, kv_q8 = greedy_int8_kv(model, prompt, n_agree)  # free-running, for comparison
 diverged = (new_q8.cpu() != ref[:, :n_agree].cpu()).nonzero()
 first_diff = int(diverged[0, 1]) if len(diverged) else None
 with torch.inference_mode():
@@ -1016,10 +1050,12 @@ print(
     f"(target >= 1.9x: {kv_int8.judge(1.9)}); against a BF16 cache (GPU) the same layout saves about half that"
 )
 print(
-    f"quality: greedy tokens agree with FP32 on {agreement:.0%} of {n_agree} "
-    + (f"(first difference at token {first_diff})" if first_diff is not None else "(all identical)")
-    + f"; target >= 90%: {'met' if agreement >= 0.9 else 'missed'}; perplexity on {ppl_ids.shape[1]} tokens: "
-    f"FP32 {ppl_fp32:.3f}, INT8 KV {ppl_q8:.3f}"
+    f"quality, teacher-forced along the FP32 sequence: INT8 KV picks FP32's token at {agreement_text}; target "
+    f">= 90%: {agreement_judged}; perplexity on {ppl_ids.shape[1]} tokens: FP32 {ppl_fp32:.3f}, INT8 KV {ppl_q8:.3f}"
+)
+print(
+    f"free-running over {n_agree} tokens, the INT8-KV loop "
+    + (f"first left the FP32 text at token {first_diff}" if first_diff is not None else "never left the FP32 text")
 )
 
 # %% [markdown]
@@ -1031,14 +1067,23 @@ print(
 # some layer types (sliding-window attention) are more sensitive and can be left out
 # (`--kv-cache-dtype-skip-layers`). transformers has the simplest form, `QuantizedCache(backend="fp8")`: one scale
 # per tensor, fixed by the first update (the prompt), so later keys larger than the prompt's clip; it runs on a
-# CPU too. Measured here the same way:
+# CPU too (transformers 5.21 and later; older versions have only the `quanto` and `hqq` backends). It keeps the
+# newest `residual_length` tokens unquantized, so it is measured free-running, decoding its own tokens:
 
 # %%
 from transformers import QuantizedCache  # noqa: E402
 
-new_fp8, _ = greedy_cache(model, prompt, n_agree, QuantizedCache(backend="fp8", config=model.config))
-agreement_fp8 = (new_fp8.cpu() == ref[:, :n_agree].cpu()).float().mean().item()
-print(f"transformers' FP8 cache (per-tensor scale): greedy tokens agree with FP32 on {agreement_fp8:.0%} of {n_agree}")
+try:
+    fp8_cache = QuantizedCache(backend="fp8", config=model.config)
+except ValueError as exc:  # transformers < 5.21: "Unknown quantization backend `fp8`"
+    print(f"FP8 cache skipped: this transformers has no fp8 backend ({exc}); transformers 5.21 or later has it.")
+else:
+    new_fp8, _ = greedy_cache(model, prompt, n_agree, fp8_cache)
+    diverged_fp8 = (new_fp8.cpu() != ref[:, :n_agree].cpu()).nonzero()
+    print(
+        f"transformers' FP8 cache (per-tensor scale), free-running over {n_agree} tokens: "
+        + (f"first left the FP32 text at token {int(diverged_fp8[0, 1])}" if len(diverged_fp8) else "the FP32 text")
+    )
 
 # %% [markdown]
 # ## GPU sections
@@ -1248,7 +1293,7 @@ findings = [
 others = {
     "no cache: last step vs first step, ms": f"{t_none[-1] * 1e3:.0f} vs {t_none[1] * 1e3:.0f}",
     "KV cache (this run) vs weights, MiB": f"{predicted / 2**20:.1f} vs {weight_bytes / 2**20:.0f}",
-    "INT8 KV: token agreement with FP32": f"{agreement:.0%} of {n_agree}",
+    "INT8 KV: token agreement with FP32 (teacher-forced)": agreement_text,
 }
 surprises = pd.DataFrame(
     [{"comparison": name, "ratio": str(r)} for name, r in findings if r is not None]
@@ -1291,13 +1336,14 @@ reasons = {
 for name, (r, target, why) in reasons.items():
     verdict = r.judge(target)
     print(f"{name}: {r} -> {verdict}" + (f" ({why})" if verdict in ("missed", "not shown") else ""))
-print(f"INT8 KV cache token agreement >= 90% over {n_agree} tokens: {agreement:.0%} -> "
-      + ("met" if agreement >= 0.9 else "missed"))  # fmt: skip
+print(f"INT8 KV cache token agreement >= 90%, per position along the FP32 sequence (teacher-forced): "
+      f"{agreement_text} -> {agreement_judged}")  # fmt: skip
 
 # %% [markdown]
 # ## Exercises
 # **15.kv-decode.** Write the KV-cache greedy loop yourself: `kv_decode(model, input_ids, max_new_tokens)` runs
-# the prompt once through the model with a fresh `DynamicCache(config=model.config)` (pass it as `cache=`),
+# the prompt once through the model with a fresh `DynamicCache(config=model.config)` (pass it as `cache=`, or
+# with `**cu.llm.cache_arg(model, cache)` if your transformers is older than 5.24: section 3),
 # then feeds **one token per step** with the same cache, and returns only the new tokens, shape
 # `(1, max_new_tokens)`. The check runs it on a random model and prompt, compares the tokens with greedy
 # `generate`, and watches how many tokens each forward pass feeds.
@@ -1393,7 +1439,7 @@ cu.record(
     dtype="int8",
     batch_size=1,
     speedup_vs_baseline=kv_int8,
-    notes=f"FP32 bytes / INT8 bytes; token agreement {agreement:.0%} over {n_agree}, perplexity {ppl_q8:.3f} vs "
+    notes=f"FP32 bytes / INT8 bytes; teacher-forced token agreement {agreement_text}, perplexity {ppl_q8:.3f} vs "
     f"{ppl_fp32:.3f}",
 )
 print(f"KV cache {kv_vs_none}, batch 8 {b8_vs_b1}, memory roof {roof_share}; see {cu.results.results_dir()}")

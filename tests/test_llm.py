@@ -45,6 +45,93 @@ def test_tiny_llama_generates_greedily_with_the_cache():
         assert out[0, 6] == model(ids).logits[0, -1].argmax()
 
 
+class _NewForward(torch.nn.Module):  # transformers >= 5.24
+    def forward(self, input_ids=None, attention_mask=None, cache=None, **kwargs):
+        return "cache" if cache is not None else "none"
+
+
+class _OldForward(torch.nn.Module):  # transformers 5.0-5.23: an unknown cache= would land in **kwargs
+    def forward(self, input_ids=None, attention_mask=None, past_key_values=None, **kwargs):
+        return "cache" if past_key_values is not None else "none"
+
+
+class _NoCacheForward(torch.nn.Module):
+    def forward(self, input_ids=None, **kwargs):
+        return "none"
+
+
+def test_cache_arg_names_the_keyword_the_forward_takes():
+    assert llm.cache_keyword(_NewForward()) == "cache" and llm.cache_arg(_NewForward(), 7) == {"cache": 7}
+    assert llm.cache_keyword(_OldForward()) == "past_key_values"
+    for module in (_NewForward(), _OldForward()):
+        assert module(1, **llm.cache_arg(module, object())) == "cache"  # the cache reaches the forward
+    with pytest.raises(llm.MissingBackendError, match=r"neither `cache` nor `past_key_values`.*make setup"):
+        llm.cache_arg(_NoCacheForward(), 1)
+
+
+def test_cache_arg_reaches_the_installed_transformers_cache():
+    """On the installed transformers: the cache passed by cache_arg fills (the prompt's tokens), and the next step
+    attends to it (its logits equal a pass over the whole sequence)."""
+    from transformers import DynamicCache
+
+    model = llm.tiny_llama(num_hidden_layers=2, vocab_size=512)
+    ids = torch.tensor([[1, 50, 316, 28, 469, 30]])
+    cache = DynamicCache(config=model.config)
+    with torch.inference_mode():
+        model(ids[:, :5], **llm.cache_arg(model, cache))
+        assert cache.get_seq_length() == 5
+        step = model(ids[:, 5:], **llm.cache_arg(model, cache)).logits[:, -1]
+        whole = model(ids).logits[:, -1]
+    torch.testing.assert_close(step, whole, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("kind", ["dynamic", "static"])
+def test_crop_cache_forgets_the_last_token_and_the_next_step_overwrites_it(kind):
+    """On the installed transformers (5.17's StaticCache has no crop: the fallback path): after a step and a crop,
+    the cache holds the prompt again and the step's logits come out the same."""
+    from transformers import DynamicCache, StaticCache
+
+    model = llm.tiny_llama(num_hidden_layers=2, vocab_size=512)
+    ids = torch.tensor([[1, 50, 316, 28, 469]])
+    cache = (
+        DynamicCache(config=model.config) if kind == "dynamic" else StaticCache(config=model.config, max_cache_len=8)
+    )
+    with torch.inference_mode():
+        model(ids, **llm.cache_arg(model, cache))
+        pos = torch.tensor([[5]])
+        first = model(torch.tensor([[30]]), position_ids=pos, **llm.cache_arg(model, cache)).logits
+        assert cache.get_seq_length() == 6
+        llm.crop_cache(cache, 1)
+        assert cache.get_seq_length() == 5
+        second = model(torch.tensor([[30]]), position_ids=pos, **llm.cache_arg(model, cache)).logits
+    torch.testing.assert_close(first, second)
+    with pytest.raises(ValueError, match="pass how many"):
+        llm.crop_cache(cache, -1)
+
+
+def test_crop_cache_without_crop_moves_each_layers_count_back():
+    """The transformers 5.17-5.23 StaticLayer shape: no crop, a cumulative_length tensor changed in place."""
+
+    class Layer:
+        def __init__(self, n, initialized=True):
+            self.cumulative_length, self.is_initialized = torch.tensor(n), initialized
+
+    class Cache:
+        layers = [Layer(7), Layer(7), Layer(0, initialized=False)]
+
+    cache = Cache()
+    counts = [layer.cumulative_length for layer in cache.layers]
+    llm.crop_cache(cache, 2)
+    assert [int(c) for c in counts] == [5, 5, 0]
+    assert all(c is layer.cumulative_length for c, layer in zip(counts, cache.layers, strict=True))  # in place
+
+    class Odd:
+        layers = [object()]
+
+    with pytest.raises(llm.MissingBackendError, match="neither crop nor cumulative_length"):
+        llm.crop_cache(Odd(), 1)
+
+
 def test_missing_package_names_the_fix(monkeypatch):
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == llm.PACKAGE else real(name, *a))

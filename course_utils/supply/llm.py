@@ -14,6 +14,10 @@
 - :func:`tiny_llama` builds a random-weight ``LlamaForCausalLM`` of SmolLM2-135M's exact shape (seeded), for
   GPU machines that cannot receive the model file and for fast tests (``num_hidden_layers=2``).
 - :func:`chat_ids` turns a user message into the chat-formatted prompt ids.
+- :func:`cache_arg` passes a KV cache under the keyword the installed transformers takes: ``cache=`` from 5.24 on,
+  ``past_key_values=`` before (5.24-5.39 still accept the old name with a deprecation warning; 5.17-5.23 take an
+  unknown ``cache=`` into ``**kwargs`` and silently run without a cache); :func:`crop_cache` removes a cache's last
+  tokens on both (a ``StaticCache`` has ``crop`` only from 5.24 on).
 
 The decoding techniques themselves (KV cache, batching, kernels, quantization) are written in the lessons.
 """
@@ -21,8 +25,10 @@ The decoding techniques themselves (KV cache, batching, kernels, quantization) a
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import importlib.util
+import inspect
 import json
 import os
 import re
@@ -320,3 +326,59 @@ def chat_ids(tokenizer, text: str, *, device: str | torch.device = "cpu") -> tor
         [{"role": "user", "content": text}], add_generation_prompt=True, return_tensors="pt", return_dict=True
     )
     return enc["input_ids"].to(device)
+
+
+CACHE_KEYWORDS = ("cache", "past_key_values")  # transformers >= 5.24, then the older name (5.0-5.23)
+
+
+@functools.cache
+def _cache_keyword(forward: Any) -> str:
+    params = inspect.signature(forward).parameters
+    for name in CACHE_KEYWORDS:
+        if name in params:
+            return name
+    raise MissingBackendError(
+        f"{getattr(forward, '__qualname__', forward)} takes neither `cache` nor `past_key_values`: this transformers "
+        "version is not one the course knows (it was tried with 5.17 and 5.25): run `make setup`"
+    )
+
+
+def cache_keyword(model: Any) -> str:
+    """The keyword under which ``model``'s forward (a model, or its class) takes a KV cache, read from its
+    signature: ``"cache"`` in transformers 5.24 and later, ``"past_key_values"`` in 5.0-5.23.
+
+    Why not always one name: transformers 5.17 takes an unknown ``cache=`` into its ``**kwargs`` and runs without
+    a cache, silently (the tokens then differ from ``generate``); 5.24 renamed the argument and accepts the old
+    name with a deprecation warning "until 5.40". Raises :class:`MissingBackendError` for a model taking neither.
+    """
+    forward = getattr(model if isinstance(model, type) else type(model), "forward", None)
+    if forward is None:
+        raise MissingBackendError(f"{type(model).__name__} has no forward method: pass the model, not its output")
+    return _cache_keyword(forward)
+
+
+def cache_arg(model: Any, cache: Any) -> dict[str, Any]:
+    """``{keyword: cache}`` for ``model(ids, **cu.llm.cache_arg(model, cache))``: the KV cache passed under the
+    name this transformers version takes (:func:`cache_keyword`)."""
+    return {cache_keyword(model): cache}
+
+
+def crop_cache(cache: Any, tokens: int) -> None:
+    """Forget the last ``tokens`` tokens of a transformers cache (``cache.crop(-tokens)``), so the next step
+    overwrites them. transformers 5.17-5.23's ``StaticCache`` layers have no ``crop``: there each layer's token
+    count (``cumulative_length``, a tensor at a static address, changed in place) goes back instead."""
+    if tokens < 0:
+        raise ValueError(f"crop_cache removes tokens: pass how many (got {tokens})")
+    layers = getattr(cache, "layers", [])
+    if all(hasattr(layer, "crop") for layer in layers):
+        cache.crop(-tokens)
+        return
+    for layer in layers:
+        count = getattr(layer, "cumulative_length", None)
+        if not isinstance(count, torch.Tensor):
+            raise MissingBackendError(
+                f"{type(layer).__name__} has neither crop nor cumulative_length: a transformers version the course "
+                "does not know (it was tried with 5.17 and 5.25): run `make setup`"
+            )
+        if layer.is_initialized:
+            count.sub_(tokens)  # in place, no read back (a GPU step is timed around this)

@@ -125,11 +125,11 @@ def test_hand_forward_logits_match_the_model(ns, model):
     cache = DynamicCache(config=model.config)
     with torch.inference_mode():
         mine = ns["forward_with_cache"](model, ids, kv, 0)[:, -1]
-        theirs = model(ids, cache=cache).logits[:, -1]
+        theirs = model(ids, **llm.cache_arg(model, cache)).logits[:, -1]
         torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
         nxt = theirs.argmax(-1, keepdim=True)
         mine = ns["forward_with_cache"](model, nxt, kv, 9)[:, -1]
-        theirs = model(nxt, cache=cache).logits[:, -1]
+        theirs = model(nxt, **llm.cache_arg(model, cache)).logits[:, -1]
         torch.testing.assert_close(mine, theirs, atol=1e-4, rtol=1e-4)
 
 

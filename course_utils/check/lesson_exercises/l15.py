@@ -27,10 +27,19 @@ from torch.utils._pytree import tree_flatten
 
 from course_utils.check.exercises import exercise, observed
 from course_utils.check.lesson_exercises.observe import Cases, cases
+from course_utils.supply.llm import cache_arg, cache_keyword
 
 _DECODE_SHAPE = dict(vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
                      initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=2)  # fmt: skip
+
+
+def _kw() -> str:
+    """The keyword the installed transformers' Llama takes its KV cache by (``cache``; ``past_key_values`` before
+    5.24), for the messages."""
+    from transformers import LlamaForCausalLM
+
+    return cache_keyword(LlamaForCausalLM)
 
 
 @functools.lru_cache(maxsize=8)
@@ -160,14 +169,14 @@ def judge_decode(attention: list[tuple[int, int, bool]], positions: list[list[in
         if q != 1:
             raise AssertionError(
                 f"step {step} ran {q} tokens through the model's layers: that recomputes the sequence (no KV cache), "
-                "whether fed as ids or as inputs_embeds. Pass the cache from the previous step (cache=...) and feed "
+                f"whether fed as ids or as inputs_embeds. Pass the cache from the previous step ({_kw()}=...) and feed "
                 "only the newest token, shape (1, 1)"
             )
         if k != n_prompt + step:
             raise AssertionError(
                 f"step {step}'s attention saw {k} key(s), the sequence has {n_prompt + step} tokens: "
                 + ("no cache reached the model, so it sees only the new token (no context). Pass the prefill's cache "
-                   "on every step (cache=cache)" if k == 1 else "the cache does not hold exactly the tokens so far "
+                   f"on every step ({_kw()}=cache)" if k == 1 else "the cache does not hold exactly the tokens so far "
                    "(a fresh cache, or tokens added twice?): pass the same cache object on every step")
             )  # fmt: skip
     if len(attention) > n_new:
@@ -203,12 +212,12 @@ def kv_decode(model, input_ids: torch.Tensor, max_new_tokens: int) -> torch.Tens
     cache = DynamicCache(config=model.config)
     new = []
     with torch.inference_mode():
-        logits = model(input_ids, cache=cache).logits
+        logits = model(input_ids, **cache_arg(model, cache)).logits  # cache= (transformers >= 5.24)
         for step in range(max_new_tokens):
             token = logits[:, -1:].argmax(-1)
             new.append(token)
             if step < max_new_tokens - 1:
-                logits = model(token, cache=cache).logits
+                logits = model(token, **cache_arg(model, cache)).logits
     return torch.cat(new, dim=1)
 
 
@@ -260,7 +269,7 @@ def measured_kv_bytes(config, batch: int, tokens: int, dtype: torch.dtype) -> in
         model = LlamaModel(config).to(dtype).eval()
     cache = DynamicCache(config=config)
     with torch.inference_mode():
-        model(torch.randint(3, config.vocab_size, (batch, tokens)), cache=cache)
+        model(torch.randint(3, config.vocab_size, (batch, tokens)), **cache_arg(model, cache))
     return sum(layer.keys.nbytes + layer.values.nbytes for layer in cache.layers)
 
 
