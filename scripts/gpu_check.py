@@ -4,7 +4,11 @@ Each lesson's text copy runs cell by cell (``scripts/run_cells.py``, no Jupyter 
 ``display`` stands in when IPython is missing). A GPU section counts only when its cell **completed**
 (``sections.jsonl``: entered -> completed / failed / skipped). The most valuable lessons run first within
 ``--budget`` seconds: 01, 04, 06, 11, 03, 02, 10, then 15 and 16, then the rest; a lesson is not started with
-less than 20 s left.
+less than 20 s left. Each lesson has a share of the budget (:func:`lesson_timeout`): half of every lesson's
+weighted share (the priority lessons weigh twice the rest) is kept for it, so a slow lesson is stopped
+("timeout", its completed sections kept) before it eats the time of the lessons after it, and time a fast lesson
+leaves rolls over to the later ones. The exit status is 1 when any lesson failed, timed out or never ran for
+want of time (listed at the end), 0 only when every lesson ran to its end or skipped for a missing package.
 
     python -m scripts.gpu_check --allow-missing --out /tmp/gpu          # the lent machine: skip what is missing
     python -m scripts.gpu_check --size full --budget 3600               # make gpu-test: strict, full sizes
@@ -82,6 +86,56 @@ def order(lessons: list[Path]) -> list[Path]:
     return sorted(lessons, key=lambda p: (rank.get(p.name[:2], len(rank)), p.name))
 
 
+MIN_START_S = 20.0  # a lesson is not started with less time than this
+GUARANTEED = 0.5  # the part of each lesson's weighted share that the lessons before it cannot use
+NOT_RUN = "not run (budget)"
+
+
+def weight(path: Path) -> int:
+    """A lesson's weight in the budget: 2 for the priority lessons (PRIORITY), 1 for the rest."""
+    return 2 if path.name[:2] in PRIORITY else 1
+
+
+def lesson_timeout(left: float, budget: float, later: list[Path], total_weight: int) -> float:
+    """The seconds the next lesson may run: what is left, less the time kept for each lesson after it
+    (GUARANTEED x its weighted share of the budget), and never less than MIN_START_S (when that much is left)."""
+    kept = sum(GUARANTEED * budget * weight(p) / total_weight for p in later)
+    return min(left, max(left - kept, MIN_START_S))
+
+
+def schedule(lessons: list[Path], budget: float, run, after=lambda runs: None, clock=time.perf_counter) -> list[dict]:
+    """Run ``lessons`` in order within ``budget`` seconds, each within :func:`lesson_timeout`: ``run(path,
+    timeout_s)`` returns (status, wall seconds, tail); ``after(runs)`` is called after each lesson. A lesson with
+    less than MIN_START_S left is recorded as NOT_RUN."""
+    deadline, total = clock() + budget, sum(weight(p) for p in lessons) or 1
+    runs: list[dict] = []
+    for i, path in enumerate(lessons):
+        left = deadline - clock()
+        if left < MIN_START_S:
+            runs.append({"lesson": path.name[:2], "stem": path.stem, "status": NOT_RUN, "seconds": 0,
+                         "budget_s": 0, "tail": f"{max(left, 0):.0f} s were left"})  # fmt: skip
+            continue
+        timeout = lesson_timeout(left, budget, lessons[i + 1 :], total)
+        status, wall, tail = run(path, timeout)
+        print(f"{path.stem:<28} {status:<24} {wall:7.1f} s of {timeout:.0f} s", flush=True)
+        if status != "ok":
+            print("   " + tail.replace("\n", "\n   "))
+        runs.append({"lesson": path.name[:2], "stem": path.stem, "status": status, "seconds": round(wall, 1),
+                     "budget_s": round(timeout, 1), "tail": tail})  # fmt: skip
+        after(runs)
+    return runs
+
+
+def exit_status(runs: list[dict]) -> int:
+    """0 only when every lesson ran to its end ("ok") or skipped for a missing package; 1 when any failed, timed
+    out or never ran for want of time (those are printed)."""
+    unfinished = [r for r in runs if r["status"] != "ok" and not r["status"].startswith("skipped")]
+    never = [r["lesson"] for r in runs if r["status"] == NOT_RUN]
+    if never:
+        print(f"{len(never)} lesson(s) never ran for want of time: {', '.join(never)} (raise --budget)")
+    return 1 if unfinished else 0
+
+
 def run_lesson(path: Path, env: dict[str, str], timeout_s: float, log: Path) -> tuple[str, float, str]:
     """Run one lesson cell by cell; return (status, wall seconds, last lines). The whole output goes to ``log``."""
     t0 = time.perf_counter()
@@ -149,7 +203,7 @@ def section_table(results_dir: Path, runs: list[dict] | None = None) -> list[dic
 def write_outputs(out: Path, runs: list[dict], sections: list[dict], info: dict) -> None:
     """lessons.csv, sections.csv, sections.md and summary.json in ``out`` (rewritten after every lesson)."""
     tables = {
-        "lessons.csv": (runs, ["lesson", "stem", "status", "seconds", "tail"]),
+        "lessons.csv": (runs, ["lesson", "stem", "status", "seconds", "budget_s", "tail"]),
         "sections.csv": (sections, ["lesson", "section", "status", "mode", "reason", "checks"]),
     }
     for name, (rows, fields) in tables.items():
@@ -177,7 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--size", choices=["smoke", "full"], default="smoke")
     ap.add_argument("--lessons", default="", help="comma-separated lesson numbers (default: all, priority order)")
-    ap.add_argument("--budget", type=float, default=540, help="total seconds; no lesson starts with < 20 s left")
+    ap.add_argument("--budget", type=float, default=540,
+                    help="total seconds, shared among the lessons; no lesson starts with < 20 s left")  # fmt: skip
     ap.add_argument("--wheels", type=Path, help="folder of small wheels to install first (--no-deps, never torch)")
     ap.add_argument("--allow-missing", action="store_true", help="not strict: missing packages skip with the reason")
     ap.add_argument("--no-save", action="store_true", help="do not write data/reference/")
@@ -209,20 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     wanted = {n.strip().zfill(2) for n in args.lessons.split(",") if n.strip()}
     lessons = order([p for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py") if not wanted or p.name[:2] in wanted])
     info = environment()
-    deadline = time.perf_counter() + args.budget
-    runs: list[dict] = []
-    for path in lessons:
-        left = deadline - time.perf_counter()
-        if left < 20:
-            runs.append({"lesson": path.name[:2], "stem": path.stem, "status": "not run (budget)", "seconds": 0})
-            continue
-        status, wall, tail = run_lesson(path, env, left, logs / f"{path.name[:2]}.log")
-        print(f"{path.stem:<28} {status:<24} {wall:7.1f} s", flush=True)
-        if status != "ok":
-            print("   " + tail.replace("\n", "\n   "))
-        runs.append({"lesson": path.name[:2], "stem": path.stem, "status": status, "seconds": round(wall, 1),
-                     "tail": tail})  # fmt: skip
-        write_outputs(args.out, runs, section_table(results_dir, runs), info)
+    runs = schedule(
+        lessons,
+        args.budget,
+        lambda path, timeout: run_lesson(path, env, timeout, logs / f"{path.name[:2]}.log"),
+        after=lambda runs: write_outputs(args.out, runs, section_table(results_dir, runs), info),
+    )
     sections = section_table(results_dir, runs)
     write_outputs(args.out, runs, sections, info)
     print("\n" + (args.out / "sections.md").read_text())
@@ -241,8 +288,7 @@ def main(argv: list[str] | None = None) -> int:
         (ref / f"{stem}.env.json").write_text(json.dumps(info | extra, indent=2))  # read by scripts/gpu_levels.py
         print(f"reference results written to {ref / stem}.csv (+ .env.json)")
     print(json.dumps(info))
-    failed = [r for r in runs if r["status"] not in {"ok"} and not r["status"].startswith("skipped")]
-    return 1 if failed else 0
+    return exit_status(runs)
 
 
 if __name__ == "__main__":

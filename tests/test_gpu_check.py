@@ -152,3 +152,70 @@ def test_a_failing_lesson_still_leaves_its_tables(tmp_path, monkeypatch):
 def test_environment_names_versions():
     env = gpu_check.environment()
     assert {"gpu", "driver", "cuda", "torch", "tensorrt", "onnxruntime", "date"} <= set(env)
+
+
+class _Clock:
+    def __init__(self):
+        self.now = 0.0
+
+    def __call__(self):
+        return self.now
+
+
+def _lessons(*numbers):
+    return [gpu_check.ROOT / "lessons" / f"{n}_x.py" for n in numbers]
+
+
+def test_a_slow_lesson_is_stopped_at_its_share_and_the_later_lessons_still_run(capsys):
+    """06 would run forever (max-autotune): it gets what is left less half of each later lesson's share, so 11,
+    10, 15 and 16 all start with their time; the fast 01 leaves time that rolls over."""
+    clock, given = _Clock(), {}
+
+    def run(path, timeout):
+        given[path.name[:2]] = timeout
+        used = timeout if path.name[:2] == "06" else 10.0  # 06 uses all it may; the others take 10 s
+        clock.now += used
+        return ("timeout" if path.name[:2] == "06" else "ok"), used, ""
+
+    lessons = _lessons("01", "06", "11", "10", "15", "16", "00")
+    runs = gpu_check.schedule(lessons, 540, run, clock=clock)
+    # weights: 01, 06, 11, 10, 15, 16 weigh 2, 00 weighs 1: 13 in all; half of a 2-share is 540 x 2 / 13 / 2
+    kept_after_06 = 0.5 * 540 * (2 * 4 + 1) / 13
+    assert given["01"] == pytest.approx(540 - 0.5 * 540 * (2 * 5 + 1) / 13)
+    assert given["06"] == pytest.approx(540 - 10 - kept_after_06)
+    assert [r["status"] for r in runs] == ["ok", "timeout", "ok", "ok", "ok", "ok", "ok"]
+    assert given["11"] == pytest.approx(kept_after_06 - 0.5 * 540 * (2 * 3 + 1) / 13)  # its kept half, at least
+    assert all(r["budget_s"] > 0 for r in runs) and gpu_check.exit_status(runs) == 1  # 06 timed out
+    assert "of 3" in capsys.readouterr().out  # each line says the share it had
+
+
+def test_lesson_timeout_bounds():
+    later = _lessons("11", "00")
+    assert gpu_check.lesson_timeout(100, 540, [], 5) == 100  # the last lesson may use all that is left
+    assert gpu_check.lesson_timeout(100, 540, later, 5) == 20  # never less than MIN_START_S ...
+    assert gpu_check.lesson_timeout(15, 540, later, 5) == 15  # ... unless less is left
+    assert gpu_check.lesson_timeout(540, 540, later, 5) == pytest.approx(540 - 0.5 * 540 * 3 / 5)
+
+
+def test_lessons_that_never_ran_for_want_of_time_make_the_run_fail(capsys):
+    clock = _Clock()
+
+    def run(path, timeout):
+        clock.now += timeout  # every lesson uses all its time
+        return "ok", timeout, ""
+
+    runs = gpu_check.schedule(_lessons("01", "04", "15", "16"), 70, run, clock=clock)
+    assert [r["status"] for r in runs] == ["ok", "ok", gpu_check.NOT_RUN, gpu_check.NOT_RUN]
+    assert gpu_check.exit_status(runs) == 1
+    assert "2 lesson(s) never ran for want of time: 15, 16" in capsys.readouterr().out
+    assert gpu_check.exit_status([{"lesson": "01", "status": "ok"}, {"lesson": "05", "status": "skipped: x"}]) == 0
+
+
+@cpu_only
+def test_main_exits_non_zero_when_no_lesson_had_time(tmp_path, capsys):
+    assert gpu_check.main(["--allow-cpu", "--budget", "5", "--lessons", "00,01", "--no-save", "--out",
+                           str(tmp_path / "out")]) == 1  # fmt: skip
+    out = capsys.readouterr().out
+    assert "2 lesson(s) never ran for want of time: 01, 00" in out
+    rows = (tmp_path / "out" / "lessons.csv").read_text()
+    assert rows.count(gpu_check.NOT_RUN) == 2
