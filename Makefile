@@ -171,6 +171,8 @@ test: setup
 	$(VENV)/bin/ruff check $(LINTED)
 	$(VENV)/bin/ruff format --check $(LINTED)
 	@rm -rf "$(TEST_RESULTS)"; mkdir -p "$(TEST_RESULTS)"
+	@# transformers' floor (pyproject.toml) as an overlay for tests/test_version_floors.py: ~10 s once, then kept
+	$(PY) -m scripts.floors build$(if $(WH), --offline)
 	@# Tests pass in any order: a random one each run, its seed printed (make test TEST_SEED=N repeats it).
 	seed=$(or $(TEST_SEED),$$RANDOM); echo "test order: random, seed $$seed (repeat: make test TEST_SEED=$$seed)"; \
 	COURSE_SMOKE=1 COURSE_RESULTS_DIR="$(CURDIR)/$(TEST_RESULTS)" OMP_NUM_THREADS=$(TEST_THREADS) \
