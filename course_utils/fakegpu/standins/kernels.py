@@ -36,7 +36,8 @@ Four rules of the CUDA build of PyTorch that a CPU run never meets, modelled sim
   ``ProfilerActivity.CUDA`` records a device event (``DeviceType.CUDA``, the stand-in clock's start and end) for
   every kernel and copy issued on the stand-in while it records, so ``key_averages()`` has device time for GPU work
   and none for work that ran on the CPU. The device events stand alone: they are not attached to the CPU operator
-  that launched them (a real trace links them), so a CPU operator's own CUDA-time column reads 0. A profile that
+  that launched them (a real trace links them), so a CPU operator's own CUDA-time column reads 0, and
+  ``export_chrome_trace`` writes the CPU trace only. A profile that
   asked for CUDA activity and recorded no device event is reported at the cell's end.
 """
 
