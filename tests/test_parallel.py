@@ -402,3 +402,30 @@ def test_the_bubble_models(cells):
     assert staged([1.0, 2.0], 4) == pytest.approx(1 / 3)  # wall 3 + 3 x 2 = 9, busy 4 x 3 = 12 of 18
     stages = [{"busy": [(0.0, 1.0), (1.0, 2.0)]}, {"busy": [(1.0, 2.0), (2.0, 3.0)]}]
     assert bubble(stages) == pytest.approx(1 - 4 / 6)
+
+
+# ------------------------------------------------------------------ collectives on a GPU are asynchronous
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")
+def test_comm_times_a_gpu_collective_with_events_and_the_rehearsal_catches_the_host_clock(gpu, monkeypatch):
+    """Comm's device path (CUDA events, read after a synchronize) passes the rehearsal's rule for asynchronous
+    collectives; the host-clock path it uses on gloo, planted on a GPU tensor, is stopped by it."""
+    from course_utils.fakegpu.standins import collectives
+    from course_utils.fakegpu.standins.rehearsal import RehearsalError
+
+    x = torch.ones(4096, device="cuda")
+    collectives.install(monkeypatch.setattr)  # undone when the test ends
+    right = l17.Comm(group=None, device=torch.device("cuda"))
+    assert right.cuda
+    for _ in range(3):
+        right.all_reduce(x)
+    assert len(right.pending) == 3 and right.seconds == 0.0  # not read before the device has run
+    gpu.synchronize()
+    right.settle()
+    assert right.seconds > 0 and right.pending == [] and right.calls == 3
+    torch.testing.assert_close(x.cpu(), torch.ones(4096))  # one rank's sum: itself
+
+    planted = l17.Comm(group=None, device=torch.device("cuda"))
+    planted.cuda = False  # the gloo path on a GPU tensor: perf_counter around a call that only queues
+    with pytest.raises(RehearsalError, match="a wall-clock timer around GPU work measures only the launch"):
+        planted.all_reduce(x)
+    gpu.synchronize()
