@@ -20,9 +20,10 @@
 #   the pool runs out a running request gives its blocks back and is recomputed later, with the same output;
 #   KV memory **measured**, beside the arithmetic;
 # * **prefix caching**: the blocks of a shared prompt prefix (a system prompt) reused by later requests, with
-#   reference counts and copy-on-write;
+#   reference counts: full blocks as vLLM v1 does, and partial blocks with copy-on-write beside it;
 # * a **real streaming server**: this scheduler inside LitServe's continuous-batching loop, on 127.0.0.1,
-#   under the course's load generator, TTFT and ITL measured at the client as vLLM's benchmark defines them;
+#   under the course's load generator, TTFT and ITL measured at the client (the clock started when each request
+#   was due), **goodput** at stated targets, and one bad or vanished client isolated from the others;
 # * a **slots sweep** (vLLM's `max_num_seqs`): where throughput stops growing and the tail starts to;
 # * **speculative decoding**: draft k tokens cheaply, verify them in one pass, keep what the model agrees with;
 # * and, on a GPU, the same engine at scale and vLLM (`vllm serve`, `vllm bench serve`).
@@ -297,8 +298,10 @@ class PagedKV:
 #   view: nothing is copied), with the block tables turned into a mask that lets each token see exactly its own
 #   sequence's slots up to its position.
 #
-# Both compute the same attention. The in-place version pays in arithmetic instead: each new token is scored
-# against every slot of the slice, other sequences' too (then masked out). Real kernels pay neither: vLLM's
+# Both compute the same attention, and both pay in arithmetic: each new token is scored against the keys of
+# *every* sequence of the batch (then masked out), the copy against all their stored tokens, the view against
+# every slot of the slice (the same, plus the unused tails of last blocks and any block between them that
+# another sequence holds). The copying version pays the copy on top. Real kernels pay neither: vLLM's
 # PagedAttention, FlashInfer's paged decode/prefill kernels and FlexAttention with a `BlockMask` walk each
 # sequence's block table *inside* the kernel, loading one block at a time and keeping a running (online)
 # softmax, so their work follows each sequence's own length. PyTorch has no such kernel outside a compiler
@@ -434,7 +437,9 @@ print(f"Paged engine == generate, both attentions, prompt in chunks of {BLOCK}: 
 # in rounds, each ratio with its 95% interval). The bytes the copying version gathers per step are
 # layers × 2 (K and V) × the tokens stored × KV heads × head_dim × 4 bytes; we also time that copy alone.
 # At batch 1 the slice holds only the sequence itself; at a full batch each token is scored against every
-# sequence's slots.
+# sequence's keys in both versions (the table's "keys per token" columns; a paged kernel would score each token
+# against its own sequence only). The pools here are fresh, so each slice spans just the batch's blocks; in a
+# server that has run a while, a batch's blocks are scattered and its slice can span most of the pool.
 
 
 # %%
@@ -484,18 +489,24 @@ for b in BATCHES:
             "blocks vs copy (speed)": str(r),
             "MiB copied per step": cfg.num_hidden_layers * 2 * len(index) * kv_b.k.shape[1] * cfg.head_dim * 4 / 2**20,
             "the copy alone, ms": copy_only.median_ms,
-            "keys per token, copy": len(index) // b,
-            "keys per token, blocks": slice_slots,
+            "keys per token, copy": len(index),  # every sequence's stored tokens, gathered
+            "keys per token, blocks": slice_slots,  # the slice: the same, plus the last blocks' unused slots
+            "keys per token, a paged kernel": len(index) // b,  # its own sequence only
         }
     )
     attn_ratio = r  # the last batch: the serving batch
 attn_table = pd.DataFrame(attn_rows)
 display(attn_table.round(2))
 print(
-    f"At batch {BATCHES[-1]}: reading the blocks in place is {attn_ratio.says('blocks', 'the copy')}; target "
-    f"'no worse than the copying version, within the interval': "
-    f"{'met' if attn_ratio.verdict != 'slower' else 'missed'}"
-    + (" (not judged: stand-in or drifted timing)" if attn_ratio.flags else "")
+    f"At batch {BATCHES[-1]}: {attn_ratio.says('reading the blocks in place', 'copying them')}; target "
+    "'no worse than the copying version, within the interval': "
+    + (
+        "not judged (stand-in or drifted timing)"
+        if attn_ratio.flags
+        else "met"
+        if attn_ratio.verdict != "slower"
+        else "missed"
+    )  # fmt: skip
     + "."
 )
 
@@ -824,8 +835,8 @@ rng = random.Random(16)
 arrivals = np.cumsum([rng.expovariate(RATE) for _ in range(N_REQUESTS)])
 work = [(rng.randrange(len(pool)), LONG if rng.random() < 0.25 else SHORT) for _ in range(N_REQUESTS)]
 print(
-    f"Decode step: {ms1:.0f} ms at batch 1, {msB:.0f} ms at batch {MAX_SLOTS}: a full step makes "
-    f"{per_token.interval_text} the tokens per second of a batch-1 step, for {MAX_SLOTS} times the sequences."
+    f"Decode step: {ms1:.0f} ms at batch 1, {msB:.0f} ms at batch {MAX_SLOTS}; per token, "
+    f"{per_token.says(f'a batch-{MAX_SLOTS} step', 'a batch-1 step', 'the tokens per second of')}."
 )
 print(
     f"{N_REQUESTS} requests, Poisson arrivals at {RATE:.2f} requests/s, caps {SHORT} or {LONG} new tokens, "
@@ -869,16 +880,29 @@ def run_load(policy, budget, *, num_blocks=NUM_BLOCKS, slots=MAX_SLOTS, prefix_c
     return requests, pd.DataFrame(trace), sched
 
 
+# Service-level targets for goodput, stated from this machine's own decode step: a first token within ten
+# full-batch decode steps of the request's arrival, then on average a token at least every two.
+TTFT_SLO_MS, TPOT_SLO_MS = 10 * msB, 2 * msB
+
+
 def metrics(requests):
     """Throughput and the latencies vLLM's benchmark reports: TTFT (arrival to first token, queueing included),
-    ITL (the gaps between streamed tokens) and TPOT ((last - first token) / (tokens - 1), per request)."""
+    ITL (every gap between two streamed tokens), TPOT ((last - first token) / (tokens - 1): one mean per
+    request), and goodput: requests per second that met both targets (vLLM's `--goodput ttft:MS tpot:MS`,
+    `vllm/benchmarks/serve.py`; a one-token answer has no TPOT and is judged on TTFT alone)."""
     ttft = [1000 * (r.times[0] - r.arrival) for r in requests]
     itl = [1000 * d for r in requests for d in np.diff(r.times)]
-    tpot = [1000 * (r.times[-1] - r.times[0]) / (len(r.times) - 1) for r in requests if len(r.times) > 1]
+    per_request = [1000 * (r.times[-1] - r.times[0]) / (len(r.times) - 1) if len(r.times) > 1 else 0.0
+                   for r in requests]  # fmt: skip
+    tpot = [t for t, r in zip(per_request, requests, strict=True) if len(r.times) > 1]
+    good = sum(a <= TTFT_SLO_MS and b <= TPOT_SLO_MS for a, b in zip(ttft, per_request, strict=True))
     tokens = sum(len(r.out) for r in requests)
     span = max(r.times[-1] for r in requests) - min(r.arrival for r in requests)
     nan = float("nan")
     return {
+        "goodput_rps": good / span,
+        "met_targets": good,
+        "tpot_p99_ms": np.percentile(tpot, 99) if tpot else nan,
         "tokens": tokens,
         "seconds": span,
         "tokens_per_s": tokens / span,
@@ -942,7 +966,25 @@ def paired(name, base, key, higher_is_better):
     )
 
 
-keys = ["tokens_per_s", "ttft_p50_ms", "ttft_p99_ms", "itl_p50_ms", "itl_p99_ms", "tpot_p50_ms"]
+def goodput_vs(name, base):
+    """`name`'s goodput against `base`'s, from the same rounds; said plainly when `base` met no target."""
+    try:
+        return paired(name, base, "goodput_rps", True)
+    except ValueError:  # every round's ratio was x/0 or 0/0
+        return f"not a ratio: {base} had no request meeting the targets in any round"
+
+
+keys = [
+    "tokens_per_s",
+    "ttft_p50_ms",
+    "ttft_p99_ms",
+    "itl_p50_ms",
+    "itl_p99_ms",
+    "tpot_p50_ms",
+    "tpot_p99_ms",
+    "goodput_rps",
+    "met_targets",
+]
 table = pd.DataFrame({name: {k: float(np.median([r[k] for r in runs[name]])) for k in keys} for name in POLICIES}).T
 display(table.round(1))
 chunked = "continuous + chunked prefill"
@@ -953,6 +995,7 @@ verdicts = pd.DataFrame(
             "throughput": str(paired(name, base, "tokens_per_s", True)),
             "p99 TTFT (lower is better)": str(paired(name, base, "ttft_p99_ms", False)),
             "p99 ITL (lower is better)": str(paired(name, base, "itl_p99_ms", False)),
+            "goodput": goodput_vs(name, base),
         }
         for name, base in (("continuous", "static"), (chunked, "static"), (chunked, "continuous"))
     ]
@@ -960,10 +1003,28 @@ verdicts = pd.DataFrame(
 display(verdicts)
 thr, ttft99 = policy_cmp.ratio(chunked), paired(chunked, "static", "ttft_p99_ms", False)
 print(
-    f"Chunked prefill vs static: throughput {thr.against(1.5)}; p99 TTFT {ttft99} "
-    f"({'equal or lower' if ttft99.verdict != 'slower' else 'higher'})."
+    f"Chunked prefill vs static: throughput {thr.against(1.5)}; p99 TTFT: "
+    f"{ttft99.says('chunked prefill', 'static', 'lower than')}."
 )
 target_met = thr.judge(1.5) == "met" and ttft99.verdict != "slower"
+good = goodput_vs(chunked, "static")
+good = good if isinstance(good, str) else good.says("chunked prefill", "static", "the goodput of")
+print(
+    f"Goodput (requests per second with TTFT <= {TTFT_SLO_MS:.0f} ms and TPOT <= {TPOT_SLO_MS:.0f} ms), chunked "
+    f"prefill vs static: {good}"
+    + "; requests meeting both targets, median over rounds: "
+    + ", ".join(f"{n} {table.loc[n, 'met_targets']:.0f} of {N_REQUESTS}" for n in POLICIES)
+    + "."
+)
+c = table.loc[chunked]
+print(
+    f"ITL is every gap between two tokens of a stream, TPOT one mean per request. With chunked prefill, median ITL "
+    f"{c['itl_p50_ms']:.0f} ms and median TPOT {c['tpot_p50_ms']:.0f} ms, but p99 ITL {c['itl_p99_ms']:.0f} ms "
+    f"against p99 TPOT {c['tpot_p99_ms']:.0f} ms: "
+    + ("a step that carries a prompt chunk delays one token of every stream in it (one long gap each), which a "
+       "request's mean over all its tokens spreads thin." if c["itl_p99_ms"] > 1.2 * c["tpot_p99_ms"] else
+       "in this run the single gaps have no longer tail than the per-request means (within 20%).")
+)  # fmt: skip
 print(
     "Target (>= 1.5x throughput at equal or lower p99 TTFT): "
     + ("met" if target_met else thr.judge(1.5) if thr.judge(1.5) != "met" else "missed (p99 TTFT higher)")
@@ -1097,8 +1158,8 @@ WATERMARK = 0.2  # the share of the pool admission keeps free
 _, _, sched_wm = run_load("continuous", TOKEN_BUDGET, num_blocks=small_pool, load=pre_load, watermark=WATERMARK)
 fewer = sched_pre.preemptions - sched_wm.preemptions
 print(
-    f"With a watermark of {sched_wm.spare} spare blocks at admission: {sched_wm.preemptions} pre-emptions against "
-    f"{sched_pre.preemptions} without ("
+    f"With a watermark of {sched_wm.spare} spare block{'s' * (sched_wm.spare != 1)} at admission: "
+    f"{sched_wm.preemptions} pre-emption{'s' * (sched_wm.preemptions != 1)} against {sched_pre.preemptions} without ("
     + (f"{fewer} fewer recomputations" if fewer > 0 else "no fewer" if fewer == 0 else f"{-fewer} more")
     + f"), in {sched_wm.steps} engine steps against {sched_pre.steps}; the same {N_PRE} answers."
 )
@@ -1184,13 +1245,21 @@ fig.tight_layout()
 # Many requests start the same way: a system prompt, a few-shot preamble, a long document asked about twice.
 # With `prefix_caching=True` every full block is indexed by its tokens *and every token before it* (so the
 # same block text at another position is another key); a new prompt looks its blocks up in order and shares
-# those found (reference counts go up), and only the rest is prefilled. The first tokens of one more cached
-# block can be shared too: the request copies that block before writing its own tokens into it
-# (**copy-on-write**). A block nobody holds stays cached until its memory is needed (least recently used goes
-# first). vLLM does this by default (automatic prefix caching), with a hash of the same key.
+# those found (reference counts go up), and only the rest is prefilled. A block nobody holds stays cached
+# until its memory is needed, least recently used first; a finished request's blocks are released tail first,
+# so a cached prompt is evicted from its end and its head keeps matching. This is vLLM v1's automatic prefix
+# caching (on by default), with a hash of the same key: it shares **full blocks only**, and a prompt found
+# whole recomputes its last block, since the logits of its last token are needed
+# (`vllm/v1/core/kv_cache_manager.py`, `get_computed_blocks` and `free`).
+#
+# The alternative, `prefix_caching="partial"`, also shares the first tokens of one more cached block: the
+# request copies that block before writing its own tokens into it (**copy-on-write**, as vLLM v0 did;
+# SGLang's radix tree shares prefixes token by token). It saves up to `block_size - 1` more prompt tokens
+# per request, for a copy of a block and a reference count on a block another request may be writing beside.
 #
 # The load: one system prompt of at least 64 tokens before every question, arrivals slow enough that TTFT is
-# mostly the prefill; median TTFT with and without the cache, taking turns in rounds.
+# mostly the prefill; median TTFT with no cache, full blocks, and partial blocks, taking turns in rounds, and
+# the prompt tokens each took from the cache.
 
 # %%
 SYSTEM = (
@@ -1214,14 +1283,16 @@ prefix_load = (
     np.cumsum([prefix_rng.expovariate(prefix_rate) for _ in range(N_PREFIX)]),
 )
 expected_sys = {p: reference(model, with_system[p], SHORT, EOS) for p in sorted({p for p, _ in prefix_load[0]})}
-prefix_runs = {"no prefix caching": [], "prefix caching": []}
+PREFIX_MODES = {"no prefix caching": False, "full blocks (vLLM v1)": True,
+                "partial blocks, copy-on-write (vLLM v0, SGLang)": "partial"}  # fmt: skip
+prefix_runs = {name: [] for name in PREFIX_MODES}
 
 
 def prefix_run(name):
     def run():
         requests = [Request(i, with_system[p], cap, float(a), EOS)
                     for i, ((p, cap), a) in enumerate(zip(*prefix_load, strict=True))]  # fmt: skip
-        kv = PagedKV(cfg, NUM_BLOCKS, BLOCK, prefix_caching=name == "prefix caching")
+        kv = PagedKV(cfg, NUM_BLOCKS, BLOCK, prefix_caching=PREFIX_MODES[name])
         sched = Scheduler(model, kv, max_slots=MAX_SLOTS, token_budget=TOKEN_BUDGET)
         for r, _token, t in serve(sched, requests):
             r.times.append(t)
@@ -1239,15 +1310,22 @@ prefix_cmp = cu.comparing.compare_runs(
     {name: prefix_run(name) for name in prefix_runs}, baseline="no prefix caching", rounds=max(2, ROUNDS - 1),
     higher_is_better=False, label="median TTFT", metric="ms",
 )  # fmt: skip
-hit = prefix_runs["prefix caching"][0]
-prefix_ratio = prefix_cmp.ratio("prefix caching")  # TTFT without / TTFT with
+FULL, PARTIAL = list(PREFIX_MODES)[1:]
+display(pd.DataFrame([
+    {"prefix caching": name, "median TTFT ms": prefix_cmp.measurements[name].median_ms,
+     "prompt tokens from the cache": prefix_runs[name][0]["cached"], "of": prefix_runs[name][0]["prompt"],
+     "blocks copied on write": prefix_runs[name][0]["copies"],
+     "TTFT vs no cache (lower is better above 1)": "baseline" if not mode else str(prefix_cmp.ratio(name))}
+    for name, mode in PREFIX_MODES.items()
+]).round(1))  # fmt: skip
+prefix_ratio = prefix_cmp.ratio(FULL)  # TTFT without / TTFT with full-block caching (vLLM v1's way)
+full_hit, part_hit = prefix_runs[FULL][0]["cached"], prefix_runs[PARTIAL][0]["cached"]
 print(
-    f"Shared prefix: {shared} tokens; every answer == generate with and without the cache. With it, "
-    f"{hit['cached']} of {hit['prompt']} prompt tokens came from the cache, {hit['copies']} blocks were copied "
-    f"on write. Median TTFT {prefix_cmp.measurements['prefix caching'].median_ms:.0f} ms vs "
-    f"{prefix_cmp.measurements['no prefix caching'].median_ms:.0f} ms: "
-    f"{prefix_ratio.says('caching', 'none', 'lower TTFT than')}"
-    f" (target >= 2x lower median TTFT: {prefix_ratio.judge(2.0)})."
+    f"Shared prefix: {shared} tokens; every answer == generate in all three. Full blocks (vLLM v1), median TTFT: "
+    f"{prefix_ratio.says('the cached run', 'the uncached one', 'lower than')} (target >= 2x lower median TTFT: "
+    f"{prefix_ratio.judge(2.0)}). Partial blocks took {part_hit - full_hit} more prompt tokens from the cache "
+    f"({part_hit} against {full_hit}); their median TTFT: "
+    f"{prefix_cmp.ratio(PARTIAL).says('the partial-block run', 'the uncached one', 'lower than')}."
 )
 
 # %% [markdown]
@@ -1438,10 +1516,16 @@ def build_server(max_batch_size=8, batch_timeout=0.0, workers_per_device=1, acce
 # The load: the prompts of the policy comparison (as token ids: the client and the server agree on the
 # tokenizer), Poisson arrivals from the course's streaming client (`stream_load.open_loop_stream`), which
 # reads every answer line by line and notes when each line arrived, counted from the moment its request was
-# due. From those times, the metrics as vLLM's benchmark defines them: **TTFT** from the request to its first
-# token (queueing and the prefill that makes that token included), **ITL** every gap between two streamed
-# tokens, **TPOT** per request (end to end minus TTFT) / (tokens - 1). They differ when a step emits several
-# tokens of one stream at once (speculative decoding), so vLLM reports them separately.
+# due. From those times, the metrics vLLM's benchmark reports: **TTFT** to the first token (queueing and the
+# prefill that makes that token included), **ITL** every gap between two streamed tokens (a distribution),
+# **TPOT** one mean per request, (end to end minus TTFT) / (tokens - 1). Their means agree when every step
+# emits one token per stream; their tails do not (a long step is one long ITL gap, spread thin in TPOT), and
+# they differ more when a step emits several tokens of one stream (speculative decoding).
+#
+# One difference from vLLM's benchmark: its clock starts when the request is *sent* (`st = time.perf_counter()`
+# just before the POST, `vllm/benchmarks/lib/endpoint_request_func.py`), ours when the request was *due* by
+# the Poisson schedule. A client that falls behind its schedule sends late, and a clock started at the send
+# does not see that wait (*coordinated omission*); counted from the due time, every wait is in TTFT.
 
 # %%
 SERVER_FILE = WORK / "llm_server.py"
@@ -1848,15 +1932,22 @@ print(
     f"{thr.says('chunked', 'static', 'the throughput of')}. p99 ITL, chunked vs one-at-a-time prefills: "
     f"{paired(chunked, 'continuous', 'itl_p99_ms', False)} (lower is better above 1)."
 )
+last = attn_table.iloc[-1]
 print(
-    f"* Reading the blocks in place instead of copying them, at batch {BATCHES[-1]}: {attn_ratio}; at batch 1: "
-    f"{attn_table['blocks vs copy (speed)'].iloc[0]}: the mask's extra arithmetic grows with the batch."
+    f"* Reading the blocks in place instead of copying them, at batch {BATCHES[-1]}: "
+    f"{attn_ratio.says('in place', 'the copy')}; at batch 1: {attn_table['blocks vs copy (speed)'].iloc[0]}. "
+    f"At batch {BATCHES[-1]} each new token is scored against {last['keys per token, copy']} keys (copy) or "
+    f"{last['keys per token, blocks']} slots (in place), where a paged kernel reads "
+    f"{last['keys per token, a paged kernel']}: both versions pay for the batch's other sequences."
 )
 print(
     f"* A pool of half the peak demand: {sched_pre.preemptions} pre-emptions and the same {N_PRE} answers; the "
     f"contiguous cache needed {kv_ratio} the paged cache's memory at the busiest step."
 )
-print(f"* Prefix caching of a {shared}-token system prompt: median TTFT {prefix_ratio} lower.")
+print(
+    f"* Prefix caching of a {shared}-token system prompt: "
+    f"{prefix_ratio.says('the cache', 'no cache', 'lower median TTFT than')}."
+)
 print(
     f"* The slots sweep's knee: {knee} slots. Prompt lookup: k={best_k} {best} where the draft fits, "
     f"k={worst_k} {worst} where it misses: same code, identical output."
@@ -1884,9 +1975,11 @@ cu.exercises.check("16.admit", admit_step)
 #    `(1, n)` tensor of token ids and returns logits `(1, n, vocab)` (no cache here); `context` is the list of
 #    tokens so far, `draft` a list of proposed next tokens. With **one** call to `target`, return the tokens to
 #    append: the longest prefix of `draft` that equals the model's greedy choices, plus the model's own next
-#    token after it. The check decodes with your function and random drafts (always right, always wrong,
-#    partly right; a wrong token is often the model's second choice, which a "top 2" rule would accept), demands
-#    output identical to greedy decoding and counts the calls of `target`.
+#    token after it. A draft may be empty (prompt lookup often finds nothing): then return the model's own next
+#    token. The check decodes with your function and random drafts (always right, always wrong, partly right,
+#    empty; a wrong token is often the model's second choice, which a "top 2" rule would accept; on a flatter
+#    model the greedy token often has a probability under 0.5), demands output identical to greedy decoding and
+#    counts the calls of `target`.
 
 
 # %%
