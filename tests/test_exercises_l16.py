@@ -328,3 +328,48 @@ def test_every_call_draws_a_runner_up_as_a_wrong_draft():
         draft = l16.draw_drafts(rng, "near", right, ranked)
         m = next(i for i, (d, r) in enumerate(zip(draft, right, strict=False)) if d != r)
         assert draft[m] == int(ranked[m, 1])
+
+
+def empty_draft_nothing(target, context, draft):  # nothing back for an empty draft: the lesson's loop would spin
+    if not draft:
+        return []
+    return l16.verify_draft(target, context, draft)
+
+
+def threshold_half(target, context, draft):  # accepts a draft token only when p > 0.5 (not: when it is the argmax)
+    logits = target(torch.tensor([context + draft]))[0, len(context) - 1 :]
+    p, choice = logits.softmax(-1), logits.argmax(-1).tolist()
+    n = 0
+    while n < len(draft) and float(p[n, draft[n]]) > 0.5:
+        n += 1
+    return draft[:n] + [choice[n]]
+
+
+def threshold_09(target, context, draft):
+    logits = target(torch.tensor([context + draft]))[0, len(context) - 1 :]
+    p, choice = logits.softmax(-1), logits.argmax(-1).tolist()
+    n = 0
+    while n < len(draft) and float(p[n, draft[n]]) > 0.9:
+        n += 1
+    return draft[:n] + [choice[n]]
+
+
+@pytest.mark.parametrize(
+    ("answer", "reason"),
+    [
+        (empty_draft_nothing, "an empty draft"),
+        (threshold_half, "accepted a draft token only when its probability was above a threshold"),
+        (threshold_09, "accepted a draft token only when its probability was above a threshold"),
+    ],
+)
+def test_empty_drafts_and_probability_thresholds_are_caught_with_their_reason(answer, reason):
+    for seed in range(100):
+        verdict = verify_verdict(answer, seed)
+        assert reason in verdict and f"seed {seed}" in verdict, (seed, verdict)
+
+
+def test_the_flat_model_puts_greedy_tokens_under_probability_one_half():
+    model = l16.TinyCausalLM(3, scale=1.0)
+    with torch.inference_mode():
+        p = model(torch.tensor([[1, 2, 3, 4, 5, 6, 7, 8]]))[0].softmax(-1).max(-1).values
+    assert float(p.min()) < 0.5

@@ -10,7 +10,10 @@
   causal language model with drafts drawn at random (always right, always wrong, partly right, and a wrong token
   followed by the model's own choice after it, which only a rule that goes on past a mismatch accepts). A wrong
   draft token is usually the model's **runner-up** there (its second or third choice), so a lenient acceptance
-  rule (the top 2 or 3) is seen to accept it. The checker counts the calls of ``target`` and records their
+  rule (the top 2 or 3) is seen to accept it. Every call also decodes with empty drafts only (a draft source that
+  found nothing: the model's next token must come back) and with right drafts on a flatter model, whose greedy
+  token often has a probability under 0.5 (a probability threshold is seen to reject it). The checker counts
+  the calls of ``target`` and records their
   inputs: one call per verification, on the context followed by the whole draft; the returned tokens must be the
   longest matching prefix plus the model's own next token, and the decoded output identical to greedy decoding.
 """
@@ -153,11 +156,11 @@ class TinyCausalLM(torch.nn.Module):
     """A small random causal language model: the logits after token t depend on tokens t-2, t-1 and t (random
     tables, scaled so that greedy choices are far from ties). Cheap, so every check decodes several sequences."""
 
-    def __init__(self, seed: int, vocab: int = VOCAB) -> None:
+    def __init__(self, seed: int, vocab: int = VOCAB, scale: float = 4.0) -> None:
         super().__init__()
         g = torch.Generator().manual_seed(seed)
         self.vocab = vocab
-        self.tables = torch.nn.Parameter(torch.randn(3, vocab, vocab, generator=g) * 4, requires_grad=False)
+        self.tables = torch.nn.Parameter(torch.randn(3, vocab, vocab, generator=g) * scale, requires_grad=False)
 
     def forward(self, ids: torch.Tensor) -> torch.Tensor:
         pad = torch.nn.functional.pad(ids, (2, 0), value=0)
@@ -253,22 +256,52 @@ _RULES: list[tuple[Callable[[list[int], torch.Tensor], list[int]], bool, str]] =
 ]  # fmt: skip
 
 
+def _threshold(d: list[int], o: torch.Tensor, p: torch.Tensor, t: float) -> list[int]:
+    """Accepts draft[i] while its probability is above t, then the model's own token."""
+    n = 0
+    while n < len(d) and float(p[n, d[n]]) > t:
+        n += 1
+    return d[:n] + [_bonus(o, n)]
+
+
+_THRESHOLDS = (0.5, 0.9, 0.75, 0.25, 0.1)
+
+
 def _diagnose(fn: Callable[..., Any], model: torch.nn.Module, context: list[int], drafts: list[list[int]]) -> str:
     """The known wrong rule that gives exactly what ``fn`` returns on every one of ``drafts`` (the failing one and
     probes built around it, each verified once more): the learner's rule, seen, not guessed from one answer."""
     seen = []
     for draft in drafts:
         with torch.inference_mode():
-            order = model(torch.tensor([context + draft]))[0, len(context) - 1 :].argsort(-1, descending=True)
+            logits = model(torch.tensor([context + draft]))[0, len(context) - 1 :]
+        order, probs = logits.argsort(-1, descending=True), logits.softmax(-1)
         try:
             got = _token_list(fn(_Target(model), list(context), list(draft)))
         except Exception:  # noqa: BLE001 - a probe the learner's code cannot handle says nothing about its rule
             continue
-        seen.append((draft, order, got))
+        seen.append((draft, order, probs, got))
+
+    def fits(rule: Callable[..., list[int]], own_last: bool) -> bool:
+        return bool(seen) and all(_same(rule(d, o), got, own_last) for d, o, _, got in seen)
+
+    # the exact rules first; then the thresholds; then "nothing accepted" (which a threshold above every probe's
+    # probabilities also gives) and the shifted rules, whose free last token would fit an early rejection too
     for rule, own_last, why in _RULES:
-        if seen and all(_same(rule(d, o), got, own_last) for d, o, got in seen):
+        if not own_last and not why.startswith(_NOTHING) and fits(rule, own_last):
             return why
-    return "not the longest matching prefix plus the model's next token"
+    for t in _THRESHOLDS:
+        if seen and all(_threshold(d, o, p, t) == got for d, o, p, got in seen):
+            return (f"accepted a draft token only when its probability was above a threshold (your answers match "
+                    f"'p > {t}' on every probe): greedy verification accepts a draft token exactly when it IS the "
+                    "model's argmax, however low its probability, and never another token")  # fmt: skip
+    for rule, own_last, why in _RULES:
+        if (own_last or why.startswith(_NOTHING)) and fits(rule, own_last):
+            return why
+    return _NO_RULE
+
+
+_NOTHING = "accepted nothing of the draft"
+_NO_RULE = "not the longest matching prefix plus the model's next token"
 
 
 def _same(want: list[int], got: list[int], own_last: bool) -> bool:
@@ -276,11 +309,29 @@ def _same(want: list[int], got: list[int], own_last: bool) -> bool:
 
 
 def _probes(draft: list[int], right: list[int], ranked: torch.Tensor) -> list[list[int]]:
-    """The failing draft and drafts around it: all right, the runner-up first, the runner-up after 1 and 2 right
-    tokens, the third choice first, the least likely token first."""
+    """The failing draft and drafts around it: all right (3, 1 and 2 tokens), the runner-up first, the runner-up
+    after 1 and 2 right tokens, the third choice first, the least likely token first."""
     second = [int(ranked[i, 1]) for i in range(3)]
-    return [draft, right[:3], [second[0], *right[1:3]], [right[0], second[1], right[2]], [*right[:2], second[2]],
-            [int(ranked[0, 2]), right[1]], [int(ranked[0, -1]), right[1]]]  # fmt: skip
+    return [draft, right[:3], right[:1], right[:2], [second[0], *right[1:3]], [right[0], second[1], right[2]],
+            [*right[:2], second[2]], [int(ranked[0, 2]), right[1]], [int(ranked[0, -1]), right[1]]]  # fmt: skip
+
+
+def _calls_target(fn: Callable[..., Any], model: torch.nn.Module, context: list[int], draft: list[int]) -> bool:
+    """Whether ``fn`` calls the model for a non-empty draft (then an empty draft's wrong answer is its own mistake,
+    not a verify that never runs the model)."""
+    probe = _Target(model)
+    try:
+        fn(probe, list(context), list(draft))
+    except Exception:  # noqa: BLE001 - only the calls matter here
+        pass
+    return probe.calls > 0
+
+
+def _safe_list(got: Any) -> list[int] | None:
+    try:
+        return _token_list(got)
+    except (TypeError, ValueError):
+        return None
 
 
 def _token_list(got: Any) -> list[int]:
@@ -310,14 +361,15 @@ def draw_drafts(rng: random.Random, mode: str, right: list[int], ranked: torch.T
 
 
 def _check_one_verify_case(fn: Callable[..., Any], rng: random.Random, mode: str) -> dict[str, int]:
-    model = TinyCausalLM(rng.randrange(1 << 16))
+    # flat: a model whose greedy token often has a probability under 0.5 (caught: a probability threshold)
+    model = TinyCausalLM(rng.randrange(1 << 16), scale=1.0 if mode == "flat" else 4.0)
     prompt = [rng.randrange(VOCAB) for _ in range(rng.randint(2, 7))]
     n = rng.randint(6, 12)
     ref, ranked = _greedy(model, prompt, n + 6)
-    target, out, seen = _Target(model), [], {"verifications": 0, "runner-up rejected": 0}
+    target, out, seen = _Target(model), [], {"verifications": 0, "runner-up rejected": 0, "empty": 0}
     while len(out) < n:
         right, here = ref[len(out) :], ranked[len(out) :]
-        draft = draw_drafts(rng, mode, right, here)
+        draft = draw_drafts(rng, "right" if mode == "flat" else mode, right, here) if mode != "empty" else []
         if mode == "resume":  # a wrong token, then the token the model picks after it: right only after a mismatch
             keep = rng.randint(0, 3)
             draft = [*right[:keep], int(here[keep, 1])]
@@ -330,6 +382,13 @@ def _check_one_verify_case(fn: Callable[..., Any], rng: random.Random, mode: str
         calls = target.calls
         got = fn(target, list(context), list(draft))
         used = target.calls - calls
+        if (not draft and _safe_list(got) != want and (used or _calls_target(fn, model, context, right[:1]))
+                and _diagnose(fn, model, context, _probes(draft, right, here)) == _NO_RULE):  # fmt: skip
+            raise AssertionError(
+                f"an empty draft (a draft source that found nothing, as prompt lookup often does): verify returned "
+                f"{got!r}, greedy decoding needs {want}: with no draft, return the model's own next token, the argmax "
+                "of the logits at position len(context) - 1 (returning nothing makes a decoding loop spin forever)"
+            )
         assert used >= 1, "verify never called target: run the model on the context followed by the draft"
         assert used == 1, (
             f"verify called target {used} times for a draft of {k}: verify the whole draft in ONE forward pass "
@@ -349,6 +408,7 @@ def _check_one_verify_case(fn: Callable[..., Any], rng: random.Random, mode: str
                 f"{mode} draft of {k} (first {m} matching): verify returned {got}, greedy decoding needs {want}: {why}"
             )
         seen["verifications"] += 1
+        seen["empty"] += int(not draft)
         seen["runner-up rejected"] += int(m < k and draft[m] == int(here[m, 1]))
         out += got
     assert out[:n] == ref[:n], f"the decoded tokens {out[:n]} differ from greedy decoding {ref[:n]}"
@@ -359,14 +419,17 @@ def _check_verify(fn: Callable[..., Any]) -> None:
     with cases("16.verify") as c:
         # near: the first wrong token is always the runner-up; resume: the draft token after the first wrong one
         # is the model's own choice there (accepted only by a rule that does not stop at the first mismatch)
-        modes = ["right", "wrong", "mixed", "near", "resume"]
+        # empty: every draft is []; flat: right drafts on a model whose greedy tokens often have p < 0.5
+        modes = ["right", "wrong", "mixed", "near", "resume", "empty", "flat"]
         c.rng.shuffle(modes)
         seen = [_check_one_verify_case(fn, c.rng, mode) for mode in modes]
     total = sum(s["verifications"] for s in seen)
     runner_up = sum(s["runner-up rejected"] for s in seen)
+    empty = sum(s["empty"] for s in seen)
     observed(f"{total} verifications in {len(modes)} decoded sequences ({', '.join(modes)} drafts), one target call "
              f"each on context + draft; {runner_up} drafts whose first wrong token was the model's runner-up were cut "
-             "there; every sequence equal to greedy decoding")  # fmt: skip
+             f"there; {empty} empty drafts each gave the model's next token; every sequence equal to greedy "
+             "decoding")  # fmt: skip
 
 
 @exercise(
