@@ -69,6 +69,8 @@ ISSUE32 = "issue 32"
 ISSUE32_R2 = "issue 32 round 2"
 ISSUE32_R3 = "issue 32 round 3"
 ISSUE32_R4 = "issue 32 round 4"
+ISSUE43 = "issue 43"  # the survivors of issue 43's held-out planted bugs
+ISSUE43_R5 = "issue 43 round 5"  # modules no earlier round targeted: lessons 03-14's new checks, the stream guard
 T_TIMING = ("test_timing.py",)
 T_COMPARE = ("test_compare.py",)
 T_RESULTS = ("test_results.py",)
@@ -115,9 +117,9 @@ T_SECTIONS = ("test_modes.py", "test_rehearsal.py")  # the section record's life
 T_L16 = tuple(
     f"test_llm_serving.py::{t}"
     for t in (
-        "test_idle_cached_blocks_are_evicted_least_recently_used_first",
+        "test_idle_cached_blocks_are_evicted_tail_first",
         "test_admission_waits_for_free_blocks",
-        "test_decodes_are_scheduled_before_prompt_chunks",
+        "test_running_requests_go_in_order_so_decodes_come_before_prompt_chunks",
         "test_no_more_running_requests_than_slots",
     )
 )  # not the server
@@ -1103,6 +1105,81 @@ MUTATIONS: list[Mutation] = [
       ("test_serving.py::test_workers_die_when_the_server_main_process_is_killed",
        "test_standin_answers.py::test_server_main_loads_a_litapi_class_and_refuses_a_target_that_is_not_a_server"),
       "server_main._load_target: a LitAPI class gets workers_per_device as its max_batch_size", ISSUE32_R4),
+    # ---------------------------------------------------------------------------------- issue 43: the survivors
+    M("r5-optimize-baseline-at-big-batch", "capstone/optimize.py", 'batch_size=b, label="baseline"',
+      'batch_size=big, label="baseline"',
+      "test_optimize.py::test_the_baseline_is_timed_and_counted_at_the_examples_batch",
+      "optimize: the baseline counted at the batching step's batch (8x or 32x its real items/s)", ISSUE43),
+    M("r5-calls-seconds-under-ms", "serve/server_watch.py", "{(time.time() - self._t0) * 1000:.3f}",
+      "{(time.time() - self._t0):.3f}",
+      "test_serving.py::test_the_model_call_record_writes_milliseconds_under_its_ms_label",
+      "CallRecorder: the model-call time written in seconds under the 'predict ms' label", ISSUE43),
+    M("r5-digits-model-training-mode", "supply/models.py", "    return model.eval().to(device)\n\n\ndef accuracy",
+      "    return model.to(device)\n\n\ndef accuracy", "test_data_models.py::test_shipped_digits_models_load_in_eval_mode",
+      "load_digits_model: the model left in training mode (BatchNorm uses each batch's statistics)", ISSUE43),
+    M("r5-llm-lock-never-taken", "supply/llm.py", "        fcntl.flock(lock.fileno(), fcntl.LOCK_EX)\n",
+      "        pass\n", "test_llm_lock.py", "llm._ensure_converted: the conversion lock file opened but never locked",
+      ISSUE43),
+    # ---------------------------------------------------------------------------------- issue 43 round 5: checks
+    M("r5-oom-built-inside-unseen", "check/lesson_exercises/l03.py", "        if built[0] > made:\n",
+      "        if built[0] > made + 1:\n", "test_exercises_l03.py::test_a_batch_built_inside_the_timed_call_is_named",
+      "03.oom-sweep: a batch built inside the timed call not seen", ISSUE43_R5),
+    M("r5-pad-gpu-part-dropped", "check/lesson_exercises/l06.py",
+      "        with gpu() as device:\n            serve_on_device(fn, c, device)\n", "",
+      "test_exercises_l06.py::test_the_full_check_serves_16_bit_requests_on_the_gpu",
+      "06.pad-batch: only CPU float32 requests served (torch.zeros without device=/dtype= passes)", ISSUE43_R5),
+    M("r5-pad-dtype-unchecked", "check/lesson_exercises/l06.py", "        if x.dtype != self.dtype:\n",
+      "        if False:\n", "test_exercises_l06.py::test_pad_batch_on_the_device_in_16_bits_over_200_seeds",
+      "06.pad-batch: a chunk promoted to float32 reaches the 16-bit graph unnamed", ISSUE43_R5),
+    M("r5-pad-cpu-padding-unnamed", "check/lesson_exercises/l06.py", '        if "same device" not in str(exc):\n',
+      '        if "same device" in str(exc):\n',
+      "test_exercises_l06.py::test_pad_batch_on_the_device_in_16_bits_over_200_seeds",
+      "06.pad-batch: padding made on the CPU for a GPU request not named", ISSUE43_R5),
+    M("r5-fusion-ai-onnx-not-default", "check/lesson_exercises/l07.py",
+      '    return "" if d in ("", "ai.onnx") else d\n', "    return d\n",
+      "test_exercises_l07.py::test_fusion_accepts_counts_keyed_by_domain_and_op_type",
+      "07.fusion: the default domain written 'ai.onnx' taken for another domain", ISSUE43_R5),
+    M("r5-fusion-domains-unjudged", "check/lesson_exercises/l07.py",
+      '        if qualified == getattr(want, "domains", None):\n', "        if qualified is not None:\n",
+      ("test_exercises_l07.py::test_fusion_rejects[domain_keyed_input]",
+       "test_exercises_l07.py::test_fusion_rejects[domain_keyed_wrong_domain]"),
+      "07.fusion: any domain:op_type counter accepted", ISSUE43_R5),
+    M("r5-trt-get-input-past-the-end", "fakegpu/standins/tensorrt_build.py", "        if not 0 <= i < len(io):\n",
+      "        if not 0 <= i <= len(io):\n",
+      "test_exercises_l08.py::test_the_fake_networks_inputs_and_outputs_are_the_parsed_models",
+      "fake TensorRT: network.get_input(num_inputs) raises instead of returning None", ISSUE43_R5),
+    M("r5-trt-dynamic-dim-zero", "fakegpu/standins/tensorrt_build.py", 'else -1 for v in d["dims"]]',
+      'else 0 for v in d["dims"]]', "test_exercises_l08.py::test_the_fake_networks_inputs_and_outputs_are_the_parsed_models",
+      "fake TensorRT: a network input's dynamic dimension reads 0, not -1", ISSUE43_R5),
+    M("r5-trt-outputs-are-inputs", "fakegpu/standins/tensorrt_build.py",
+      'lambda n, index: io_tensor(n, index, "outputs")', 'lambda n, index: io_tensor(n, index, "inputs")',
+      "test_exercises_l08.py::test_the_fake_networks_inputs_and_outputs_are_the_parsed_models",
+      "fake TensorRT: network.get_output(i) returns the i-th input", ISSUE43_R5),
+    M("r5-pick-gain-within-budget", "check/lesson_exercises/l14.py",
+      "        up_drop = -round(budget + c.randint(1, 30) / 1000, 4)\n", "        up_drop = -round(budget / 2, 4)\n",
+      "test_exercises_l14.py::test_boundary_picks_are_rejected_on_every_seed[abs-drop]",
+      "14.pick: the negative drop drawn within the budget's size (abs(accuracy_drop) passes)", ISSUE43_R5),
+    M("r5-pick-score-case-unseparated", "check/lesson_exercises/l14.py",
+      "        gap = c.randint(1, math.ceil((top_drop - near_drop) * 100 - 1e-9) - 1) / 100",
+      "        gap = math.ceil((top_drop - near_drop) * 100 + 1) / 100",
+      "test_exercises_l14.py::test_boundary_picks_are_rejected_on_every_seed[speedup-minus-drop]",
+      "14.pick: the slower row's lead in accuracy too small to separate speedup - accuracy_drop", ISSUE43_R5),
+    # ---------------------------------------------------------------------------------- round 5: stream guard
+    M("r5-guard-bad-json-crashes", "serve/stream_guard.py", "        except ValueError as exc:  # json",
+      "        except TypeError as exc:  # json", "test_stream_guard.py",
+      "AdmissionGuard: a body that is not JSON (or fails the check) crashes instead of a 422", ISSUE43_R5),
+    M("r5-guard-request-id-never-released", "serve/stream_guard.py",
+      "                self._streaming.discard(str(rid))", "                pass", "test_stream_guard.py",
+      "AdmissionGuard: a request_id stays 'still streaming' (409) after its stream ended", ISSUE43_R5),
+    M("r5-guard-finished-stream-cancelled", "serve/stream_guard.py",
+      "                state[\"ended\"] = True  # the whole answer went out", "                pass  # the whole answer",
+      "test_stream_guard.py", "AdmissionGuard: a client leaving after its whole answer is reported as cancelled",
+      ISSUE43_R5),
+    M("r5-guard-conn-not-tagged", "serve/stream_guard.py", 'json.dumps({**body, "conn": conn})', "json.dumps(body)",
+      "test_stream_guard.py", "AdmissionGuard: the admitted body not tagged with its connection id", ISSUE43_R5),
+    M("r5-guard-status-500-allowed", "serve/stream_guard.py", "        if not 400 <= status < 500:",
+      "        if not 400 <= status <= 500:", "test_stream_guard.py",
+      "AdmissionGuard: a refusal status of 500 (a server error, not the client's) accepted", ISSUE43_R5),
 ]
 # fmt: on
 
