@@ -34,7 +34,6 @@ import torch
 from IPython.display import display
 from torch import nn
 from torch._dynamo.testing import CompileCounter
-from torch._inductor.runtime.cache_dir_utils import cache_dir
 
 import course_utils as cu
 
@@ -215,9 +214,11 @@ for attempt in ("with caches on, first (writes the cache)", "after reset (reads 
     warm_times.append(first_call_s(torch.compile(model), xw, device))
     print(f"compile default b={big}, {attempt}: {warm_times[-1]:.1f} s")
 cold_big = next(c["first_call_s"] for c in costs if c["variant"] == "compile default" and c["batch"] == big)
+# torch._inductor.runtime.cache_dir_utils.cache_dir() is private: cu.compilation falls back (and says why) if moved
+inductor_dir, dir_note = cu.compilation.inductor_cache_dir()
 print(
     f"cold (caches off) {cold_big:.1f} s -> warm {warm_times[-1]:.1f} s ({cold_big - warm_times[-1]:.1f} s less "
-    f"start-up time, one compile each). Cache directory: {cache_dir()}"
+    f"start-up time, one compile each). Cache directory: {inductor_dir}" + (f" ({dir_note})" if dir_note else "")
 )
 torch._dynamo.reset()
 
@@ -370,9 +371,12 @@ print(
     f"dynamic=True: {recompiles.graphs[2]} graph(s). (Marking one input's dimension dynamic instead is "
     "exercise 06.mark-dynamic.)"
 )
-for code, reasons in torch._dynamo.utils.guard_failures.items():  # why the last marked-dynamic run recompiled
-    for reason in reasons:
-        print(f"recompiled {code.co_name}() because a guard failed: {str(reason).split('  #')[0]}")
+# why the last run recompiled: torch._dynamo.utils.guard_failures (private; cu.compilation says so if it moved)
+failed_guards, guards_note = cu.compilation.guard_failure_reasons()
+for fn_name, reason in failed_guards or []:
+    print(f"recompiled {fn_name}() because a guard failed: {reason}")
+if guards_note:
+    print(f"Guard failures not shown: {guards_note}")
 
 # %% [markdown]
 # ### The recompile limit: a silent fall back to eager
@@ -381,18 +385,22 @@ for code, reasons in torch._dynamo.utils.guard_failures.items():  # why the last
 # the speed-up is gone, for every new shape. Lowered to 3 here to see it with few sizes.
 
 # %%
-print(f"default recompile_limit: {torch._dynamo.config.recompile_limit}")
-torch._dynamo.reset()
-counter = CompileCounter()
-with torch._dynamo.config.patch(recompile_limit=3), torch.inference_mode():
-    limited = torch.compile(model, backend=counter, dynamic=False)
-    for xs in shape_inputs:
-        cu.check_outputs(limited(xs), model(xs), "fp32", label=f"batch {xs.shape[0]}")
-print(
-    f"{len(sizes)} sizes, graphs compiled: {counter.frame_count}; the other {len(sizes) - counter.frame_count} sizes "
-    "ran in eager mode (correct, not compiled)."
-)
-torch._dynamo.reset()
+limit_key, limit_note = cu.compilation.recompile_limit_key()  # "recompile_limit" (older torch: cache_size_limit)
+if limit_note:
+    print(limit_note)
+if limit_key is not None:
+    print(f"default {limit_key}: {getattr(torch._dynamo.config, limit_key)}")
+    torch._dynamo.reset()
+    counter = CompileCounter()
+    with torch._dynamo.config.patch(**{limit_key: 3}), torch.inference_mode():
+        limited = torch.compile(model, backend=counter, dynamic=False)
+        for xs in shape_inputs:
+            cu.check_outputs(limited(xs), model(xs), "fp32", label=f"batch {xs.shape[0]}")
+    print(
+        f"{len(sizes)} sizes, graphs compiled: {counter.frame_count}; the other {len(sizes) - counter.frame_count} "
+        "sizes ran in eager mode (correct, not compiled)."
+    )
+    torch._dynamo.reset()
 
 # %% [markdown]
 # ## GPU: a CUDA graph by hand, `reduce-overhead`, `max-autotune`
@@ -485,14 +493,27 @@ else:
 
 # %%
 if cu.gpu_section("06.compile-cuda", requires={"the eager and graph rows of 06.cuda-graphs": "gpu_rows" in globals()}):
-    for mode in ("reduce-overhead", "max-autotune"):
+    # Smoke size: reduce-overhead only, on a 64x64 image. max-autotune benchmarks kernel configurations for minutes
+    # (it would take a timed GPU run's whole budget), so it runs at full size only.
+    cuda_modes = cu.pick(full=("reduce-overhead", "max-autotune"), smoke=("reduce-overhead",))
+    xc = cu.pick(full=xg, smoke=xg[:, :, :64, :64].contiguous())
+    with torch.inference_mode():
+        ref_c = gmodel(xc)
+
+    def eager_c():
+        with torch.inference_mode():
+            gmodel(xc)
+
+    if cuda_modes != ("reduce-overhead", "max-autotune"):
+        print(f"Smoke size: {', '.join(cuda_modes)} on a {tuple(xc.shape)} input; max-autotune runs at full size only.")
+    for mode in cuda_modes:
         torch._dynamo.reset()
         compiled_g = torch.compile(gmodel, mode=mode)
-        first_s = first_call_s(compiled_g, xg, "cuda")
+        first_s = first_call_s(compiled_g, xc, "cuda")
         with torch.inference_mode():
-            cu.check_outputs(compiled_g(xg).clone(), ref_g, "tf32", label=f"compile {mode} vs eager")
+            cu.check_outputs(compiled_g(xc).clone(), ref_c, "tf32", label=f"compile {mode} vs eager")
             mode_cmp = cu.compare(  # against eager, taking turns in rounds, before the next reset() drops it
-                {"eager": eager_g, f"compile {mode}": lambda c=compiled_g: c(xg)},
+                {"eager": eager_c, f"compile {mode}": lambda c=compiled_g: c(xc)},
                 baseline="eager",
                 device="cuda",
                 batch_size=1,
@@ -508,11 +529,13 @@ if cu.gpu_section("06.compile-cuda", requires={"the eager and graph rows of 06.c
             dtype="fp32",
             measurement=m,
             speedup_vs_baseline=r,
+            notes=f"input {tuple(xc.shape)}",
         )
     torch._dynamo.reset()
     cu.plots.speedup_bars(
         {k: r for k, (_, _, r) in gpu_rows.items() if r is not None},
-        title="ResNet-18 batch 1 on GPU: speed vs eager",
+        title="ResNet-18 batch 1 on GPU: speed vs eager"
+        + ("" if xc is xg else f" (compile rows: {xc.shape[-1]}x{xc.shape[-1]} smoke input)"),
     )
 else:
     cu.results.show_reference("06", "compile")

@@ -209,3 +209,33 @@ def test_the_fake_is_strict():
             pass
     with pytest.raises(NotImplementedError):
         fake.make_graphed_callables  # noqa: B018 - real but not modelled: say so rather than pass
+
+
+@pytest.mark.parametrize("smoke", [True, False])
+def test_compile_cuda_sizes_smoke_runs_reduce_overhead_on_a_small_input(monkeypatch, smoke):
+    """06.compile-cuda's own size lines (its cell, read from the lesson): smoke compiles reduce-overhead only, on a
+    64x64 crop of the input (max-autotune's minutes of kernel benchmarking would eat a timed GPU run); full size
+    keeps both modes on the full input."""
+    import re
+
+    import course_utils as cu
+    from tests.gpu_contract.lesson_code import lesson_path
+
+    text = lesson_path("06").read_text()
+    cell = text[text.index('if cu.gpu_section("06.compile-cuda"') :]
+    lines = [m.group(0).strip() for m in re.finditer(r"^\s+(cuda_modes|xc) = cu\.pick\(.*$", cell, re.M)][:2]
+    assert len(lines) == 2, "the section's size lines moved: update this test"
+    if smoke:
+        monkeypatch.setenv("COURSE_SMOKE", "1")
+    else:
+        monkeypatch.delenv("COURSE_SMOKE", raising=False)
+    ns = {"cu": cu, "xg": torch.randn(1, 3, 224, 224)}
+    for line in lines:
+        exec(line, ns)  # noqa: S102 - the lesson's own lines
+    if smoke:
+        assert ns["cuda_modes"] == ("reduce-overhead",) and ns["xc"].shape == (1, 3, 64, 64)
+        assert ns["xc"].is_contiguous()
+    else:
+        assert ns["cuda_modes"] == ("reduce-overhead", "max-autotune") and ns["xc"] is ns["xg"]
+    # the sized input is the one compiled, checked and timed
+    assert "for mode in cuda_modes:" in cell and "first_call_s(compiled_g, xc," in cell and "compiled_g(xc)" in cell
