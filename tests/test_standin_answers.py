@@ -4,6 +4,9 @@ loader (scripts/mutate.py's round 4 plants a bug in each and names the test here
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -181,3 +184,36 @@ def test_server_main_loads_a_litapi_class_and_refuses_a_target_that_is_not_a_ser
             server_main._load_target(f"{tmp_path / 'r4_api.py'}:not_a_server", a)
     finally:
         sys.modules.pop("r4_api", None)
+
+
+def test_tf32_state_follows_the_new_fp32_precision_api_once_the_legacy_switches_refuse():
+    """torch refuses legacy TF32 reads (``allow_tf32``) after its newer ``fp32_precision`` API was mixed in: the
+    stand-in's precision record then reads the new API. In a child process: the mixed state lasts for the process."""
+    import subprocess
+    import sys
+
+    code = """
+import torch
+from course_utils.fakegpu.standins import clock, kernels, switches
+assert clock.tf32_state() == (False, True), clock.tf32_state()  # torch defaults: cuDNN convolutions in TF32
+torch.backends.cuda.matmul.allow_tf32 = True
+torch.backends.cuda.matmul.fp32_precision = "ieee"
+torch.backends.cudnn.conv.fp32_precision = "tf32"
+try:
+    torch.backends.cuda.matmul.allow_tf32
+    raise SystemExit("torch answered a legacy read after a mix: the fallback is untested")
+except RuntimeError:
+    pass
+assert clock.tf32_state() == (False, True), clock.tf32_state()
+assert kernels.precision_of("mm", torch.float32) == "fp32" and kernels.precision_of("conv2d", torch.float32) == "tf32"
+assert "fp32_precision matmul='ieee'" in str(switches.snapshot()["torch.backends.cuda.matmul.allow_tf32"])
+torch.backends.cuda.matmul.fp32_precision = "tf32"
+assert clock.tf32_state()[0] and kernels.precision_of("mm", torch.float32) == "tf32"
+print("ok")
+"""
+    root = Path(__file__).resolve().parent.parent
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    env.pop("COURSE_REHEARSE", None)
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", code], cwd=root, env=env, capture_output=True,
+                          text=True, timeout=300)  # fmt: skip
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", proc.stdout + proc.stderr[-2000:]

@@ -144,13 +144,31 @@ def _rate(dtype: torch.dtype, base: str) -> float:
     return RATES["fp32"]
 
 
+def _new_api(owner: Any) -> str:
+    """The TF32 setting of torch's newer ``fp32_precision`` API ('tf32' or 'ieee'; 'none' inherits)."""
+    value = getattr(owner, "fp32_precision", "none")
+    return getattr(torch.backends, "fp32_precision", "none") if value == "none" else value
+
+
+def tf32_state() -> tuple[bool, bool]:
+    """(matrix products in TF32, cuDNN convolutions in TF32) now. The legacy switches (``allow_tf32``,
+    ``float32_matmul_precision``) raise once the newer ``fp32_precision`` API was mixed in; then the new one answers."""
+    try:
+        matmul = bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+    except RuntimeError:
+        matmul = _new_api(torch.backends.cuda.matmul) == "tf32"
+    try:
+        conv = bool(torch.backends.cudnn.allow_tf32)
+    except RuntimeError:
+        conv = _new_api(torch.backends.cudnn.conv) == "tf32"
+    return matmul, conv
+
+
 def tf32_in_force(base: str) -> bool:
     """Whether an FP32 call of operator ``base`` runs in TF32 now: cuDNN's switch for convolutions, the matmul
     switch or ``float32_matmul_precision`` other than 'highest' for matrix products (read at the call)."""
-    conv = base.startswith(("conv", "_conv", "cudnn_conv"))
-    if conv:
-        return bool(torch.backends.cudnn.allow_tf32)
-    return bool(torch.backends.cuda.matmul.allow_tf32) or torch.get_float32_matmul_precision() != "highest"
+    matmul, conv = tf32_state()
+    return conv if base.startswith(("conv", "_conv", "cudnn_conv")) else matmul
 
 
 def flops(func: Any, base: str, args: tuple, kwargs: dict, out: Any) -> float:

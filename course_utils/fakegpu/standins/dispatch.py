@@ -215,8 +215,7 @@ _SCALARS = (int, float, bool, str, type(None), torch.dtype, torch.device, torch.
 
 
 def _signature(func: Any, args: tuple, kwargs: dict, flat: list) -> tuple | None:
-    parts: list[Any] = [func, len(args), tuple(kwargs), torch.backends.cuda.matmul.allow_tf32,
-                        torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()]  # fmt: skip
+    parts: list[Any] = [func, len(args), tuple(kwargs), costs.tf32_state()]
     for leaf in flat:
         if isinstance(leaf, torch.Tensor):
             e = leaf.elem if isinstance(leaf, Rehearsed) else leaf

@@ -50,7 +50,7 @@ from typing import Any
 
 import torch
 
-from course_utils.fakegpu.standins.clock import tf32_in_force
+from course_utils.fakegpu.standins.clock import tf32_in_force, tf32_state
 from course_utils.fakegpu.standins.streams import MODEL
 from course_utils.fakegpu.standins.tensor import STATE, RehearsalError, Rehearsed
 
@@ -78,7 +78,7 @@ def convolution_issued(base: str, args: tuple, kwargs: dict, out: Any) -> None:
     under ``cudnn.benchmark`` takes the search's workspace for a moment (it shows in the peak)."""
     if base not in CONVOLUTIONS or not (torch.backends.cudnn.enabled and torch.backends.cudnn.benchmark):
         return
-    key = (base, _describe(args), _describe(tuple(sorted(kwargs.items()))), bool(torch.backends.cudnn.allow_tf32),
+    key = (base, _describe(args), _describe(tuple(sorted(kwargs.items()))), tf32_state()[1],
            bool(torch.backends.cudnn.deterministic))  # fmt: skip
     if key in AUTOTUNED:
         return
@@ -125,10 +125,15 @@ def precision_of(base: str, dtype: torch.dtype) -> str:
 
 
 def _switches(base: str) -> tuple[tuple[str, object], ...]:
-    if base in CONVOLUTIONS:
-        return (("torch.backends.cudnn.allow_tf32", bool(torch.backends.cudnn.allow_tf32)),)
-    return (("torch.backends.cuda.matmul.allow_tf32", bool(torch.backends.cuda.matmul.allow_tf32)),
-            ("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision()))  # fmt: skip
+    try:
+        if base in CONVOLUTIONS:
+            return (("torch.backends.cudnn.allow_tf32", bool(torch.backends.cudnn.allow_tf32)),)
+        return (("torch.backends.cuda.matmul.allow_tf32", bool(torch.backends.cuda.matmul.allow_tf32)),
+                ("torch.get_float32_matmul_precision()", torch.get_float32_matmul_precision()))  # fmt: skip
+    except RuntimeError:  # the newer fp32_precision API was mixed in: the legacy switches no longer answer
+        owner = torch.backends.cudnn.conv if base in CONVOLUTIONS else torch.backends.cuda.matmul
+        name = "torch.backends.cudnn.conv" if base in CONVOLUTIONS else "torch.backends.cuda.matmul"
+        return ((f"{name}.fp32_precision", owner.fp32_precision),)
 
 
 def matmul_issued(base: str, flat: list) -> None:

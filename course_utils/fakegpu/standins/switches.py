@@ -38,9 +38,20 @@ READERS: dict[str, Callable[[], object]] = {
 }
 
 
+def _read(read: Callable[[], object]) -> object:
+    """A switch's value; a legacy TF32 switch read after torch's newer ``fp32_precision`` API was mixed in raises
+    (torch refuses to answer): then that state is the value."""
+    try:
+        return read()
+    except RuntimeError:
+        return f"fp32_precision matmul={torch.backends.cuda.matmul.fp32_precision!r}, conv=" + repr(
+            torch.backends.cudnn.conv.fp32_precision
+        )
+
+
 def snapshot() -> dict[str, object]:
     """The value of every switch now."""
-    return {name: read() for name, read in READERS.items()}
+    return {name: _read(read) for name, read in READERS.items()}
 
 
 def changed(before: dict[str, object]) -> list[str]:
