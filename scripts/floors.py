@@ -82,9 +82,10 @@ def _unmet_requirements(folder: Path, dist: str) -> list[str]:
 
 
 def _pip_target(folder: Path, specs: list[str]) -> subprocess.CompletedProcess:
+    # Short network timeouts: a machine without the index gives up in well under a minute, not pip's 15 s x 5 tries
     cmd = [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--disable-pip-version-check", "--upgrade",
-           "--target", str(folder), *specs]  # fmt: skip
-    return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+           "--timeout", "15", "--retries", "1", "--target", str(folder), *specs]  # fmt: skip
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=240)
 
 
 def build(package: str) -> tuple[Path | None, str]:

@@ -42,6 +42,22 @@ def test_floor_is_parsed_from_pyproject(tmp_path):
         floors.floor("torch", py)
 
 
+def test_an_overlay_that_cannot_be_built_leaves_its_reason_for_the_skip(tmp_path, monkeypatch, capsys):
+    """No index (pip fails) or offline set-up: build never fails, it records why; the floor test skips with it."""
+    monkeypatch.setattr(floors, "FLOORS_DIR", tmp_path / "floors")
+    failed = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution found for transformers==5.17.0")
+    monkeypatch.setattr(floors, "_pip_target", lambda folder, specs: failed)
+    assert floors.main(["build"]) == 0
+    reason = floors.not_built_reason()
+    assert reason.startswith("pip could not install transformers==") and "No matching distribution" in reason
+    assert "tests/test_version_floors.py skips" in capsys.readouterr().out
+    assert not list((tmp_path / "floors").glob("transformers-*"))  # no half-built overlay left
+    assert floors.main(["build", "--offline"]) == 0
+    assert "not built, set-up is offline (a wheelhouse)" in floors.not_built_reason()
+    with pytest.raises(pytest.skip.Exception, match="set-up is offline"):
+        test_transformers_floor_decodes_token_identical_to_generate()
+
+
 def test_the_kv_decode_checker_accepts_its_reference():
     """Run in the floor's process too: lesson 15's checkers accept their references with that transformers (their
     reference loop and the real caches they measure pass the cache under its keyword) and still reject a loop
@@ -65,10 +81,10 @@ def test_the_kv_decode_checker_accepts_its_reference():
 
 
 def test_transformers_floor_decodes_token_identical_to_generate():
-    folder = floors.overlay_path("transformers")
-    version = floors.exact(floors.floor("transformers"))
     if os.environ.get("COURSE_FLOOR_RUN"):
         pytest.skip("this is the floor run itself")
+    folder = floors.overlay_path("transformers")
+    version = floors.exact(floors.floor("transformers"))
     if not (folder / floors.DONE).is_file():
         why = floors.not_built_reason() or "`make test` or `python -m scripts.floors build` builds it"
         pytest.skip(f"no overlay of transformers {version} in {folder}: {why}")
