@@ -511,6 +511,28 @@ print(
 )
 
 # %% [markdown]
+# Which attention kernel did that step run? `forward` calls `F.scaled_dot_product_attention` with a boolean mask
+# (the block tables) and `enable_gqa=True` (9 query heads share each of 3 KV heads). SDPA picks its kernel per
+# call, and an arbitrary mask or GQA can rule out the fused ones; as in *15 · LLM decoding*, the profiler's
+# operator names say which one ran.
+
+# %%
+from torch.profiler import profile
+
+step_fn, _ = decode_bench(BATCHES[-1], BENCH_LEN, "blocks")
+with profile() as prof:
+    step_fn()
+marks = ("scaled_dot_product", "flash", "efficient_attention", "cudnn_attention", "fmha", "math")
+sdpa_ops = sorted({e.key for e in prof.key_averages() if any(m in e.key.lower() for m in marks)})
+chosen = [o for o in sdpa_ops if o != "aten::scaled_dot_product_attention"]
+print(
+    f"SDPA with a boolean mask and enable_gqa=True, batch {BATCHES[-1]} on {device}: the profiler lists "
+    + (", ".join(chosen) if chosen else "no kernel beneath aten::scaled_dot_product_attention")
+    + (": the math kernel (matmul, softmax, matmul), no fused one." if any("math" in o for o in chosen) else ".")
+)
+
+
+# %% [markdown]
 # ## Requests and the scheduler
 # A request is a prompt, a cap on new tokens, and an arrival time. Its K/V state is one number, `computed`:
 # how many of its tokens (prompt, then the tokens made so far) have their keys and values in the cache. At
