@@ -174,6 +174,33 @@ def bn_affine_only(model, keep):  # the BatchNorm's weight and bias sliced, its 
     return new
 
 
+def bn_in_training_mode(model, keep):  # the statistics copied into a new BatchNorm2d left in training mode
+    new = REF(model, keep)
+    new.features[8].train()
+    return new
+
+
+def whole_model_trains(model, keep):  # the rebuilt copy put back in training mode (BatchNorms and Dropout)
+    return REF(model, keep).train()
+
+
+def rebuilt_then_eval(model, keep):  # right too: new layers made in training mode, the whole model put in eval
+    new = copy.deepcopy(model)
+    nconv = nn.Conv2d(64, keep, 3, padding=1)
+    nbn, nfc = nn.BatchNorm2d(keep), nn.Linear(keep * 4, 256)
+    idx = _kept(model, keep)
+    cols = (idx[:, None] * 4 + torch.arange(4)[None, :]).flatten()
+    with torch.no_grad():
+        nconv.weight.copy_(model.features[7].weight[idx])
+        nconv.bias.copy_(model.features[7].bias[idx])
+        for attr in ("weight", "bias", "running_mean", "running_var"):
+            getattr(nbn, attr).copy_(getattr(model.features[8], attr)[idx])
+        nfc.weight.copy_(model.classifier[1].weight[:, cols])
+        nfc.bias.copy_(model.classifier[1].bias)
+    new.features[7], new.features[8], new.classifier[1] = nconv, nbn, nfc
+    return new.eval()
+
+
 def sliced_parameters(model, keep):  # right too: the copy's own layers, their parameters replaced by slices
     new = copy.deepcopy(model).eval()
     conv, bn, fc = new.features[7], new.features[8], new.classifier[1]
@@ -206,6 +233,8 @@ WRONG = {
     "topk-order": (topk_order, "in the order of their norms"),
     "no-padding": (no_padding, "padding=(0, 0) (the original has (1, 1))"),
     "l2-norm": (l2_norm, "largest L1 norms"),
+    "bn-training-mode": (bn_in_training_mode, "features[8] (BatchNorm2d) is in training mode, the model you were"),
+    "whole-model-trains": (whole_model_trains, "features[1] (BatchNorm2d) is in training mode"),
 }
 
 
@@ -259,7 +288,7 @@ def test_wrong_rebuilds_are_rejected_on_200_seeds(name):
 
 
 def test_right_rebuilds_are_accepted_on_200_seeds():
-    for fn in (REF, sliced_parameters):
+    for fn in (REF, sliced_parameters, rebuilt_then_eval):
         bad = {seed: reason for seed, reason in judged_on_200_seeds(fn).items() if reason != "accepted"}
         assert not bad, (fn.__name__, bad)
         for seed in range(3):

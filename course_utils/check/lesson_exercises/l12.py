@@ -11,12 +11,13 @@ is rejected by the weight shapes that ran and by the original model's weights be
 from __future__ import annotations
 
 import copy
+import re
 from collections.abc import Callable
 
 import torch
 from torch import nn
 
-from course_utils.check.exercises import exercise, observed
+from course_utils.check.exercises import exercise, observed, untimed
 from course_utils.check.lesson_exercises.digits import digits_cnn, held_out_digits
 from course_utils.check.lesson_exercises.observe import CONV_OPS, MATMUL_OPS, Cases, OpLog, cases
 
@@ -82,7 +83,26 @@ def judge_layers(model: nn.Module, before: dict, new: object, keep: int) -> torc
             "features[7] must hold the original filters with the largest L1 norms (per filter, the sum of |w| over "
             "its input channels and kernel), in their original order"
         )
+    judge_modes(new)
     return kept
+
+
+_MODAL = (nn.modules.batchnorm._BatchNorm, nn.modules.dropout._DropoutNd)  # what computes otherwise in training
+
+
+def judge_modes(new: nn.Module) -> None:
+    """The rebuilt model's BatchNorm and Dropout layers must be in eval mode, as the model given was: a new
+    ``nn.BatchNorm2d`` starts in training mode, and there it normalizes each batch by the batch's own statistics
+    (outputs that change with the batch, running statistics overwritten), whatever statistics were copied in."""
+    wrong = [(re.sub(r"\.(\d+)", r"[\1]", name), type(m).__name__)
+             for name, m in new.named_modules() if isinstance(m, _MODAL) and m.training]  # fmt: skip
+    assert not wrong, (
+        f"{wrong[0][0] or 'the model'} ({wrong[0][1]}) is in training mode, the model you were given is in eval "
+        "mode: a BatchNorm in training mode normalizes each batch by its own mean and variance, not the running "
+        "statistics you copied (outputs change with the batch, and each call overwrites those statistics). Call "
+        ".eval() on the new layer, or on the rebuilt model"
+        + (f" ({len(wrong)} such layers: {', '.join(n for n, _ in wrong[:4])})" if len(wrong) > 1 else "")
+    )
 
 
 def run_rebuilt(model: nn.Module, new: nn.Module, keep: int, x: torch.Tensor) -> torch.Tensor:
@@ -90,7 +110,7 @@ def run_rebuilt(model: nn.Module, new: nn.Module, keep: int, x: torch.Tensor) ->
     none of the original model's tensors read). Raises AssertionError with the reason; returns the outputs."""
     try:
         with OpLog(watch=model) as log, torch.inference_mode():
-            out = new.eval()(x)
+            out = new(x)  # as returned: its layers' modes were judged (judge_modes)
     except RuntimeError as exc:
         raise AssertionError(f"running the rebuilt model failed ({exc}); check the slices of bn3 and fc1") from None
     ran = [op.in_shapes[1] for op in log.named(*CONV_OPS) if len(op.in_shapes) > 1]
@@ -153,11 +173,12 @@ def judge_outputs(out: torch.Tensor, ref: torch.Tensor, hint: str = "") -> None:
 
 
 def _check_rebuild(fn: Callable[[nn.Module, int], nn.Module]) -> None:
-    from course_utils.supply.models import accuracy
+    with untimed():  # the checker's own first imports and data: not the learner's time
+        from course_utils.supply.models import accuracy
 
-    with cases("12.rebuild-conv3") as c:
         x_test, y_test = held_out_digits()
         model = digits_cnn()
+    with cases("12.rebuild-conv3") as c:
         keep, rows = draw_rebuild(c, len(x_test))
         x, y = x_test[rows], y_test[rows]
         before = copy.deepcopy(model.state_dict())
