@@ -13,6 +13,7 @@ import math
 import numbers
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -20,7 +21,7 @@ import numpy as np
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from course_utils.check.exercises import exercise, learner_frame, observed
+from course_utils.check.exercises import exercise, learner_frame, observed, untimed
 from course_utils.check.lesson_exercises.observe import Cases, OpLog, cases
 
 
@@ -276,16 +277,54 @@ def postprocess_batched(logits: torch.Tensor) -> list[tuple[int, float]]:
     return list(zip(label.cpu().tolist(), conf.cpu().tolist(), strict=True))
 
 
+#: Every workload a seed can draw, as (kind, count of minor ops): the tests read each once.
+TOP_OP_VARIANTS = [(k, m) for k in ("mm-in-range", "add", "mul", "cumsum") for m in range(4, 9)] + [
+    (k, 1) for k in ("many-add", "many-mul")
+]
+#: In a ``many-*`` workload, the many small calls' self time in all, as a multiple of the one big call's.
+MANY_TO_ONE = 5.0
+
+
 def draw_top_op(c: Cases) -> list[tuple[str, int, str]]:
-    """What a seed draws: two workloads in random order, ``mm-in-range`` and one of add/mul/cumsum (no fixed answer
-    fits both), each as (kind, count of cheap minor ops, random function name)."""
-    kinds = ["mm-in-range", c.choice(["add", "mul", "cumsum"])]
+    """What a seed draws: three workloads in random order, ``mm-in-range``, one of add/mul/cumsum and one of
+    many-add/many-mul (no fixed answer fits them all), each as (kind, count of cheap minor ops, random function
+    name). In a ``many-*`` workload, thousands of small calls of one operator outweigh one long matrix multiply in
+    self time, while the multiply has the longest call and the highest time per call: those readings differ there."""
+    kinds = ["mm-in-range", c.choice(["add", "mul", "cumsum"]), c.choice(["many-add", "many-mul"])]
     c.rng.shuffle(kinds)
     drawn = []
-    for kind in kinds:
-        minor = c.randint(4, 8)  # few calls: a loaded machine's pauses rarely land in them
-        drawn.append((kind, minor, f"workload_{c.randint(1000, 9999)}"))
+    for kind, number in zip(kinds, c.rng.sample(range(1000, 10_000), len(kinds)), strict=True):  # distinct names
+        minor = c.randint(4, 8) if not kind.startswith("many-") else 1  # few calls: pauses rarely land in them
+        drawn.append((kind, minor, f"workload_{number}"))
     return drawn
+
+
+def _seconds(fn: Callable[[], object], repeats: int) -> float:
+    best = math.inf
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+    return best
+
+
+def _many_small(op: Callable[..., Any], big: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, int]:
+    """(input, output, count) of small calls of ``op`` whose self time adds up to :data:`MANY_TO_ONE` times one
+    ``big @ big`` on this machine now: each call about 1/400 of the big one (its size scaled to that), ~2,000 calls.
+    Measured with the fastest of a few runs, so a pause of the machine does not shrink the margin."""
+
+    def per_call(size: int) -> tuple[torch.Tensor, torch.Tensor, float]:
+        x, out = torch.ones(size), torch.empty(size)
+        return x, out, _seconds(lambda: [op(x, x, out=out) for _ in range(10)], 3) / 10
+
+    one, size = _seconds(lambda: big @ big, 2), 200_000
+    for _ in range(4):  # the size that makes one call ~1/400 of the big one (a memory-bound op: time ~ size)
+        x, out, t = per_call(size)
+        resized = min(4_000_000, max(20_000, round(size * (one / 400) / t)))
+        if 0.5 < resized / size < 2:
+            break
+        size = resized
+    return x, out, min(4_000, max(200, math.ceil(MANY_TO_ONE * one / t)))
 
 
 def workload(kind: str, minor: int, name: str) -> tuple[Callable[[], None], str, list[bool]]:
@@ -297,6 +336,15 @@ def workload(kind: str, minor: int, name: str) -> tuple[Callable[[], None], str,
     a, small = torch.full((320, 320), 0.5), torch.ones(8)
     x, out = torch.ones(200_000), torch.empty(200_000)
     seen: list[bool] = []
+    if kind.startswith("many-"):
+        big, op = torch.full((1024, 1024), 0.5), {"many-add": torch.add, "many-mul": torch.mul}[kind]
+        threads = torch.get_num_threads()
+        torch.set_num_threads(1)
+        try:
+            with untimed():  # the checker's own measurement of this machine
+                x, out, many = _many_small(op, big)
+        finally:
+            torch.set_num_threads(threads)
 
     def work() -> None:
         seen.append(bool(torch._C._autograd._profiler_enabled()))
@@ -322,6 +370,10 @@ def workload(kind: str, minor: int, name: str) -> tuple[Callable[[], None], str,
         elif kind == "cumsum":
             for _ in range(40):
                 torch.cumsum(x, 0, out=out)
+        elif kind.startswith("many-"):
+            big @ big  # one long call: the longest single call, the most time per call, not the most in all
+            for _ in range(many):
+                op(x, x, out=out)
         else:
             with torch.profiler.record_function("python loop"):
                 sum(i * i for i in range(1_000_000))  # pure Python: time in the range, in no operator
@@ -330,7 +382,7 @@ def workload(kind: str, minor: int, name: str) -> tuple[Callable[[], None], str,
 
     work.__name__ = work.__qualname__ = name
     want = {"mm": "aten::mm", "mm-in-range": "aten::mm", "add": "aten::add", "mul": "aten::mul",
-            "cumsum": "aten::cumsum"}[kind]  # fmt: skip
+            "cumsum": "aten::cumsum", "many-add": "aten::add", "many-mul": "aten::mul"}[kind]  # fmt: skip
     return work, want, seen
 
 
@@ -342,8 +394,9 @@ def run_top_op(fn: Callable[[Callable[[], object]], str], work: Callable[[], Non
     return got
 
 
-def judge_top_op(runs: list[tuple[str, str, str, list[bool]]]) -> None:
-    """The judgment of the answer's readings: (workload name, dominant operator, answer, profiler seen) per run."""
+def judge_top_op(runs: list[tuple[str, str, str, list[bool]]], one_long: frozenset[str] = frozenset()) -> None:
+    """The judgment of the answer's readings: (workload name, dominant operator, answer, profiler seen) per run;
+    ``one_long``: the workloads (``many-*``) whose one matrix multiply has the longest call, not the most time."""
     # the most telling mistake first, so the reason does not depend on the order the workloads came in
     assert all(any(seen) for *_, seen in runs), (
         "the workload never ran under the profiler: profile one call of fn() with torch.profiler.profile and "
@@ -358,6 +411,15 @@ def judge_top_op(runs: list[tuple[str, str, str, list[bool]]]) -> None:
         if got in ("aten::matmul", "aten::linear") and want == "aten::mm":
             raise AssertionError(f"'{got}' has the most *total* CPU time (its child aten::mm does the work): "
                                  "sort by self_cpu_time_total")  # fmt: skip
+    wrong = [(name, want, got) for name, want, got, _ in runs if got != want]
+    if wrong and all(name in one_long and got == "aten::mm" for name, _, got in wrong):
+        name, want, _ = wrong[0]  # right everywhere else: the time of one call was read, not the time in all
+        raise AssertionError(
+            f"{name}: you returned 'aten::mm', whose one call is the longest (and has the most time per call), "
+            f"but the hundreds of short '{want}' calls add up to more self CPU time. Sum over all calls of an "
+            "operator: self_cpu_time_total of prof.key_averages(), not an event's own time from prof.events() nor "
+            "the time per call"
+        )
     for name, want, got, _ in runs:
         assert got == want, (
             f"{name}: the operator with the most self CPU time is '{want}', you returned "
@@ -367,11 +429,13 @@ def judge_top_op(runs: list[tuple[str, str, str, list[bool]]]) -> None:
 
 def _check_top_op(fn: Callable[[Callable[[], object]], str]) -> None:
     with cases("02.top-op") as c:
-        runs = []
+        runs, one_long = [], set()
         for kind, minor, name in draw_top_op(c):
             work, want, seen = workload(kind, minor, name)
             runs.append((name, want, run_top_op(fn, work), seen))
-        judge_top_op(runs)
+            if kind.startswith("many-"):
+                one_long.add(name)
+        judge_top_op(runs, frozenset(one_long))
 
 
 @exercise(
