@@ -565,7 +565,8 @@ print(
 rates = np.geomspace(0.1 * max_rate[p_none], 0.95 * max_rate[p_dyn], cu.pick(full=10, smoke=6))
 sim = pd.DataFrame([{"rate": r, "policy": p, **run(r, p).summary()} for r in rates for p in policies])
 sim = sim[sim["rate"] <= sim["policy"].map(max_rate)]
-_ = cu.batching_sim.plot_rate_sweep(sim, title=f"resnet18@{res} on {device}: sustainable rates only")
+fig = cu.batching_sim.plot_rate_sweep(sim, title=f"resnet18@{res} on {device}: sustainable rates only")
+_ = cu.plots.save(fig, "03", "dynamic_batching")
 
 # %% [markdown]
 # **What not to do:** compare the policies past saturation. The same overloaded rate, run for twice as long:

@@ -177,7 +177,7 @@ settings = sorted({0, best_w, best_within} | ({best_over} if best_over is not No
 workers_cmp = cu.comparing.compare_runs(
     {f"num_workers={w}": loader_pass(w) for w in settings},
     baseline="num_workers=0",
-    rounds=cu.pick(full=6, smoke=3),
+    rounds=6,  # the fewest whose median has a 95% interval: the bottleneck verdict below reads it
     higher_is_better=True,
     metric="images/s",
 )
@@ -190,7 +190,7 @@ print(f"num_workers={best_w} vs 0: {workers_cmp.ratio(f'num_workers={best_w}')} 
 # or a training loop makes many passes: with `persistent_workers=True` the workers stay between passes.
 
 # %%
-W = int(sweep_df.loc[sweep_df["images/s"].idxmax(), "num_workers"]) or max(WORKERS)  # the best setting with workers
+W = best_w  # the best setting with workers (timed in the rounds above)
 persist_rows = []
 for persistent in (False, True):
     loader = DataLoader(ds, batch_size=BATCH, num_workers=W, persistent_workers=persistent)
@@ -247,7 +247,7 @@ resnet, note = cu.models.resnet("resnet18")
 print(f"ResNet-18: {note}")
 models = {"resnet18": resnet, "tiny_cnn": pipeline.tiny_cnn()}
 x_mem = torch.stack([ds[i][0] for i in range(BATCH)])
-model_ips = {}
+model_ips, model_rates = {}, {}
 with torch.inference_mode():
     for name, m in models.items():
         meas = cu.measure(
@@ -256,10 +256,11 @@ with torch.inference_mode():
             batch_size=BATCH,
             label=name,
             warmup=1,
-            min_repeats=cu.pick(full=3, smoke=2),
+            min_repeats=cu.pick(full=9, smoke=6),  # 6 calls at least: the median of its rate gets a 95% interval
             min_time_s=cu.pick(full=0.5, smoke=0.05),
         )
         model_ips[name] = meas.throughput
+        model_rates[name] = [BATCH * 1e3 / t for t in meas.times_ms]  # images/s of each call, for an interval
         print(meas)
         cu.record("09", f"model alone ({name})", model=name, device="cpu", dtype="fp32", measurement=meas)
 rows = []
@@ -293,15 +294,31 @@ ax.set_ylabel("images/s (log)")
 ax.set_title("Loader throughput vs the model's: the lower line is the ceiling")
 ax.legend()
 fig.tight_layout()
+_ = cu.plots.save(fig, "09", "loader_vs_model")
 
 # %%
+# The loader's images/s over the rounds above (num_workers=W) against the model's over its calls: which one
+# limits the pipeline is decided by their intervals, not by two single numbers.
+loader_rounds = workers_cmp.per_round[f"num_workers={W}"]
+vs_main = workers_cmp.ratio(f"num_workers={W}")
+if vs_main.verdict == "slower":
+    print(
+        f"With {W} workers the loader was slower than in the main process ({vs_main} the images/s): on this machine "
+        "the workers cost more than they give, and the pipeline below inherits that."
+    )
 for name in models:
     r = e2e[(e2e["model"] == name) & (e2e["num_workers"] == W)].iloc[0]
-    slower, faster = ("loader", "model") if r["bottleneck"] == "loader" else ("model", "loader")
+    limit = cu.intervals.tail_says(
+        "the loader", loader_rounds, "the model", model_rates[name], q=0.5, what="median", unit="img/s",
+        samples="passes",
+    )  # fmt: skip
+    advice = {
+        "lower": "the loader is the bottleneck: speeding up the model would change nothing here",
+        "higher": "the model is the bottleneck: a faster loader would change nothing here",
+    }.get(limit.verdict, "neither is shown to be the bottleneck: speeding up either may help")
     print(
-        f"{name}: the {slower} ({r[slower + ' img/s']:.0f} img/s) is slower than the {faster} "
-        f"({r[faster + ' img/s']:.0f} img/s); end to end {r['measured img/s']:.0f} img/s (predicted "
-        f"{r['predicted img/s']:.0f}). Speeding up the {faster} would change nothing here."
+        f"{name}, num_workers={W}: {limit}: {advice}. End to end, one pass: "
+        f"{cu.intervals.prediction_says('images/s', r['predicted img/s'], r['measured img/s'])}."
     )
     cu.record(
         "09",

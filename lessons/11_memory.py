@@ -291,6 +291,7 @@ ax.set_ylabel("peak extra memory (MiB, RSS)")
 ax.set_title(f"ResNet-18 forward at {SIZE}x{SIZE}: peak memory vs batch size")
 ax.legend()
 fig.tight_layout()
+_ = cu.plots.save(fig, "11", "peak_vs_batch")
 pd.concat({m: d.set_index("batch_size")["peak_mb"] for m, d in curves.items()}, axis=1)
 
 # %%
@@ -492,7 +493,7 @@ print(
         "disturbed the RSS peak; rerun."
         if mem.verdict == "more"
         else "Neither memory nor time told the modes apart on this run: at this batch the activations autograd "
-        "keeps are small beside what every mode needs; they grow with the batch (the curves below)."
+        "keeps are small beside what every mode needs; they grow with the batch (the peak-vs-batch curves above)."
         if im.verdict != "faster"
         else "Here the time, not the memory, told the modes apart."
     )

@@ -181,6 +181,7 @@ ax2.axhline(1.0, color="tab:red", lw=0.5)
 ax2.set_ylabel("speed-up vs dense (x)", color="tab:red")
 ax1.set_title("Unstructured pruning: accuracy vs zeros, and the speed")
 fig.tight_layout()
+_ = cu.plots.save(fig, "12", "unstructured")
 sp = unstructured[unstructured.sparsity > 0]
 noise = float(unstructured.m.map(lambda m: m.spread).median())  # typical IQR/median
 print(
@@ -321,12 +322,13 @@ if len(good):
 else:
     best = None
     print(f"No structured variant stayed within {THRESHOLD} point(s) after {ft_epochs} fine-tune epoch(s) here.")
-cu.plots.speedup_bars(
+fig = cu.plots.speedup_bars(
     {f"structured {r['channels kept']:.0%}": r.r for _, r in structured.iterrows()}
     | {"ln_structured 50% (zeroed)": s_zeroed}
     | {f"unstructured {r.sparsity:.0%}": r.r for _, r in sp.iterrows()},
     title=f"Speed-up vs the dense baseline, batch {BATCH}",
 )
+_ = cu.plots.save(fig, "12", "speedups")
 
 # %% [markdown]
 # ## 4. 2:4 semi-structured sparsity
@@ -508,13 +510,14 @@ for name in ("labels only", "distilled"):
 # %%
 pareto_df = pd.DataFrame(pareto_rows)
 pareto_df["accuracy"] = pareto_df["accuracy"] * 100
-cu.plots.pareto(
+fig = cu.plots.pareto(
     pareto_df,
     x="median_ms",
     y="accuracy",
     label="variant",
     title=f"Digits CNN variants: accuracy (%) vs latency at batch {BATCH}",
 )
+_ = cu.plots.save(fig, "12", "pareto")
 display(pareto_df.round(3))
 
 # %% [markdown]
@@ -539,7 +542,7 @@ print(
 print(
     f"The student has {pruning.count_params(s_kd):,} parameters "
     f"({pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x "
-    f"fewer) and runs at {s_student} the teacher's speed. Distillation: {kd_finding}."
+    f"fewer); speed: {s_student.says('the student', 'the teacher')}. Distillation: {kd_finding}."
 )
 
 # %% [markdown]

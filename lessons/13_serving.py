@@ -375,6 +375,7 @@ ax3.set(yscale="log", xlabel="offered rate (requests/s, Poisson)", ylabel="p99 l
 for ax in (ax1, ax2, ax3):
     ax.legend(fontsize=7)
 fig.tight_layout()
+_ = cu.plots.save(fig, "13", "load_tests")
 
 # %% [markdown]
 # ## At saturation: did batching pay?

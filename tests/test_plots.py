@@ -137,3 +137,19 @@ def test_pareto_front_of_rows_in_any_order():
                        "accuracy": [0.93, 0.9, 0.97, 0.95]})  # fmt: skip
     front = plots.pareto(df).axes[0].lines[0]
     assert _xy(front) == ([1.0, 2.0, 4.0], [0.9, 0.95, 0.97]), "by latency: a, b, then d (c is dominated by b)"
+
+
+def test_speedup_bars_and_pareto_keep_what_they_draw(tmp_path, monkeypatch):
+    from course_utils.measuring.intervals import Ratio
+
+    monkeypatch.setenv("COURSE_RESULTS_DIR", str(tmp_path))
+    bars = plots.speedup_bars({"a": Ratio("a", "b", 1.5, 1.2, 1.8, rounds=[]), "b": Ratio("b", "b", 1.1, 0.9, 1.3,
+                                                                                           rounds=[])})  # fmt: skip
+    back = plots.figure_data(plots.save(bars, "07", "bars"))
+    assert back.to_dict(orient="records") == [
+        {"bar": "a", "speedup": 1.5, "low": 1.2, "high": 1.8, "within_noise": False},
+        {"bar": "b", "speedup": 1.1, "low": 0.9, "high": 1.3, "within_noise": True},
+    ]
+    df = pd.DataFrame({"variant": ["big", "small", "bad"], "median_ms": [2.0, 1.0, 3.0], "accuracy": [99, 97, 90]})
+    back = plots.figure_data(plots.save(plots.pareto(df), "12", "pareto"))
+    assert back.set_index("variant")["on_front"].to_dict() == {"big": True, "small": True, "bad": False}

@@ -111,7 +111,10 @@ def _check_variants(variants: Mapping[str, Callable[[], object]], baseline: str)
     if baseline not in variants:
         raise ValueError(f"baseline {baseline!r} is not one of the variants {sorted(variants)}; name one of them")
     if len(variants) < 2:
-        raise ValueError("compare needs the baseline and at least one other variant")
+        raise ValueError(
+            f"compare needs the baseline and at least one other variant, got only {sorted(variants)}: when the "
+            "measurements left nothing else worth timing (batch 1 won the whole sweep), skip the comparison and say so"
+        )
 
 
 def _baseline_drift(values: list[float]) -> str:

@@ -297,20 +297,32 @@ def quantile_interval(samples, q: float, confidence: float = CONFIDENCE) -> tupl
     return est, min(low, est), max(high, est)
 
 
-def _ms(x: float) -> str:
+def _num(x: float) -> str:
     if not np.isfinite(x):
         return "unbounded"
     return f"{x:.3g}" if abs(x) < 100 else f"{x:.0f}"
 
 
-def tail_says(name: str, samples_ms, baseline: str, baseline_ms, q: float = 0.99, what: str = "") -> Finding:
+def tail_says(name: str, samples_ms, baseline: str, baseline_ms, q: float = 0.99, what: str = "", *,
+              unit: str = "ms", samples: str = "requests") -> Finding:  # fmt: skip
     """The ``q`` quantile (p99) of two sets of latencies, each with its 95% interval: "higher" when ``name``'s
     interval lies wholly above ``baseline``'s, "lower" when wholly below, otherwise :data:`SAME_TAIL`. Too few
-    samples to bound a p99 from above leave it "unbounded" and the sentence says how many are needed."""
+    samples to bound a quantile from above leave it "unbounded" and the sentence says how many are needed.
+    ``q=0.5`` compares medians (of rates too: ``unit="img/s"``, ``samples="passes"``)."""
     label = what or f"p{round(100 * q)}"
     a, b = quantile_interval(samples_ms, q), quantile_interval(baseline_ms, q)
-    text_a = f"{name} {label} {_ms(a[0])} ms (95% CI {_ms(a[1])}-{_ms(a[2])})"
-    text_b = f"{baseline} {_ms(b[0])} ms ({_ms(b[1])}-{_ms(b[2])})"
+
+    def ci(x: tuple[float, float, float], head: str) -> str:
+        if np.isfinite(x[1]) and np.isfinite(x[2]):
+            return f"{head}{_num(x[1])}-{_num(x[2])}"
+        if np.isfinite(x[1]):
+            return f"{head}above {_num(x[1])}"
+        if np.isfinite(x[2]):
+            return f"{head}below {_num(x[2])}"
+        return "no 95% CI"
+
+    text_a = f"{name} {label} {_num(a[0])} {unit} ({ci(a, '95% CI ')})"
+    text_b = f"{baseline} {_num(b[0])} {unit} ({ci(b, '')})"
     if a[1] > b[2]:
         verdict = "higher"
     elif a[2] < b[1]:
@@ -318,8 +330,8 @@ def tail_says(name: str, samples_ms, baseline: str, baseline_ms, q: float = 0.99
     else:
         verdict = SAME_TAIL
     note = ""
-    if not (np.isfinite(a[2]) and np.isfinite(b[2])):
-        note = f"; too few requests to bound a {label} from above (95% needs {_min_n(q)})"
+    if not all(np.isfinite(v) for v in (a[1], a[2], b[1], b[2])):
+        note = f"; too few {samples} to bound a {label} (95% needs {_min_n(max(q, 1 - q))})"
     if verdict == SAME_TAIL:
         return Finding(verdict, f"{text_a} vs {text_b}: {SAME_TAIL}{note}")
     return Finding(verdict, f"{text_a} is {verdict} than {text_b}{note}")
@@ -379,3 +391,40 @@ def ratio_from_bounds(name: str, baseline: str, estimate: float, low: float, hig
     if not all(np.isfinite(v) and v > 0 for v in (estimate, low, high)) or not low <= estimate <= high:
         raise ValueError(f"{name} vs {baseline}: need 0 < low <= estimate <= high, got {low}, {estimate}, {high}")
     return Ratio(name=name, baseline=baseline, estimate=estimate, low=low, high=high, rounds=[], confidence=confidence)
+
+
+ROOF_SLACK = 0.05  # a datasheet's clock and bandwidth are rounded: up to 5% above a roof is not yet impossible
+FAR_UNDER = 0.10  # under 10% of the roof at its intensity: overhead-bound (lesson 01's rule)
+
+
+def percent(x: float) -> str:
+    """A share as printed: "41%", "4.2%", "9.99%", "0.19%"; never "0%" for a share that is not zero."""
+    if not np.isfinite(x):
+        return str(x)
+    if x == 0 or abs(x) >= 0.1:
+        return f"{x:.0%}"
+    return f"{100 * x:.3g}%"
+
+
+def roof_says(what: str, fraction: float, roof: str = "spec-sheet") -> Finding:
+    """A workload's achieved share of its roof (``min(peak FLOP/s, intensity x bandwidth)``).
+
+    Verdicts: "above the roof" beyond :data:`ROOF_SLACK` (impossible: the roof is wrong for this machine, and
+    nothing is concluded), "near the roof" from 50%, "under the roof" from :data:`FAR_UNDER`, otherwise
+    "far under the roof" (overhead-bound, or a measurement the machine's load spoiled), and "not judged" for a
+    share that is not a positive number.
+    """
+    if not np.isfinite(fraction) or fraction <= 0:
+        return Finding("not judged", f"{what}: share of the {roof} roof {fraction}: not judged (not a positive number)")
+    share = f"{what} reached {percent(fraction)} of the {roof} roof"
+    if fraction > 1 + ROOF_SLACK:
+        return Finding(
+            "above the roof",
+            f"{share}: above it, which is impossible, so the roof is wrong for this machine (a datasheet figure that "
+            "is not this machine's, or a measured peak the machine's load held down) and nothing is concluded from it",
+        )
+    if fraction >= 0.5:
+        return Finding("near the roof", share)
+    if fraction >= FAR_UNDER:
+        return Finding("under the roof", share)
+    return Finding("far under the roof", share)

@@ -153,6 +153,11 @@ def speedup_bars(
     ax.set_title(title)
     ax.invert_yaxis()
     fig.tight_layout()
+    fig.course_data = pd.DataFrame(
+        [{"bar": n, "speedup": float(v), "low": None if r is None else r.low, "high": None if r is None else r.high,
+          "within_noise": r is not None and r.low <= baseline <= r.high}
+         for n, v, r in zip(names, values, ratios, strict=True)]
+    )  # fmt: skip
     return fig
 
 
@@ -194,4 +199,5 @@ def pareto(df: pd.DataFrame, *, x: str = "median_ms", y: str = "accuracy", label
     ax.set_title(title)
     ax.legend()
     fig.tight_layout()
+    fig.course_data = df[[label, x, y]].assign(on_front=df.index.isin(front.index)).reset_index(drop=True)
     return fig
