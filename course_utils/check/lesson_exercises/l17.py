@@ -81,6 +81,21 @@ def _note(progress: str | None, line: str) -> None:
             f.write(line + "\n")
 
 
+def warm_up() -> bool:
+    """In every rank, before the learner's code is timed: the checker's own first imports (the operator log pulls
+    in torch._dynamo and sympy: a minute on a busy machine), an operator log entered once, and the group of ranks
+    1 and 2 (``new_group`` is a collective of every rank)."""
+    import torch._dynamo  # noqa: F401 - imported here so that it is not imported inside the learner's time
+
+    from course_utils.from_lessons.l17_beyond_one_device import STATE
+
+    with OpLog():
+        torch.ones(2) @ torch.ones(2)
+    if "check_17_groups" not in STATE:
+        STATE["check_17_groups"] = {(1, 2): dist.new_group([1, 2])}
+    return True
+
+
 def run_cases(source: str, name: str, cases_: list[dict], progress: str | None = None) -> list[dict]:
     """In a rank process: run the learner's function (its source) on each case this rank belongs to.
 
@@ -379,10 +394,36 @@ def check_in_world(world: Any, fn: Callable[..., Any], seed: int) -> str:
         try:
             rows_per_rank = world.run(run_cases, source=source, name=name, cases_=cases_, progress=progress)
         except RankError as exc:
-            stuck = _deadlock(progress, cases_, world.size) if "no answer from ranks" in str(exc) else ""
+            silent = "no answer from ranks" in str(exc)
+            stuck = _deadlock(progress, cases_, world.size) if silent else ""
+            reached = _reached(progress, world.size) if silent else ""
             world.close(graceful=False)  # ranks stuck in a collective: stopped now, none left behind
-            return stuck or f"the rank processes failed while running your function: {str(exc).splitlines()[-1][:300]}"
+            if stuck:
+                return stuck
+            if silent:
+                import os
+
+                load = f"load {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores"
+                return (
+                    f"the ranks did not finish your function's {len(cases_)} cases in {world.timeout_s:.0f} s "
+                    f"({reached}), and no rank was found waiting in a collective that another skipped. On a busy "
+                    f"machine ({load}) this says nothing about your code: run the cell again when it is "
+                    "quieter; if it repeats, look for a loop or a wait that never ends. The ranks were stopped"
+                )
+            return f"the rank processes failed while running your function: {str(exc).splitlines()[-1][:300]}"
     return judge([r for rows in rows_per_rank for r in rows])
+
+
+def _reached(progress: str, size: int) -> str:
+    """Where each rank was when they stopped answering (from their progress files)."""
+    from pathlib import Path
+
+    where = []
+    for r in range(size):
+        f = Path(progress) / f"rank{r}"
+        lines = f.read_text().splitlines() if f.exists() else []
+        where.append(f"rank {r}: " + (f"case {lines[-1].split()[0]}" if lines else "not started"))
+    return ", ".join(where)
 
 
 def _deadlock(progress: str, cases_: list[dict], size: int) -> str:
@@ -419,6 +460,7 @@ def _check(fn: Callable[..., Any], seed: int | None = None) -> None:
         try:
             with untimed():  # three processes importing torch and joining a group: the checker's time, not yours
                 world.__enter__()
+                world.run(warm_up)  # the checker's own imports in the ranks, also not yours
             world.timeout_s = TASK_S  # the learner's function: every rank answers within this, or it is stuck
             verdict = check_in_world(world, fn, seed)
         finally:
