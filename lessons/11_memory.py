@@ -235,6 +235,18 @@ def gpu_peak_mb(fn) -> float:
     return (torch.cuda.max_memory_allocated() - before) / 2**20
 
 
+def batch_peak_mb(model, make_input, b) -> float:
+    """Peak MiB of one forward at batch `b` with its input batch included: the input is made inside the measured
+    call, since a batch that fits must hold its input as well as its activations."""
+
+    def run():
+        x = make_input(b)
+        with torch.inference_mode():
+            model(x)
+
+    return gpu_peak_mb(run)
+
+
 # %%
 if cu.gpu_section("11.gpu-peak"):
     gmodel, _ = cu.models.resnet("resnet50", device="cuda")
@@ -355,19 +367,16 @@ if cu.gpu_section("11.max-batch"):
     gbudget = min(free_b / 2**20 * 0.5, cu.pick(full=8192, smoke=512))
     gb = cu.pick(full=[8, 16, 32, 64], smoke=[2, 4])
 
-    def batch_and_forward(b):
-        """The input batch is created inside the measured call: a batch that fits holds its input too."""
-        xb = torch.randn(b, 3, 224, 224, device="cuda")
-        with torch.inference_mode():
-            gmodel(xb)
+    def make_batch(b):
+        return torch.randn(b, 3, 224, 224, device="cuda")
 
-    gpeaks = [gpu_peak_mb(lambda b=b: batch_and_forward(b)) for b in gb]
+    gpeaks = [batch_peak_mb(gmodel, make_batch, b) for b in gb]  # input batch included
     gslope, gicept = np.polyfit(gb, gpeaks, 1)
     if gslope <= 0:  # noise hid the per-image memory: no prediction from this line
         print(f"peak vs batch fitted {gslope:.2f} MiB per image on {gb}: no prediction; the largest measured runs")
     gpred = bb = max(1, int((gbudget - gicept) // gslope)) if gslope > 0 else max(gb)
     for _ in range(3):  # run it; scale down by the overshoot if it does not fit
-        gpeak = gpu_peak_mb(lambda bb=bb: batch_and_forward(bb))
+        gpeak = batch_peak_mb(gmodel, make_batch, bb)
         print(f"batch {bb}: peak {gpeak:.0f} MiB ({'fits' if gpeak <= gbudget else 'OVER'} a {gbudget:.0f} MiB budget)")
         if gpeak <= gbudget:
             break

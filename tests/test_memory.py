@@ -96,3 +96,33 @@ def test_peak_vs_batch_runs_in_the_mode_asked_for(mode, want):
 def test_cpu_peak_is_the_extra_memory_of_the_call():
     peak, out = memory.cpu_peak_mb(lambda: 7)
     assert out == 7 and peak < 16, f"{peak:.1f} MiB for a call that allocates nothing: subtract the RSS before it"
+
+
+def test_l11_batch_peak_includes_the_input_batch() -> None:
+    """Lesson 11's 11.max-batch measures a batch's peak with its input: made inside the measured call (a GPU
+    stand-in counts MiB). The input made before the call would leave its 40 MiB out of the budget check."""
+    from tests.gpu_contract.test_l11_memory import FakeCuda, namespace
+
+    cuda = FakeCuda()
+    cuda.alloc(100)  # the model's weights, there before
+    ns = namespace(cuda)
+    seen = []
+
+    def make_input(b):
+        cuda.alloc(10 * b)  # 10 MiB per image
+        return b
+
+    def model(x):
+        seen.append(torch.is_inference_mode_enabled())
+        cuda.alloc(30)  # activations
+        cuda.free(30)
+
+    assert ns["batch_peak_mb"](model, make_input, 4) == pytest.approx(70.0)
+    assert seen == [True], "the forward runs under inference_mode"
+    # the planted mistake: the batch made before the measured call; its 40 MiB drop out of the peak
+    planted = namespace(
+        FakeCuda(), ("    def run():\n        x = make_input(b)\n", "    x = make_input(b)\n\n    def run():\n")
+    )
+    cuda.allocated, cuda.peak = 100 * 2**20, 100 * 2**20
+    planted["torch"].cuda = cuda
+    assert planted["batch_peak_mb"](model, make_input, 4) == pytest.approx(30.0)
