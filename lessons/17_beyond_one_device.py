@@ -1353,6 +1353,102 @@ fig.tight_layout()
 # the other, which no formula predicts (the interval shows how much the rounds disagree).
 
 # %% [markdown]
+# ## Expert parallelism: a mixture of experts over ranks, with `all_to_all`
+# A **mixture-of-experts** layer (Mixtral, DeepSeek, Qwen-MoE) replaces the MLP by `E` expert MLPs and a router
+# that sends each token to its `top_k` best experts. The experts hold most of the weights but each token uses only
+# `top_k` of them. **Expert parallelism** gives each rank `E / p` whole experts; the tokens travel to the rank of
+# their experts and back: two `all_to_all` exchanges per layer (each rank sends a different slice to each other
+# rank, of sizes only known after routing, so a first exchange of the counts). vLLM does this with
+# `--enable-expert-parallel`, its exchanges in `vllm/distributed/device_communicators/all2all.py`.
+#
+# Below: 8 experts, top 2, on 1 and 2 of our 3 ranks (3 does not divide 8: refused, as any uneven split). Each
+# rank starts with its own share of the tokens. Correct first: the same experts chosen for every token, and the
+# output of the unsplit layer.
+
+
+# %% tags=["export"]
+def moe_weights(hidden, ffn, experts, seed):
+    """A mixture-of-experts MLP: the router and every expert's SwiGLU weights (Mixtral's layout), seeded."""
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g) / shape[-1] ** 0.5
+
+    return {"router": w(experts, hidden), "gate": w(experts, ffn, hidden), "up": w(experts, ffn, hidden),
+            "down": w(experts, hidden, ffn)}  # fmt: skip
+
+
+def moe_route(x, router, top_k):
+    """Each token's top_k experts and their weights (a softmax over the chosen scores, as Mixtral)."""
+    scores, chosen = (x @ router.T).topk(top_k, dim=-1)
+    return chosen, scores.softmax(-1)
+
+
+def run_experts(x, experts, w, first):
+    """Rows of x through their experts (`experts[i]` for row i); `w` holds experts first, first + 1, ..."""
+    out = torch.empty_like(x)
+    for e in experts.unique().tolist():
+        rows = (experts == e).nonzero(as_tuple=True)[0]
+        i = e - first
+        out[rows] = F.linear(F.silu(F.linear(x[rows], w["gate"][i])) * F.linear(x[rows], w["up"][i]), w["down"][i])
+    return out
+
+
+def moe_layer(x, w, top_k):
+    """The unsplit layer: every token through its top_k experts, their outputs weighted and summed."""
+    chosen, weight = moe_route(x, w["router"], top_k)
+    tok = torch.arange(len(x)).repeat_interleave(top_k)
+    y = run_experts(x[tok], chosen.flatten(), w, 0) * weight.flatten()[:, None]
+    return torch.zeros_like(x).index_add_(0, tok, y), chosen
+
+
+def ep_moe(x_all, hidden, ffn, experts, seed, top_k, p):
+    """Rank `rank` of p: its share of the tokens, its E / p experts, two all_to_all exchanges (and the counts)."""
+    rank, group = STATE["rank"], STATE["groups"][p]
+    per = even_share(experts, p, "experts")
+    full = moe_weights(hidden, ffn, experts, seed)
+    w = {k: v if k == "router" else v[rank * per : (rank + 1) * per].clone() for k, v in full.items()}
+    del full  # this rank keeps its own experts only
+    start, stop = uneven_block(len(x_all), rank, p)
+    x = x_all[start:stop]
+    chosen, weight = moe_route(x, w["router"], top_k)
+    tok = torch.arange(len(x)).repeat_interleave(top_k)
+    dest = chosen.flatten() // per  # the rank that holds each (token, expert) pair's expert
+    order = dest.argsort(stable=True)
+    send_counts = torch.bincount(dest, minlength=p)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)  # how many rows each rank will send me
+    sends, recvs = send_counts.tolist(), recv_counts.tolist()
+    rows = torch.empty(sum(recvs), x.shape[1])
+    dist.all_to_all_single(rows, x[tok[order]].contiguous(), recvs, sends, group=group)  # tokens to their experts
+    ids = torch.empty(sum(recvs), dtype=torch.long)
+    dist.all_to_all_single(ids, chosen.flatten()[order].contiguous(), recvs, sends, group=group)
+    done = run_experts(rows, ids, w, rank * per)
+    back = torch.empty(len(order), x.shape[1])
+    dist.all_to_all_single(back, done, sends, recvs, group=group)  # the results back to the tokens' ranks
+    y = torch.empty_like(back)
+    y[order] = back  # undo the sort by destination
+    out = torch.zeros_like(x).index_add_(0, tok, y * weight.flatten()[:, None])
+    return {"out": out, "chosen": chosen, "sent": sends, "expert_bytes": sum(
+        v.numel() * v.element_size() for k, v in w.items() if k != "router")}  # fmt: skip
+
+
+# %%
+MOE = {"hidden": 64, "ffn": 128, "experts": 8, "seed": 5, "top_k": 2}
+moe_x = torch.randn(cu.pick(full=64, smoke=24), MOE["hidden"], generator=torch.Generator().manual_seed(6))
+with torch.inference_mode():
+    moe_want, moe_chosen = l17.moe_layer(moe_x, l17.moe_weights(**{k: MOE[k] for k in MOE if k != "top_k"}), 2)
+for p in (1, 2):
+    parts = W.run(l17.ep_moe, ranks=range(p), x_all=moe_x, p=p, **MOE)
+    got = torch.cat([r["out"] for r in parts])
+    assert torch.equal(torch.cat([r["chosen"] for r in parts]), moe_chosen), f"{p} ranks: experts chosen differ"
+    cu.check_outputs(got, moe_want, "fp32", label=f"expert parallel, {p} ranks")
+    print(
+        f"✓ {p} rank(s): every token's 2 experts == the unsplit layer's; expert weights per rank "
+        f"{parts[0]['expert_bytes'] / 2**10:.0f} KiB; rows rank 0 sent to each rank: {parts[0]['sent']}"
+    )
+
+# %% [markdown]
 # ## Data parallelism: replicas behind one router
 # When the model fits one device, the simplest split is none: run **replicas**, whole copies of the model, and
 # spread the requests. Nothing is communicated per token. What matters is which replica gets each request. A
@@ -1541,6 +1637,28 @@ dp.close()  # the router and both replicas' HTTP servers stop here (the ranks st
 print(
     f"Router and replicas stopped; ports still listening: {[p for p in ports if server_process.port_open(p)] or 'none'}"
 )
+
+# %% [markdown]
+# ## When a rank fails
+# A collective waits until **every** rank of its group calls it. One rank that dies, raises before the call, or
+# skips it (an `if rank == 0:` around it) leaves the others waiting; nothing on the waiting side knows why.
+# * **Timeouts.** `init_process_group(timeout=...)` bounds every collective. On gloo the waiting call raises when
+#   it expires; `World` above does not wait for that: it polls its ranks and stops all of them as soon as one has
+#   exited or reported an error (a test kills a rank mid-step).
+# * **NCCL's watchdog.** On NCCL the call returns at once (the work is queued), so the timeout is enforced by a
+#   watchdog thread of torch's `ProcessGroupNCCL`, which checks the queued collectives. When one times out or
+#   fails, `TORCH_NCCL_ASYNC_ERROR_HANDLING` decides what it does: abort the communicator and bring the process
+#   down (rather than hang with the GPU busy). `TORCH_NCCL_BLOCKING_WAIT=1` makes the waiting call itself raise
+#   instead. `TORCH_NCCL_DUMP_ON_TIMEOUT=1` with `TORCH_NCCL_TRACE_BUFFER_SIZE` keeps a record of the last
+#   collectives of each rank (the flight recorder) to find which rank never arrived; `NCCL_DEBUG=INFO` logs what
+#   NCCL set up, and `TORCH_DISTRIBUTED_DEBUG=DETAIL` checks that the ranks call the same collectives.
+# * **Engines.** vLLM does not continue with a missing rank: a tensor-parallel group is one model, and a dead
+#   worker takes the engine down. Recovery is a restart of the whole instance (by Kubernetes, Ray Serve or a
+#   systemd unit), with the other replicas (data parallelism) serving meanwhile: another reason to run replicas.
+# * Across nodes, `vllm serve --nnodes N --node-rank R` starts the same server on every node (the non-leader
+#   ones with `--headless`, no API server), as `torchrun --nnodes N --node-rank R` starts a training script's
+#   ranks. Both meet at a rendezvous address that must be reachable from every node: on a real network it
+#   listens beyond loopback by design, which is why that port belongs behind the cluster's firewall.
 
 # %% [markdown]
 # ## At scale: vLLM, Ray Serve LLM, Triton's vLLM backend

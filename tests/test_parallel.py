@@ -429,3 +429,17 @@ def test_comm_times_a_gpu_collective_with_events_and_the_rehearsal_catches_the_h
     with pytest.raises(RehearsalError, match="a wall-clock timer around GPU work measures only the launch"):
         planted.all_reduce(x)
     gpu.synchronize()
+
+
+def test_expert_parallel_moe_equals_the_unsplit_layer(world):
+    cfg = {"hidden": 16, "ffn": 24, "experts": 6, "seed": 3, "top_k": 2}
+    x = torch.randn(11, 16, generator=torch.Generator().manual_seed(0))  # 11 tokens: uneven shares over 2 and 3
+    want, chosen = l17.moe_layer(x, l17.moe_weights(16, 24, 6, 3), 2)
+    for p in (1, 2, 3):
+        parts = world.run(l17.ep_moe, ranks=range(p), x_all=x, p=p, **cfg)
+        assert torch.equal(torch.cat([r["chosen"] for r in parts]), chosen), p
+        torch.testing.assert_close(torch.cat([r["out"] for r in parts]), want, atol=1e-5, rtol=1e-5)
+        assert {r["expert_bytes"] for r in parts} == {4 * 3 * 16 * 24 * 6 // p}  # its experts only
+        assert sum(sum(r["sent"]) for r in parts) == 2 * 11  # every (token, expert) pair sent once
+    with pytest.raises(l17.RankError, match=re.escape("4 experts do not divide by 3 ranks")):
+        world.run(l17.ep_moe, ranks=range(3), x_all=x, p=3, **cfg | {"experts": 4})

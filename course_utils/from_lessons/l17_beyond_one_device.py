@@ -575,3 +575,74 @@ def pp_forward(name, p, tokens, m, handoff="isend"):
         "layers": (first, last),
         "logits": torch.cat(logits) if logits else None,
     }
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Expert parallelism: a mixture of experts over ranks, with `all_to_all`"
+def moe_weights(hidden, ffn, experts, seed):
+    """A mixture-of-experts MLP: the router and every expert's SwiGLU weights (Mixtral's layout), seeded."""
+    g = torch.Generator().manual_seed(seed)
+
+    def w(*shape):
+        return torch.randn(*shape, generator=g) / shape[-1] ** 0.5
+
+    return {"router": w(experts, hidden), "gate": w(experts, ffn, hidden), "up": w(experts, ffn, hidden),
+            "down": w(experts, hidden, ffn)}  # fmt: skip
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Expert parallelism: a mixture of experts over ranks, with `all_to_all`"
+def moe_route(x, router, top_k):
+    """Each token's top_k experts and their weights (a softmax over the chosen scores, as Mixtral)."""
+    scores, chosen = (x @ router.T).topk(top_k, dim=-1)
+    return chosen, scores.softmax(-1)
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Expert parallelism: a mixture of experts over ranks, with `all_to_all`"
+def run_experts(x, experts, w, first):
+    """Rows of x through their experts (`experts[i]` for row i); `w` holds experts first, first + 1, ..."""
+    out = torch.empty_like(x)
+    for e in experts.unique().tolist():
+        rows = (experts == e).nonzero(as_tuple=True)[0]
+        i = e - first
+        out[rows] = F.linear(F.silu(F.linear(x[rows], w["gate"][i])) * F.linear(x[rows], w["up"][i]), w["down"][i])
+    return out
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Expert parallelism: a mixture of experts over ranks, with `all_to_all`"
+def moe_layer(x, w, top_k):
+    """The unsplit layer: every token through its top_k experts, their outputs weighted and summed."""
+    chosen, weight = moe_route(x, w["router"], top_k)
+    tok = torch.arange(len(x)).repeat_interleave(top_k)
+    y = run_experts(x[tok], chosen.flatten(), w, 0) * weight.flatten()[:, None]
+    return torch.zeros_like(x).index_add_(0, tok, y), chosen
+
+
+# Defined in lessons/17_beyond_one_device.py, section "Expert parallelism: a mixture of experts over ranks, with `all_to_all`"
+def ep_moe(x_all, hidden, ffn, experts, seed, top_k, p):
+    """Rank `rank` of p: its share of the tokens, its E / p experts, two all_to_all exchanges (and the counts)."""
+    rank, group = STATE["rank"], STATE["groups"][p]
+    per = even_share(experts, p, "experts")
+    full = moe_weights(hidden, ffn, experts, seed)
+    w = {k: v if k == "router" else v[rank * per : (rank + 1) * per].clone() for k, v in full.items()}
+    del full  # this rank keeps its own experts only
+    start, stop = uneven_block(len(x_all), rank, p)
+    x = x_all[start:stop]
+    chosen, weight = moe_route(x, w["router"], top_k)
+    tok = torch.arange(len(x)).repeat_interleave(top_k)
+    dest = chosen.flatten() // per  # the rank that holds each (token, expert) pair's expert
+    order = dest.argsort(stable=True)
+    send_counts = torch.bincount(dest, minlength=p)
+    recv_counts = torch.empty_like(send_counts)
+    dist.all_to_all_single(recv_counts, send_counts, group=group)  # how many rows each rank will send me
+    sends, recvs = send_counts.tolist(), recv_counts.tolist()
+    rows = torch.empty(sum(recvs), x.shape[1])
+    dist.all_to_all_single(rows, x[tok[order]].contiguous(), recvs, sends, group=group)  # tokens to their experts
+    ids = torch.empty(sum(recvs), dtype=torch.long)
+    dist.all_to_all_single(ids, chosen.flatten()[order].contiguous(), recvs, sends, group=group)
+    done = run_experts(rows, ids, w, rank * per)
+    back = torch.empty(len(order), x.shape[1])
+    dist.all_to_all_single(back, done, sends, recvs, group=group)  # the results back to the tokens' ranks
+    y = torch.empty_like(back)
+    y[order] = back  # undo the sort by destination
+    out = torch.zeros_like(x).index_add_(0, tok, y * weight.flatten()[:, None])
+    return {"out": out, "chosen": chosen, "sent": sends, "expert_bytes": sum(
+        v.numel() * v.element_size() for k, v in w.items() if k != "router")}  # fmt: skip

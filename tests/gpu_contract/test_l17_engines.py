@@ -83,3 +83,11 @@ def test_the_snapshots_catch_a_misspelling():
         "autoscaling_config" in RAY["deployment_config_fields"] and "num_replica" not in RAY["deployment_config_fields"]
     )
     assert "model_id" in RAY["model_loading_config_fields"] and "H100" in RAY["accelerator_types"]
+
+
+def test_the_multi_node_flags_the_lesson_names_exist_in_vllm():
+    from tests.gpu_contract.lesson_code import lesson_path
+
+    text = lesson_path("17").read_text()
+    for flag in ("--nnodes", "--node-rank", "--headless", "--enable-expert-parallel"):
+        assert flag in text and flag in CLI["serve_flags"], flag
