@@ -558,3 +558,76 @@ def test_alone_a_request_is_admitted_despite_the_watermark(model):
     assert [r.rid for r, _ in sched.schedule()] == [0]
     with pytest.raises(ValueError, match="watermark is the fraction of the pool"):
         engine.Scheduler(model, kv, max_slots=4, watermark=1.0)
+
+
+# ---------------------------------------------------------------- sampling and speculative sampling
+def test_sampling_probs_pins_temperature_and_the_nucleus():
+    logits = torch.tensor([0.5, 0.3, 0.15, 0.05]).log()
+    assert engine.sampling_probs(logits, 0.0).tolist() == [1.0, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(engine.sampling_probs(logits, 1.0), torch.tensor([0.5, 0.3, 0.15, 0.05]))
+    torch.testing.assert_close(engine.sampling_probs(logits, 1.0, 0.8), torch.tensor([0.625, 0.375, 0.0, 0.0]))
+    torch.testing.assert_close(engine.sampling_probs(logits, 1.0, 0.81), torch.tensor([0.5, 0.3, 0.15, 0.0]) / 0.95)
+    torch.testing.assert_close(engine.sampling_probs(logits, 1.0, 0.4), torch.tensor([1.0, 0.0, 0.0, 0.0]))
+    hot = engine.sampling_probs(logits, 0.5)  # a lower temperature sharpens: p^2, renormalized
+    torch.testing.assert_close(hot, torch.tensor([0.25, 0.09, 0.0225, 0.0025]) / 0.365)
+    for t, p in ((-1.0, 1.0), (1.0, 0.0), (1.0, 1.5)):
+        with pytest.raises(ValueError, match="need temperature >= 0 and 0 < top_p <= 1"):
+            engine.sampling_probs(logits, t, p)
+
+
+def _spec_counts(p, q, n, rule, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    drafts = torch.multinomial(q, n, replacement=True, generator=g).tolist()
+    counts = torch.zeros(len(p))
+    for x in drafts:
+        counts[rule(p, q, x, g)[0]] += 1
+    return counts
+
+
+def test_speculative_sampling_gives_the_target_distribution_chi_square():
+    from scipy.stats import chisquare
+
+    tiny = {"vocab_size": 12, "hidden_size": 32, "intermediate_size": 64, "num_attention_heads": 2,
+            "num_key_value_heads": 1, "head_dim": 16, "num_hidden_layers": 1}  # fmt: skip
+    target, draft = cu.llm.tiny_llama(1, **tiny), cu.llm.tiny_llama(2, **tiny)
+    ids = torch.tensor([[1, 5, 3, 7]])
+    with torch.inference_mode():
+        lp, lq = target(ids).logits[0, -1], draft(ids).logits[0, -1]
+    p = engine.sampling_probs(lp / lp.std(), 1.0, 0.95)  # the target's distribution, nucleus-cut
+    q = engine.sampling_probs(lq / lq.std(), 1.0)  # a different draft
+    assert (p - q).abs().sum() > 0.3, "the draft must differ from the target for the test to mean something"
+    n = 20000
+    counts = _spec_counts(p, q, n, engine.accept_or_resample)
+    support = p > 0
+    assert counts[~support].sum() == 0, "a token outside the target's nucleus came out"
+    fit = chisquare(counts[support].numpy(), (p[support] * n).numpy())
+    assert fit.pvalue > 1e-4, (fit, counts, p * n)
+
+    def wrong(p, q, x, g):  # resamples from p, not from the residual max(0, p - q): biased
+        if float(torch.rand((), generator=g)) * float(q[x]) < float(p[x]):
+            return x, True
+        return int(torch.multinomial(p, 1, generator=g)), False
+
+    bad = _spec_counts(p, q, n, wrong)
+    assert chisquare(bad[support].numpy(), (p[support] * n).numpy()).pvalue < 1e-4, "the test has no power"
+
+
+def test_sampled_requests_are_reproducible_and_temperature_zero_is_greedy(model):
+    outs = []
+    for _ in range(2):
+        kv = engine.PagedKV(model.config, 32, 4)
+        sched = engine.Scheduler(model, kv, max_slots=3, token_budget=16)
+        reqs = [engine.Request(0, list(range(3, 12)), 6, temperature=0.8, top_p=0.9, seed=5),
+                engine.Request(1, list(range(20, 27)), 6)]  # fmt: skip
+        for r in reqs:
+            sched.add(r)
+        while sched.has_work():
+            sched.step()
+        outs.append([r.out for r in reqs])
+        assert kv.blocks_in_use() == 0
+    assert outs[0] == outs[1] and len(outs[0][0]) == 6
+    assert outs[0][1] == reference(model, list(range(20, 27)), 6)
+    sched = engine.Scheduler(model, engine.PagedKV(model.config, 8, 4), max_slots=1)
+    for bad in ({"temperature": -0.5}, {"top_p": 0.0}, {"temperature": "hot"}):
+        with pytest.raises(engine.BadRequest):
+            sched.add(engine.Request(9, [5, 6], 2, **bad))

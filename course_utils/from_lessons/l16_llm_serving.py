@@ -266,6 +266,45 @@ def forward(model, kv, batch, *, attention="blocks", all_logits=False):
     return model.lm_head(m.norm(h))[0]
 
 
+import torch  # noqa: E402, F811
+
+
+# Defined in lessons/16_llm_serving.py, section "The forward pass: packed tokens, attention that reads the blocks"
+def sampling_probs(logits, temperature=1.0, top_p=1.0):
+    """The distribution a token is drawn from: softmax(logits / temperature) cut to the nucleus top_p, renormalized
+    (temperature 0: all mass on the argmax)."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"need temperature >= 0 and 0 < top_p <= 1, not {temperature} and {top_p}")
+    if temperature == 0:
+        return torch.nn.functional.one_hot(logits.argmax(), logits.shape[-1]).float()
+    probs = torch.softmax(logits.float() / temperature, -1)
+    if top_p < 1:
+        sorted_p, order = probs.sort(descending=True)
+        keep = sorted_p.cumsum(0) - sorted_p < top_p  # a token stays while the mass before it is under top_p
+        probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_p[keep])
+        probs = probs / probs.sum()
+    return probs
+
+
+# Defined in lessons/16_llm_serving.py, section "The forward pass: packed tokens, attention that reads the blocks"
+def sample_token(logits, temperature=1.0, top_p=1.0, generator=None):
+    """One token id drawn from `sampling_probs` (the argmax at temperature 0)."""
+    if temperature == 0:
+        return int(logits.argmax())
+    return int(torch.multinomial(sampling_probs(logits, temperature, top_p), 1, generator=generator))
+
+
+# Defined in lessons/16_llm_serving.py, section "The forward pass: packed tokens, attention that reads the blocks"
+def accept_or_resample(p, q, token, generator=None):
+    """Speculative sampling for one draft token drawn from q: (token kept, True) with probability
+    min(1, p[token] / q[token]); else (a token drawn from max(0, p - q) normalized, False). Output ~ p exactly."""
+    u = float(torch.rand((), generator=generator))
+    if u * float(q[token]) < float(p[token]):  # u < p/q without dividing by a zero q
+        return token, True
+    residual = (p - q).clamp_min(0)
+    return int(torch.multinomial(residual / residual.sum(), 1, generator=generator)), False
+
+
 import numbers  # noqa: E402
 import time  # noqa: E402, F811
 from collections import deque  # noqa: E402
@@ -315,6 +354,10 @@ class Request:
     cached: int = 0  # of them, tokens the prefix cache gave at admission
     preempted: int = 0  # times it lost its blocks and was recomputed
     error: str = ""  # why it failed (an exception in its step), or "cancelled"
+    temperature: float = 0.0  # 0: greedy
+    top_p: float = 1.0
+    seed: int | None = None  # the seed of its own random generator (sampling only)
+    generator: object = None
 
     @property
     def tokens(self):
@@ -352,6 +395,12 @@ class Scheduler:
                       num_blocks=self.kv.num_blocks, block_size=self.kv.block_size)  # fmt: skip
         if any(q.rid == r.rid for q in (*self.waiting, *self.running)):
             raise BadRequest(f"request id {r.rid} is already waiting or running: give each request its own id")
+        try:
+            sampling_probs(torch.zeros(2), r.temperature, r.top_p)  # the sampling settings' own check
+        except (TypeError, ValueError) as exc:
+            raise BadRequest(str(exc)) from None
+        if r.temperature > 0 and r.generator is None:
+            r.generator = torch.Generator().manual_seed(r.seed if r.seed is not None else r.rid)
         self.waiting.append(r)
 
     def cancel(self, rid):
@@ -447,7 +496,7 @@ class Scheduler:
             for (r, n), row in zip(group, logits, strict=True):
                 r.computed += n
                 if r.computed == len(r.tokens):  # its last token went through: the logits give the next one
-                    token = int(row.argmax())
+                    token = sample_token(row, r.temperature, r.top_p, r.generator)  # the argmax at temperature 0
                     r.out.append(token)
                     made.append((r, token))
         self.steps += 1
