@@ -353,3 +353,23 @@ def test_rejects_a_zero_padded_linear():
 def test_the_seed_is_printed_on_failure():
     with pytest.raises(AssertionError, match="random case seed"):
         run_checker(lambda model, keep: _LookAlike(model, keep))
+
+
+def test_the_checkers_own_set_up_is_not_counted(monkeypatch):
+    """Loading the digits and the model is the checker's set-up: made to take 2.5 s of CPU under a 1.5 s limit, the
+    reference is still accepted."""
+    import dataclasses
+    import time
+
+    sealed, code = exercises._SEALED["12.rebuild-conv3"]
+    monkeypatch.setitem(exercises._SEALED, "12.rebuild-conv3", (dataclasses.replace(sealed, time_limit=1.5), code))
+    real = l12.digits_cnn
+
+    def slow_cnn():
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 2.5:
+            pass
+        return real()
+
+    monkeypatch.setattr(l12, "digits_cnn", slow_cnn)
+    assert exercises.verdict("12.rebuild-conv3", REF, seed=0) == "accepted"

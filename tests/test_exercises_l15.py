@@ -419,3 +419,25 @@ def test_check_prints_the_verdicts(capsys):
     exercises.check("15.kv-memory", unsolved)
     out = capsys.readouterr().out
     assert "passed its self-check" in out and "not solved yet" in out
+
+
+def test_kv_decode_checkers_own_set_up_is_not_counted(monkeypatch):
+    """The checker's first imports and its reference (generate) run untimed: with a 1.5 s limit and a set-up made
+    to take 2.5 s of CPU, the reference is still accepted (a busy machine's minute of imports is not the learner's)."""
+    import dataclasses
+    import time
+
+    from course_utils.check.lesson_exercises import l15
+
+    sealed, code = exercises._SEALED["15.kv-decode"]
+    monkeypatch.setitem(exercises._SEALED, "15.kv-decode", (dataclasses.replace(sealed, time_limit=1.5), code))
+    real = l15.draw_decode_case
+
+    def slow_draw(c):
+        t0 = time.thread_time()
+        while time.thread_time() - t0 < 2.5:
+            pass
+        return real(c)
+
+    monkeypatch.setattr(l15, "draw_decode_case", slow_draw)
+    assert exercises.verdict("15.kv-decode", l15.kv_decode, seed=0) == "accepted"

@@ -25,7 +25,7 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 
-from course_utils.check.exercises import exercise, observed
+from course_utils.check.exercises import exercise, observed, untimed
 from course_utils.check.lesson_exercises.observe import Cases, cases
 from course_utils.supply.llm import cache_arg, cache_keyword
 
@@ -118,10 +118,12 @@ class _Passes:
 
 
 def _check_kv_decode(fn: Callable) -> None:
-    from transformers import DynamicCache  # noqa: F401  (imported here so a missing package fails clearly)
+    with untimed():  # transformers' lazy modules load on first use (a minute on a busy machine): not the learner's
+        from transformers import DynamicCache, LlamaConfig, LlamaForCausalLM  # noqa: F401  (a missing package fails here)
 
     with cases("15.kv-decode") as c:
-        model, prompt, n_new, ref = draw_decode_case(c)
+        with untimed():  # the checker's own model and greedy reference (generate's first call loads more modules)
+            model, prompt, n_new, ref = draw_decode_case(c)
         n_prompt = prompt.shape[1]
         seen, before = _Passes(model), _fingerprint(model)
         try:
