@@ -17,7 +17,8 @@ from tests.gpu_contract.lesson_code import lesson_path
 
 COVERS = {
     "17.nccl-tp": "the rank code's NCCL path (backend name in this torch, torch.cuda.set_device(rank) before "
-    "init_process_group, tensors on cuda:rank, GPU tokens checked against generate); the tasks themselves run on "
+    "init_process_group, tensors on cuda:rank, collectives timed with CUDA events, GPU tokens checked against "
+    "generate); the tasks themselves run on "
     "gloo in tests/test_parallel.py; NCCL itself needs GPUs",
 }
 
@@ -38,3 +39,14 @@ def test_the_section_checks_tokens_on_the_gpu():
     body = body[: body.index("# %%")]
     assert 'backend="nccl"' in body and "generate(" in body and "assert all(" in body
     assert "copy.deepcopy(tp_model)" in body  # the CPU model is not moved in place
+
+
+def test_collectives_on_a_gpu_are_timed_with_events_read_after_a_synchronize():
+    """On NCCL the call returns once queued: Comm brackets it with CUDA events on the stream and reads them only
+    after the step's torch.cuda.synchronize() (the rehearsal's rule for it: tests/test_parallel.py)."""
+    timed = inspect.getsource(l17.Comm.timed)
+    assert "torch.cuda.Event(enable_timing=True)" in timed and timed.index("if self.cuda") < timed.index("perf_counter")
+    step = inspect.getsource(l17.tp_generate)
+    assert step.index("torch.cuda.synchronize()") < step.index("comm.settle()") < step.index("step_ms.append")
+    sweep = inspect.getsource(l17.allreduce_sweep)
+    assert "comm.timed(dist.all_reduce" in sweep and sweep.index("torch.cuda.synchronize()") < sweep.index("settle()")
