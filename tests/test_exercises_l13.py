@@ -105,6 +105,24 @@ WRONG = {
 }
 
 
+WRONG.update({
+    "the batch never moved to the device setup was given": (
+        [(PREDICT, "            logits = self.model(x)")],
+        r"predict ran the model \(on 'cuda', where setup was told to put it\) on the batch as batch\(\) made it, on "
+        r"the CPU: .*x\.to\(self\.device\)",
+    ),
+    "setup ignores its device: the model stays on the CPU": (
+        [('load_digits_model("cnn", device=device)', 'load_digits_model("cnn")')],
+        "setup was given device 'cuda' but keeps the digits CNN on cpu",
+    ),
+    "setup hard-codes .cuda()": (
+        [('load_digits_model("cnn", device=device)', 'load_digits_model("cnn").cuda()'),
+         ("self.model(x.to(self.device))", "self.model(x.cuda())")],
+        r"setup\('cpu'\) used CUDA anyway|setup was given device 'cpu' but keeps the digits CNN on cuda",
+    ),
+})  # fmt: skip
+
+
 RIGHT = {
     "the reference": (),
     "unbind, cat of unsqueezed images, Tensor.softmax": (
@@ -112,6 +130,10 @@ RIGHT = {
         ("torch.stack(images)", "torch.cat([im[None] for im in images])"),
         ("        return torch.softmax(logits, dim=-1).cpu()", "        return logits.softmax(-1).cpu()"),
         ("int(probs.argmax())", "int(torch.argmax(probs).item())"),
+    ),
+    "the model moved with .to(device), the batch to the model's device": (
+        ('load_digits_model("cnn", device=device)', 'load_digits_model("cnn").to(device)'),
+        ("self.model(x.to(self.device))", "self.model(x.to(next(self.model.parameters()).device))"),
     ),
 }
 
@@ -129,29 +151,34 @@ def judged_on_200_seeds(answer):
     (``setup_api``, as the server's worker does once), then each seed's drawn request set (``_draw``) judged on
     that object by ``judge_in_process``, the checker's own code. The served path (a LitServe process, HTTP on
     127.0.0.1, the model's calls counted inside the served worker) costs ~7 s a call: it runs on one seed below."""
+    import contextlib
+
     import torch
 
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_utils.check.lesson_exercises.observe import Cases, gpu
 
     _, cls = l13._load(answer)
     threads = torch.get_num_threads()
+    reasons = {}
     try:
-        try:
-            api, model, kind = l13.setup_api(cls)
-        except AssertionError as exc:
-            return dict.fromkeys(range(200), str(exc))
-        reasons = {}
-        for seed in range(200):
-            l13._draw(Cases(seed))
-            try:
-                l13.judge_in_process(api, model, kind)
-                reasons[seed] = "accepted"
-            except AssertionError as exc:
-                reasons[seed] = str(exc)
+        for device in l13.DEVICES:  # as the checker: on the CPU, then on the (stand-in) GPU
+            with gpu() if device != "cpu" else contextlib.nullcontext():
+                try:
+                    api, model, kind = l13.setup_api(cls, device)
+                except AssertionError as exc:
+                    return {seed: reasons.get(seed, str(exc)) for seed in range(200)}
+                for seed in range(200):
+                    if seed in reasons:
+                        continue
+                    l13._draw(Cases(seed))
+                    try:
+                        l13.judge_in_process(api, model, kind, device)
+                    except AssertionError as exc:
+                        reasons[seed] = str(exc)
     finally:
         torch.set_num_threads(threads)
         l13._REF.clear()
-    return reasons
+    return {seed: reasons.get(seed, "accepted") for seed in range(200)}
 
 
 @pytest.mark.parametrize("name", sorted(WRONG))
@@ -321,6 +348,13 @@ def test_triton_config_checker_rejects(fn, words):
     for seed in range(200):
         got = exercises.verdict("13.triton-config", fn, seed=seed)
         assert re.search(words, got) and f"seed {seed}" in got, (seed, got)
+
+
+def test_triton_a_wrong_platform_does_not_call_the_right_name_wrong():
+    for seed in range(200):
+        got = exercises.verdict("13.triton-config", _cfg(replace=[("onnxruntime_onnx", "tensorrt_plan")]), seed=seed)
+        assert "platform should be 'onnxruntime_onnx' (got 'tensorrt_plan')" in got, (seed, got)
+        assert "is right" in got and "name the model" not in got, (seed, got)
 
 
 def test_triton_right_configs_pass_on_every_seed():

@@ -5,21 +5,23 @@ server adapted to another model. The images are drawn at random per check (the s
 model is found by its weights (the shipped CNN's, among the modules ``setup`` kept) and observed at the operator
 level (:class:`~course_utils.check.lesson_exercises.observe.OpLog`): a call of the model is a run of its first
 convolution, with its batch size, whatever Python path led there. In-process first (cheap; an unsolved stub stops
-here): the pydantic request type accepts an 8x8 image and rejects wrong shapes, non-finite and out-of-range
-pixels; ``batch`` stacks the images into one (N, 1, 8, 8) tensor; ``predict`` runs the real model once on the
-whole batch (a decoy module beside it does not count), through ``self.model(x)`` (not ``model.forward`` past its
-hooks), under ``torch.inference_mode``; ``unbatch`` gives one output per request; each answer's probabilities equal
-the model's softmax (fp32 tolerance) and its label is their argmax. Then it serves the class with
-``max_batch_size=4`` on 127.0.0.1 through a subclass that logs, **inside the served worker process**, every model
-call and its batch size; it sends eight good requests and two bad ones concurrently, and requires 200s with the
-model's answers, 422s for the bad ones, one model call per batch, every image computed once, and batches of more
-than one image.
+here), set up on "cpu" and on "cuda" (the rehearsal's stand-in GPU where there is none): the model kept on the
+device ``setup`` was given, the batch moved there before the model runs; the pydantic request type accepts an 8x8
+image and rejects wrong shapes, non-finite and out-of-range pixels; ``batch`` stacks the images into one (N, 1, 8,
+8) tensor; ``predict`` runs the real model once on the whole batch (a decoy module beside it does not count),
+through ``self.model(x)`` (not ``model.forward`` past its hooks), under ``torch.inference_mode``; ``unbatch`` gives
+one output per request; each answer's probabilities equal the model's softmax (fp32 tolerance) and its label is
+their argmax. Then it serves the class with ``max_batch_size=4`` on 127.0.0.1 through a subclass that logs, **inside
+the served worker process**, every model call and its batch size; it sends eight good requests and two bad ones
+concurrently, and requires 200s with the model's answers, 422s for the bad ones, one model call per batch, every
+image computed once, and batches of more than one image.
 
 13.triton-config (a Triton Inference Server config) is in ``l13_triton.py``.
 """
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import inspect
 import math
@@ -27,10 +29,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from course_utils.check.exercises import exercise, observed
+from course_utils.check.exercises import exercise, observed, untimed
 
 SOLUTION_FILE = Path(__file__).resolve().parent / "solutions" / "l13_digits_api.py"
 N_IMAGES = 8
+#: What setup(device) is given in process, each check: "cuda" is the real GPU, or the rehearsal's CPU stand-in
+#: (its "cuda" tensors refuse to meet CPU ones, as CUDA's do): a model left on the CPU, a batch never moved, and a
+#: hard-coded .cuda() each fail on one of the two. The CPU first: every other mistake is named there as before.
+DEVICES = ("cpu", "cuda")
 _REF: dict[str, Any] = {}
 
 
@@ -226,27 +232,43 @@ def _check_litapi(answer: Any) -> None:
 def _check_litapi_case(answer: Any) -> None:
     import torch
 
+    from course_utils.check.lesson_exercises.observe import gpu, on_standin
+
     target, cls = _load(answer)
     threads = torch.get_num_threads()  # setup may set the process's thread count (the server's worker does)
+    where = []
     try:
-        api, model, kind = setup_api(cls)
-        judge_in_process(api, model, kind)
+        for device in DEVICES:
+            with gpu() if device != "cpu" else contextlib.nullcontext():
+                where.append("the rehearsal's stand-in GPU" if device != "cpu" and on_standin() else device)
+                api, model, kind = setup_api(cls, device)
+                judge_in_process(api, model, kind, device)
     finally:
         torch.set_num_threads(threads)
     sizes = judge_served(target, cls)
     observed(f"in process: {len(_bad_bodies())} bad bodies refused by your request type, pixels of exactly 0.0 and "
-             "1.0 accepted; predict ran the digits CNN once on a batch of 4 under inference_mode, answers equal to "
+             f"1.0 accepted; setup('cpu') and setup('cuda') put the model on {' and '.join(where)}; predict ran the "
+             "digits CNN once on a batch of 4 there under inference_mode, answers equal to "
              f"its softmax and argmax. Served: {N_IMAGES} concurrent requests answered 200 with those answers, 2 bad "
              f"ones 422; inside the served worker the model ran {len(sizes)} times, batches of {sizes}")  # fmt: skip
 
 
-def setup_api(cls: type) -> tuple[Any, Any, type]:
-    """The learner's class set up in this process as the server would: (api, the digits CNN it kept, its pydantic
-    request type). Raises AssertionError when setup keeps no module with the shipped CNN's weights."""
+def setup_api(cls: type, device: str = "cpu") -> tuple[Any, Any, type]:
+    """The learner's class set up in this process as the server would, on ``device`` (inside ``observe.gpu()`` for
+    "cuda"): (api, the digits CNN it kept, its pydantic request type). Raises AssertionError when setup keeps no
+    module with the shipped CNN's weights, or keeps it on another device than the one it was given."""
     import torch
 
     api = cls(max_batch_size=4, batch_timeout=0.01)
-    api.setup("cpu")
+    try:
+        api.setup(device)
+    except (RuntimeError, AssertionError) as exc:
+        if device == "cpu" and any(w in str(exc).lower() for w in ("cuda", "nvidia", "gpu")):
+            raise AssertionError(
+                f"setup('cpu') used CUDA anyway ({type(exc).__name__}: {str(exc)[:150]}): LitServe tells setup the "
+                "device to run on; load the model there (load_digits_model('cnn', device=device)), never .cuda()"
+            ) from None
+        raise
     modules = [m for m in vars(api).values() if isinstance(m, torch.nn.Module)]
     assert modules, "setup must keep the model on self (self.model = cu.models.load_digits_model('cnn', ...))"
     model = find_model(api)
@@ -254,10 +276,16 @@ def setup_api(cls: type) -> tuple[Any, Any, type]:
         "setup kept no module with the shipped digits CNN's weights: load it with "
         "course_utils.supply.models.load_digits_model('cnn', device=device) and keep it on self (self.model = ...)"
     )
+    placed = sorted({p.device.type for p in model.parameters()})
+    assert placed == [torch.device(device).type], (
+        f"setup was given device '{device}' but keeps the digits CNN on {' and '.join(placed)}: load it where LitServe "
+        "says (load_digits_model('cnn', device=device), or .to(device)); on a GPU server it would run on the "
+        + ("CPU" if placed == ["cpu"] else "wrong device")
+    )
     return api, model, _request_type(api)
 
 
-def judge_in_process(api: Any, model: Any, kind: type) -> None:
+def judge_in_process(api: Any, model: Any, kind: type, device: str = "cpu") -> None:
     """The drawn request set (:func:`_draw`) judged on a set-up ``api`` in this process: validation of good and bad
     bodies, ``batch`` of four, one ``predict`` that runs the real model once on the batch (through its hooks,
     under inference_mode), ``unbatch`` and ``encode_response`` equal to the model's softmax and argmax."""
@@ -280,6 +308,13 @@ def judge_in_process(api: Any, model: Any, kind: type) -> None:
     try:
         with OpLog(watch=model) as log:
             out = api.predict(x)
+    except RuntimeError as exc:  # CUDA's (and the stand-in's) refusal to mix devices
+        if "same device" not in str(exc):
+            raise
+        raise AssertionError(
+            f"predict ran the model (on '{device}', where setup was told to put it) on the batch as batch() made it, "
+            f"on the CPU: {str(exc)[:160]}. Move the batch to the device setup was given first: x.to(self.device)"
+        ) from None
     finally:
         for h in hooks:
             h.remove()
@@ -322,7 +357,11 @@ def judge_served(target: str, cls: type) -> list[int]:
         wrapper = Path(tmp) / "observed_13_api.py"
         wrapper.write_text(_WRAPPER.format(path=str(Path(path).resolve()), name=name, log=str(calls_log), ctx=ctx,
                                            ctx_call=ctx_call))  # fmt: skip
-        with server_process.serve(f"{wrapper}:ObservedAPI", max_batch_size=4, batch_timeout=0.3) as srv:
+        with contextlib.ExitStack() as stack:
+            with untimed():  # starting the server and waiting until it is ready: the checker's set-up
+                srv = stack.enter_context(
+                    server_process.serve(f"{wrapper}:ObservedAPI", max_batch_size=4, batch_timeout=0.3)
+                )
             answers = load.post_many(srv.predict_url, _bodies() + bad)
             n_predicts = len(srv.calls())
         lines = calls_log.read_text().splitlines() if calls_log.exists() else []
@@ -361,6 +400,7 @@ def judge_served(target: str, cls: type) -> list[int]:
     'encode_response gives {"label": argmax, "probs": [10 floats]}. '
     "Reference: course_utils/check/lesson_exercises/solutions/l13_digits_api.py",
     _check_litapi,
+    imports=("litserve", "pydantic", "httpx", "course_utils.serve.server_process", "course_utils.serve.load_generator"),
 )
 def litapi_solution() -> str:
     """The reference solution is a file the server can import: print(open(SOLUTION_FILE).read()) to read it."""

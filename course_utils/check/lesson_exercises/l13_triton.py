@@ -89,8 +89,9 @@ def judge_config(
 
     fp32 = model_config_pb2.DataType.Value("TYPE_FP32")
     cpu = model_config_pb2.ModelInstanceGroup.Kind.Value("KIND_CPU")
-    assert cfg.name == name and cfg.platform == "onnxruntime_onnx", (
-        f"name the model {name!r} (got {cfg.name!r}) and its platform 'onnxruntime_onnx' (got {cfg.platform!r})"
+    assert cfg.name == name, f"name the model {name!r}, the name asked (got {cfg.name!r})"
+    assert cfg.platform == "onnxruntime_onnx", (
+        f"the model's name {name!r} is right; its platform should be 'onnxruntime_onnx' (got {cfg.platform!r})"
     )
     assert cfg.backend in ("", "onnxruntime"), f"backend {cfg.backend!r}: the model is an ONNX file (onnxruntime)"
     assert cfg.max_batch_size == mbs, f"max_batch_size should be {mbs}, got {cfg.max_batch_size}"
