@@ -3,7 +3,8 @@
 One plant per kind of bug that gives wrong numbers rather than an error on a GPU (issue 29): a timer that does
 not synchronize, a "pinned" buffer that is pageable, a CUDA-graph output returned without a clone, a peak read
 without a reset between variants, ONNX Runtime reading an input torch has not finished writing, a global switch
-(cudnn.benchmark) not restored, a non-blocking device-to-host copy read before its stream finished; and a model
+(cudnn.benchmark) not restored, a non-blocking device-to-host copy read before its stream finished, CUDA events
+recorded in the wrong order (lesson 01's timer: a negative time, issue 41); and a model
 moved to the device in place, whose damage shows in a later cell, which is why the suite rehearses whole lessons.
 Also the issue-20 break of lesson 10 (a CPU model fed the stream code's CUDA tensors), rehearsed as on a GPU
 machine (``COURSE_REHEARSE_SCOPE=lesson``).
