@@ -1087,7 +1087,7 @@ MUTATIONS: list[Mutation] = [
       "ORT stand-in: a CUDA provider given as (name, options) gets the real CPU session", ISSUE32_R4),
     M("r4-packages-profiler-count-inverted", "fakegpu/standins/packages.py",
       "        if len(cpu_only) != len(wanted):", "        if len(cpu_only) == len(wanted):", ("test_rehearsal.py::test_cuda_reads_as_a_gpu_and_goes_away",
-       "test_standin_answers.py::test_the_profiler_drops_only_the_cuda_activity"),
+       "test_standin_answers.py::test_the_profiler_stands_in_only_for_the_cuda_activity"),
       "profiler stand-in: counts a dropped CUDA activity when none was asked for", ISSUE32_R4),
     M("r4-iobinding-no-sync", "techniques/onnx_runtime.py",
       "        torch.get_device_module(x.device).synchronize()  # the input must be written before ORT reads it\n",
