@@ -945,9 +945,10 @@ display(pd.DataFrame(big_rows).set_index("GPUs").round(2))
 # rank's data around the ring twice (reduce-scatter, then all-gather): each rank sends `2 (p - 1) / p x S`
 # bytes for a message of `S` bytes. So the model is `t(S) = latency + 2 (p - 1) / p x S / bandwidth`: the
 # latency is the median time of the small messages (up to the decode step's 2.3 KB), the bandwidth what the
-# largest message's bytes add to it. The sweep runs in rounds; each number is printed with the 95% interval of
-# its median over the rounds. A fit can come out impossible on a loaded machine (the largest message no slower
-# than the small ones, so "bandwidth" divides by noise): the check below flags a fit outside physical bounds
+# largest message's bytes add to it. The sweep runs in rounds; each number is printed with the interval of its
+# median over the rounds (95% from 6 rounds; fewer give their range, at the confidence printed). A fit can come
+# out impossible on a loaded machine (the largest message no slower than the small ones, so "bandwidth" divides
+# by noise): the check below flags a fit outside physical bounds
 # (latency below zero, time not growing with size, a bandwidth above the fastest memory on any datasheet), and
 # then the model uses the latency alone and no bandwidth is concluded.
 
@@ -1005,8 +1006,9 @@ for p, rounds in sweep.items():
     fit_ci[p] = {"latency_ms": lat, "GB_per_s": median_interval(bw) if bw.size else None}
 sweep_table = pd.DataFrame(
     {
-        f"{p} ranks, ms (95% CI of the median)": [
-            f"{1000 * lo:.3f}-{1000 * hi:.3f}" for lo, hi, _ in (median_interval(c) for c in np.array(v).T)
+        f"{p} ranks, ms (interval of the median, its confidence)": [
+            f"{1000 * lo:.3f}-{1000 * hi:.3f} ({conf:.0%})"
+            for lo, hi, conf in (median_interval(c) for c in np.array(v).T)
         ]
         for p, v in sweep.items()
     },
@@ -1114,7 +1116,7 @@ for p in (1, 2, 3):
     comm = np.median([np.median(r["comm_ms"][1:]) for r in runs])
     share = median_interval(np.array([100 * np.median(r["comm_ms"][1:]) / np.median(r["step_ms"][1:]) for r in runs]))
     row = {"ranks": p, "step_ms": step, "comm_ms": comm, "compute_ms": step - comm, "comm_%": 100 * comm / step}
-    row["comm_% (95% CI of the rounds)"] = f"{share[0]:.0f}-{share[1]:.0f}"
+    row["comm_% (interval of the rounds)"] = f"{share[0]:.0f}-{share[1]:.0f} ({share[2]:.0%})"
     if p > 1:
         model_comm = calls * allreduce_ms(p, H_BYTES, gloo_fit[p])
         predicted = np.array(tp_cmp.per_round[f"{p} ranks, compute only"]) + model_comm
@@ -1306,13 +1308,13 @@ for m in MICRO:
     formula = (P_STAGES - 1) / (m + P_STAGES - 1)
     r = ratio_from_rounds(f"measured bubble, m={m}", "formula", np.array(pp_bubbles[m]) / formula)
     r_model = ratio_from_rounds(f"measured bubble, m={m}", "stage times", np.array(pp_bubbles[m]) / pp_model[m])
-    lo, hi, _ = median_interval(np.array(pp_bubbles[m]))
+    lo, hi, conf = median_interval(np.array(pp_bubbles[m]))
     pp_rows.append(
         {
             "micro-batches": m,
             "formula": formula,
             "measured": float(np.median(pp_bubbles[m])),
-            "measured, 95% CI": f"{lo:.0%}-{hi:.0%}",
+            "measured, interval": f"{lo:.0%}-{hi:.0%} ({conf:.0%} confidence)",
             "from stage times": float(np.median(pp_model[m])),
             "measured / formula": r.interval_text,
             "within 20%": within(r, 0.20),
@@ -1329,7 +1331,7 @@ with pd.option_context("display.max_columns", 20, "display.width", 200):
 for m in MICRO[1:]:
     row = pp_table.loc[m]
     print(
-        f"m={m}: measured bubble {row['measured']:.0%} ({row['measured, 95% CI']}), formula {row['formula']:.0%}, "
+        f"m={m}: measured bubble {row['measured']:.0%} ({row['measured, interval']}), formula {row['formula']:.0%}, "
         f"with the stages' own times {row['from stage times']:.0%} (the slowest stage took "
         f"{row['slowest / fastest stage']:.2f}x the fastest's time per micro-batch); the stages' compute is "
         f"{row['compute vs m=1']:.2f}x that of m=1 (each micro-batch reads all the stage's weights), and stage 0 "
