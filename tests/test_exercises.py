@@ -421,3 +421,15 @@ def test_warm_imports_run_before_the_clock(monkeypatch, tmp_path):
     finally:
         exercises._REGISTRY.pop("test.warm", None)
         sys.modules.pop(name, None)
+
+
+def test_a_queue_nobody_fills_is_stopped_as_a_wait(one_second_double, monkeypatch):
+    import queue
+
+    monkeypatch.setattr(exercises, "WALL_FACTOR", 2.0)
+    t0 = time.perf_counter()
+    got = exercises.verdict(one_second_double, lambda n: queue.Queue().get())
+    assert 2 <= time.perf_counter() - t0 < 15, got
+    cpu = float(re.match(r"stopped after 2 s of wall time in which your code used only ([0-9.]+) s of CPU", got)[1])
+    assert cpu < 0.3, got
+    assert "it was waiting" in got and "a queue nobody fills" in got, got
