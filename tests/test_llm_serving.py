@@ -631,3 +631,36 @@ def test_sampled_requests_are_reproducible_and_temperature_zero_is_greedy(model)
     for bad in ({"temperature": -0.5}, {"top_p": 0.0}, {"temperature": "hot"}):
         with pytest.raises(engine.BadRequest):
             sched.add(engine.Request(9, [5, 6], 2, **bad))
+
+
+@pytest.mark.parametrize(
+    ("body", "error"),
+    [(b"", "an empty answer (status 200): no line streamed"),
+     (b'{"token": 5}\n{"error": "RuntimeError: boom"}\n', "the server reported: RuntimeError: boom")],
+)  # fmt: skip
+def test_the_load_client_counts_an_empty_or_errored_stream_as_a_failure(body, error):
+    import http.server
+    import threading
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 - the http.server name
+            self.rfile.read(int(self.headers.get("content-length", 0)))
+            self.send_response(200)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/predict"
+        (answer,) = stream_load.open_loop_stream(url, [{"prompt": [1]}], rate=1.0, n_requests=1, timeout=10)
+    finally:
+        server.shutdown()
+        server.server_close()
+        thread.join(timeout=5)
+    assert answer.status == 200 and not answer.ok and answer.error == error
