@@ -427,12 +427,33 @@ def judge_top_op(runs: list[tuple[str, str, str, list[bool]]], one_long: frozens
         )
 
 
+#: Readings of one workload at most: a reading that differs from the dominant operator is taken again.
+TOP_OP_TRIES = 3
+
+
+def read_top_op(
+    fn: Callable[[Callable[[], object]], str], kind: str, minor: int, name: str
+) -> tuple[str, str, list[bool]]:
+    """(answer's reading, dominant operator, profiler seen) of one drawn workload, read again (up to
+    :data:`TOP_OP_TRIES` times) while the reading differs from the dominant operator: on a busy machine a pause of
+    the process can land in a wrapper's own code (``aten::matmul`` around ``aten::mm``) and give it the most self
+    time in that one profile. A right rule reads the dominant operator again at once; a wrong rule (total time,
+    the longest call) reads the same wrong operator every time, so the retries rescue noise, never a mistake."""
+    work, want, seen = workload(kind, minor, name)
+    got = run_top_op(fn, work)
+    for _ in range(TOP_OP_TRIES - 1):
+        if got == want:
+            break
+        got = run_top_op(fn, work)
+    return got, want, seen
+
+
 def _check_top_op(fn: Callable[[Callable[[], object]], str]) -> None:
     with cases("02.top-op") as c:
         runs, one_long = [], set()
         for kind, minor, name in draw_top_op(c):
-            work, want, seen = workload(kind, minor, name)
-            runs.append((name, want, run_top_op(fn, work), seen))
+            got, want, seen = read_top_op(fn, kind, minor, name)
+            runs.append((name, want, got, seen))
             if kind.startswith("many-"):
                 one_long.add(name)
         judge_top_op(runs, frozenset(one_long))
