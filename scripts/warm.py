@@ -14,7 +14,8 @@ It prints and writes (``build/warm/times.csv``) each step's wall time with the m
 average before and after, mode and date: the measured run times a workshop plan needs. ``--cold`` first
 points the Inductor and SmolLM2 caches at an empty scratch folder (``build/warm/cache``; your own caches are
 not touched) and ``--repeat 2`` then runs everything again on what the first pass left: cold and warm times
-of the same lessons on the same machine.
+of the same lessons on the same machine. ``--cold --each`` measures lesson by lesson instead: the Inductor cache
+emptied before each lesson, its cold run, then at once its warm run (a measurement cut short keeps whole pairs).
 """
 
 from __future__ import annotations
@@ -81,6 +82,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lessons", nargs="*", default=[], help="two-digit lesson numbers (default: all)")
     ap.add_argument("--cold", action="store_true", help="start from empty scratch caches (yours are untouched)")
     ap.add_argument("--repeat", type=int, default=1, help="passes over the lessons (2 with --cold: cold, warm)")
+    ap.add_argument("--each", action="store_true", help="with --cold: each lesson cold, then warm, in turn")
     ap.add_argument("--timeout", type=int, default=1800, help="seconds per lesson before it counts as stopped")
     ap.add_argument("--out", type=Path, default=OUT)
     args = ap.parse_args(argv)
@@ -103,24 +105,30 @@ def main(argv: list[str] | None = None) -> int:
         convert = "from course_utils.supply.llm import load_smollm2; load_smollm2()"
         steps.append(("SmolLM2 conversion", [sys.executable, "-c", convert]))
     steps += [(p.stem, [sys.executable, str(p.relative_to(ROOT))]) for p in chosen]
-    print(f"warm: {len(steps)} step(s), {mode} mode, {args.repeat} pass(es); logs in {out / 'logs'}", flush=True)
+    passes = "cold then warm, step by step" if args.cold and args.each else f"{args.repeat} pass(es)"
+    print(f"warm: {len(steps)} step(s), {mode} mode, {passes}; logs in {out / 'logs'}", flush=True)
     failed = 0
-    for n in range(1, args.repeat + 1):
+    if args.cold and args.each:
+        order = [(n, step) for step in steps for n in (1, 2)]
+    else:
+        order = [(n, step) for n in range(1, args.repeat + 1) for step in steps]
+    for n, (name, cmd) in order:
         cache_state = ("cold" if n == 1 else "warm") if args.cold else "as found"
-        for name, cmd in steps:
-            before = load()
-            seconds, status = run_step(name, cmd, env, out / "logs" / f"{name.replace(' ', '_')}.{n}.log", args.timeout)
-            failed += status != "ok"
-            row = dict(step=name, cache=cache_state, mode=mode, seconds=f"{seconds:.1f}", status=status,
-                       cpu=cpu_name(), cores=os.cpu_count(), load_before=before, load_after=load(),
-                       date=time.strftime("%Y-%m-%dT%H:%M:%S"), **{"pass": n})  # fmt: skip
-            rows.append(row)
-            print(f"  pass {n} {cache_state:>8}  {name:<28} {seconds:7.1f} s  load {before}->{row['load_after']}  "
-                  f"{status}", flush=True)  # fmt: skip
-            with open(out / "times.csv", "w", newline="") as fh:
-                w = csv.DictWriter(fh, fieldnames=FIELDS)
-                w.writeheader()
-                w.writerows(rows)
+        if args.cold and args.each and n == 1:
+            shutil.rmtree(out / "cache" / "inductor", ignore_errors=True)
+        before = load()
+        seconds, status = run_step(name, cmd, env, out / "logs" / f"{name.replace(' ', '_')}.{n}.log", args.timeout)
+        failed += status != "ok"
+        row = dict(step=name, cache=cache_state, mode=mode, seconds=f"{seconds:.1f}", status=status,
+                   cpu=cpu_name(), cores=os.cpu_count(), load_before=before, load_after=load(),
+                   date=time.strftime("%Y-%m-%dT%H:%M:%S"), **{"pass": n})  # fmt: skip
+        rows.append(row)
+        print(f"  pass {n} {cache_state:>8}  {name:<28} {seconds:7.1f} s  load {before}->{row['load_after']}  "
+              f"{status}", flush=True)  # fmt: skip
+        with open(out / "times.csv", "w", newline="") as fh:
+            w = csv.DictWriter(fh, fieldnames=FIELDS)
+            w.writeheader()
+            w.writerows(rows)
     total = sum(float(r["seconds"]) for r in rows)
     print(f"warm: {total:.0f} s in all; {failed} step(s) not ok; times in {out / 'times.csv'}")
     return 1 if failed else 0

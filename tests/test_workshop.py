@@ -654,6 +654,11 @@ def test_warm_runs_each_lesson_once_on_scratch_caches_and_times_it(tmp_path, mon
     assert all(float(r["seconds"]) >= 0 and r["cores"] == str(os.cpu_count()) and r["date"] for r in rows)
     seen = (tmp_path / "warm" / "results.00_first.py").read_text().splitlines()
     assert seen == [f"{out}/cache/inductor|agg"] * 2, "the cold caches are scratch folders, kept for pass 2"
+    each = tmp_path / "each"
+    assert warm.main(["--lessons", "00", "03", "--cold", "--each", "--out", str(each)]) == 1
+    with open(each / "times.csv", newline="") as f:
+        order = [(r["step"], r["cache"]) for r in csv.DictReader(f)]
+    assert order == [("00_first", "cold"), ("00_first", "warm"), ("03_second", "cold"), ("03_second", "warm")]
     with pytest.raises(SystemExit, match="warm: no lesson 99: give two-digit numbers of 00, 03"):
         warm.lessons(["99"])
     assert [p.name for p in warm.lessons([])] == ["00_first.py", "03_second.py"]
@@ -661,3 +666,96 @@ def test_warm_runs_each_lesson_once_on_scratch_caches_and_times_it(tmp_path, mon
 
 def test_make_warm_runs_the_script_with_the_lessons_asked():
     assert _make_n("warm", "-o", "setup", "LESSONS=00 14")[-1] == ".venv/bin/python -m scripts.warm --lessons 00 14"
+
+
+# --- paths that fit their slots ---------------------------------------------------------------------------------------
+
+
+PLAN = ROOT / "docs" / "workshop_plan.toml"
+SMOKE_TIMES = ROOT / "docs" / "run_times_smoke.csv"
+GUIDE = ROOT / "docs" / "INSTRUCTORS.md"
+
+
+def _plan() -> dict:
+    import tomllib
+
+    return tomllib.loads(PLAN.read_text())
+
+
+def _cold_extra() -> tuple[dict[str, float], float]:
+    """Per lesson, the seconds a cold first run took over the warm second (never below 0), measured at smoke
+    sizes by scripts/warm.py; and the seconds the SmolLM2 conversion took over finding it converted."""
+    with open(SMOKE_TIMES, newline="") as f:
+        rows = [r for r in csv.DictReader(f) if r["status"] == "ok"]
+    seconds = {(r["step"], r["cache"]): float(r["seconds"]) for r in rows}
+    extra = {s[:2]: max(0.0, seconds[s, "cold"] - seconds[s, "warm"]) for s, c in seconds if c == "cold"
+             and s[:2].isdigit() and (s, "warm") in seconds}  # fmt: skip
+    return extra, seconds["SmolLM2 conversion", "cold"] - seconds["SmolLM2 conversion", "warm"]
+
+
+def session_minutes(session: dict, plan: dict, *, cold: bool) -> float:
+    """Minutes a session takes: intro, board, breaks, each run lesson's learning estimate and full-mode run time
+    (plus, cold, what a first run adds and the SmolLM2 conversion once), each demo's planned minutes."""
+    extra, convert = _cold_extra()
+    total = session["intro"] + session["board"] + session["breaks"]
+    runs = [e["lesson"] for e in session["lessons"] if e["how"] == "run"]
+    for e in session["lessons"]:
+        if e["how"] == "run":
+            n = e["lesson"]
+            total += plan["learn_minutes"][n] + plan["full_seconds"][n] / 60
+            if cold:
+                assert n in extra, f"lesson {n} runs in a path but its cold run time is not measured"
+                total += extra[n] / 60
+        elif e["how"] == "demo":
+            total += e["minutes"]
+    if cold and set(runs) & {"15", "16", "17"}:
+        total += convert / 60
+    return total
+
+
+def test_every_path_fits_its_slot_warm_and_cold():
+    plan = _plan()
+    for path in plan["path"]:
+        for day, session in enumerate(path["session"], 1):
+            hows = {e["how"] for e in session["lessons"]}
+            assert hows <= {"run", "demo", "homework"} and "run" in hows, path["name"]
+            assert all(e["how"] != "demo" or e["minutes"] > 0 for e in session["lessons"])
+            for cold in (False, True):
+                used = session_minutes(session, plan, cold=cold)
+                assert used <= session["slot"], f"{path['name']}, day {day}: {used:.1f} min > {session['slot']}"
+    slots = [sum(s["slot"] for s in p["session"]) for p in plan["path"]]
+    assert {90, 120, 240, 480, 960} <= set(slots), "90 minutes, 2 hours, half a day, a day and two days"
+
+
+def test_the_plan_s_numbers_are_readme_s_and_the_guide_shows_the_sums():
+    plan = _plan()
+    readme = (ROOT / "README.md").read_text()
+    para = readme.split("**Time to learn**", 1)[1].split("\n\n", 1)[0]
+    learn = {n: int(cpu or m) for n, m, cpu in re.findall(r"(\d\d): (\d+) min(?: \((\d+) on a CPU\))?", para)}
+    assert plan["learn_minutes"] == learn
+    table = readme.split("## Teaching a workshop", 1)[1]
+    measured = {n: int(s) for n, s in re.findall(r"^\| (\d\d) [^|]*\| (\d+) s\b", table, flags=re.M)}
+    assert plan["full_seconds"] == measured and len(measured) == 18
+    paths = table.split("| path | run | demo | homework |", 1)[1].split("\n\n", 1)[0]
+    cells = ([c.strip() for c in line.strip().strip("|").split("|")] for line in paths.strip().splitlines()[1:])
+    rows = {r[0]: r[1:] for r in cells}
+    for path in plan["path"]:
+        lessons = [e for s in path["session"] for e in s["lessons"]]
+        shown = [set(re.findall(r"\d\d", cell)) for cell in rows[path["readme"]]]
+        assert shown == [{e["lesson"] for e in lessons if e["how"] == how} for how in ("run", "demo", "homework")]
+    assert len(rows) == len(plan["path"])
+    guide = GUIDE.read_text()
+    for path in plan["path"]:
+        for day, session in enumerate(path["session"], 1):
+            name = path["name"] + (f", day {day}" if len(path["session"]) > 1 else "")
+            warm, cold = (session_minutes(session, plan, cold=c) for c in (False, True))
+            row = f"| {name} | {session['slot']} | {warm:.0f} | {cold:.0f} |"
+            assert row in guide, f"the guide lacks the row {row!r}"
+
+
+def test_the_guide_is_linked_from_readme_and_links_only_inside_the_repository():
+    section = (ROOT / "README.md").read_text().split("## Teaching a workshop", 1)[1].split("\n## ", 1)[0]
+    assert "](docs/INSTRUCTORS.md)" in section
+    links = re.findall(r"\]\(([^)]+)\)", GUIDE.read_text())
+    assert links and all(not re.match(r"[a-z]+:|/|\.\./", link) for link in links), links
+    assert all((GUIDE.parent / link.split("#")[0]).is_file() for link in links), links
