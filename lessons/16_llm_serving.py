@@ -1090,8 +1090,7 @@ target_met = thr.judge(1.5) == "met" and ttft99.verdict != "slower"
 good = goodput_vs(chunked, "static")
 good = good if isinstance(good, str) else good.says("chunked prefill", "static", "the goodput of")
 print(
-    f"Goodput (requests per second with TTFT <= {TTFT_SLO_MS:.0f} ms and TPOT <= {TPOT_SLO_MS:.0f} ms), chunked "
-    f"prefill vs static: {good}"
+    f"Goodput (requests per second with TTFT <= {TTFT_SLO_MS:.0f} ms and TPOT <= {TPOT_SLO_MS:.0f} ms): {good}"
     + "; requests meeting both targets, median over rounds: "
     + ", ".join(f"{n} {table.loc[n, 'met_targets']:.0f} of {N_REQUESTS}" for n in POLICIES)
     + "."
