@@ -580,6 +580,32 @@ def accept_or_resample(p, q, token, generator=None):
     return int(torch.multinomial(residual / residual.sum(), 1, generator=generator)), False
 
 
+# %%
+# The rule at work on a toy vocabulary of five tokens: drafts drawn from q, each kept or resampled; what comes out
+# should be distributed as p, and a draft should be kept with probability sum(min(p, q)).
+g_toy = torch.Generator().manual_seed(0)
+p_toy = torch.tensor([0.5, 0.2, 0.15, 0.1, 0.05])
+q_toy = torch.tensor([0.1, 0.4, 0.1, 0.3, 0.1])
+n_toy = cu.pick(full=20_000, smoke=4_000)
+toy_counts, toy_kept = torch.zeros(5), 0
+for _ in range(n_toy):
+    x_toy = int(torch.multinomial(q_toy, 1, generator=g_toy))
+    tok_toy, ok_toy = accept_or_resample(p_toy, q_toy, x_toy, g_toy)
+    toy_counts[tok_toy] += 1
+    toy_kept += ok_toy
+toy_freq = toy_counts / n_toy
+toy_se = (p_toy * (1 - p_toy) / n_toy).sqrt()  # each frequency's standard error if the output follows p
+toy_worst = float(((toy_freq - p_toy).abs() / toy_se).max())
+print(
+    f"{n_toy} draws: output frequencies {[round(v, 3) for v in toy_freq.tolist()]} against p "
+    f"{[round(v, 3) for v in p_toy.tolist()]}; the "
+    f"largest gap is {toy_worst:.1f} standard errors, "
+    + ("within sampling noise (under 4)" if toy_worst < 4 else "more than sampling noise explains (4 or more)")
+    + f". Drafts kept: {toy_kept / n_toy:.1%}, expected sum(min(p, q)) = "
+    f"{float(torch.minimum(p_toy, q_toy).sum()):.1%}."
+)
+
+
 # %% [markdown]
 # ## Requests and the scheduler
 # A request is a prompt, a cap on new tokens, and an arrival time. Its K/V state is one number, `computed`:

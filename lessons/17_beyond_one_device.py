@@ -1308,6 +1308,8 @@ for m in MICRO:
     formula = (P_STAGES - 1) / (m + P_STAGES - 1)
     r = ratio_from_rounds(f"measured bubble, m={m}", "formula", np.array(pp_bubbles[m]) / formula)
     r_model = ratio_from_rounds(f"measured bubble, m={m}", "stage times", np.array(pp_bubbles[m]) / pp_model[m])
+    r_uneven = ratio_from_rounds("slowest stage", "fastest stage", np.array(pp_uneven[m]))
+    r_compute = ratio_from_rounds(f"compute, m={m}", "m=1", np.array(pp_busy[m]) / np.array(pp_busy[MICRO[0]]))
     lo, hi, conf = median_interval(np.array(pp_bubbles[m]))
     pp_rows.append(
         {
@@ -1320,8 +1322,8 @@ for m in MICRO:
             "within 20%": within(r, 0.20),
             "measured / stage-time model": r_model.interval_text,
             "stage-time model within 20%": within(r_model, 0.20),
-            "slowest / fastest stage": float(np.median(pp_uneven[m])),
-            "compute vs m=1": float(np.median(pp_busy[m]) / np.median(pp_busy[MICRO[0]])),
+            "slowest / fastest stage": r_uneven.interval_text,
+            "compute vs m=1": r_compute.interval_text,
             "stage 0 handing off, % of wall": 100 * float(np.median(pp_blocked[m])),
         }
     )
@@ -1333,8 +1335,8 @@ for m in MICRO[1:]:
     print(
         f"m={m}: measured bubble {row['measured']:.0%} ({row['measured, interval']}), formula {row['formula']:.0%}, "
         f"with the stages' own times {row['from stage times']:.0%} (the slowest stage took "
-        f"{row['slowest / fastest stage']:.2f}x the fastest's time per micro-batch); the stages' compute is "
-        f"{row['compute vs m=1']:.2f}x that of m=1 (each micro-batch reads all the stage's weights), and stage 0 "
+        f"{row['slowest / fastest stage']} the fastest's time per micro-batch); the stages' compute is "
+        f"{row['compute vs m=1']} that of m=1 (each micro-batch reads all the stage's weights), and stage 0 "
         f"spent {row['stage 0 handing off, % of wall']:.0f}% of the run waiting for its sends to be received."
     )
 

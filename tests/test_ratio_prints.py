@@ -39,6 +39,7 @@ EXEMPT = {  # (lesson, text on the line): why it is not a comparison of timed va
     ("08", "({fp32_mib / fp16_mib:.2f}x smaller)"): "file sizes, not timed",
     ("09", "({ref_batch.nbytes / u8_batch.nbytes:.0f}x fewer)"): "bytes per batch, counted, not timed",
     ("12", "cuts parameters {param_cut:.1f}x"): "parameter counts, not timed",
+    ("17", "({kv1 / kv3:.1f}x smaller)"): "KV bytes per token and tokens that fit, computed, not timed",
     ("12", "{pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x"): "parameter counts, not timed",
 }
 

@@ -323,7 +323,7 @@ def _tf32_variant(a, b, set_after: bool = False):
     old = torch.backends.cuda.matmul.allow_tf32
     try:
         torch.backends.cuda.matmul.allow_tf32 = not set_after
-        with kernels.recording() as calls:
+        with kernels._recording() as calls:
             for _ in range(3):
                 a @ b
             torch.cuda.synchronize()
@@ -339,17 +339,17 @@ def test_tf32_in_force_at_the_call_is_recorded(gpu, fp32_switches):
     from course_utils.fakegpu.standins.tensor import RehearsalError
 
     a = torch.randn(32, 32, device="cuda")
-    kernels.require(_tf32_variant(a, a), "tf32", "variant 'tf32'")
+    kernels._require(_tf32_variant(a, a), "tf32", "variant 'tf32'")
     with pytest.raises(RehearsalError, match=r"variant 'tf32' is labelled tf32, but 3 of its 3 matrix "
                        r"products/convolutions ran in fp32 \(mm, float32\): at the call "
                        r"torch.backends.cuda.matmul.allow_tf32 = False.*before the timed calls"):  # fmt: skip
-        kernels.require(_tf32_variant(a, a, set_after=True), "tf32", "variant 'tf32'")
+        kernels._require(_tf32_variant(a, a, set_after=True), "tf32", "variant 'tf32'")
     # the switches at the call decide, not those when the function was defined; convolutions read cuDNN's switch
     torch.backends.cuda.matmul.allow_tf32 = True
     fn = lambda: a @ a  # noqa: E731
     torch.backends.cuda.matmul.allow_tf32 = False
     conv = torch.nn.Conv2d(3, 4, 3).to("cuda")
-    with kernels.recording() as calls, torch.inference_mode():
+    with kernels._recording() as calls, torch.inference_mode():
         fn()
         torch.backends.cudnn.allow_tf32 = True
         conv(torch.randn(1, 3, 8, 8, device="cuda"))
@@ -357,4 +357,4 @@ def test_tf32_in_force_at_the_call_is_recorded(gpu, fp32_switches):
     expected = [("matmul", "fp32"), ("conv2d", "tf32"), ("matmul", "fp32"), ("matmul", "fp16")]  # inference: unsplit
     assert [(c.op, c.precision) for c in calls] == expected
     with pytest.raises(RehearsalError, match="no matrix product or convolution ran on the stand-in GPU"):
-        kernels.require([], "tf32", "variant 'tf32'")
+        kernels._require([], "tf32", "variant 'tf32'")

@@ -27,10 +27,10 @@ Four rules of the CUDA build of PyTorch that a CPU run never meets, modelled sim
   (its layout rules, and the cuDNN-first order torch picks with cuDNN > 9.15 on sm_90, are not). The stand-in then
   computes every backend with the math kernel; the chosen kernel's name is a profiler range
   (``aten::_scaled_dot_product_flash_attention`` ...) beside the math operators, and names its device events.
-* **Precision in force** (:func:`matmul_issued`, :func:`recording`). Each matrix product or convolution on stand-in
+* **Precision in force** (:func:`matmul_issued`, :func:`_recording`). Each matrix product or convolution on stand-in
   tensors records the precision the switches gave it when it was called (``allow_tf32`` of matmul or cuDNN,
   ``float32_matmul_precision``; a half dtype is its own precision), not when it was defined or timed; a check
-  reads the record (:func:`require`). The stand-in's values are computed in FP32 whatever the record says
+  reads the record (:func:`_require`). The stand-in's values are computed in FP32 whatever the record says
   (TF32 rounding is not emulated); its clock runs a TF32 call at the TF32 rate.
 * **Device activity in the profiler** (:func:`profiler_patches`). ``torch.profiler.profile`` asked for
   ``ProfilerActivity.CUDA`` records a device event (``DeviceType.CUDA``, the stand-in clock's start and end) for
@@ -149,8 +149,8 @@ def matmul_issued(base: str, flat: list) -> None:
 
 
 @contextlib.contextmanager
-def recording() -> Iterator[list[Call]]:
-    """``with recording() as calls:``: every matrix product and convolution issued on the stand-in in the block,
+def _recording() -> Iterator[list[Call]]:
+    """``with _recording() as calls:``: every matrix product and convolution issued on the stand-in in the block,
     with the precision in force when it was called."""
     calls: list[Call] = []
     _RECORDERS.append(calls)
@@ -160,8 +160,8 @@ def recording() -> Iterator[list[Call]]:
         _RECORDERS.remove(calls)
 
 
-def require(calls: list[Call], precision: str, what: str) -> None:
-    """Raise when ``calls`` (from :func:`recording`) is empty or any of them ran in another precision than
+def _require(calls: list[Call], precision: str, what: str) -> None:
+    """Raise when ``calls`` (from :func:`_recording`) is empty or any of them ran in another precision than
     ``precision``: the variant ``what`` was timed in a precision it does not claim."""
     if not calls:
         raise RehearsalError(f"{what}: no matrix product or convolution ran on the stand-in GPU while it was timed, "

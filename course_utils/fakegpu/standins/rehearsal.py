@@ -36,8 +36,8 @@ from typing import Any
 
 import torch
 
+from course_utils.fakegpu.standins import collectives, kernels, memory, packages, switches
 from course_utils.fakegpu.standins import cuda as scuda
-from course_utils.fakegpu.standins import kernels, memory, packages, switches
 from course_utils.fakegpu.standins.cuda import GPU_ONLY, NotRehearsable
 from course_utils.fakegpu.standins.mode import CudaMode, pin_batch
 from course_utils.fakegpu.standins.streams import MODEL
@@ -151,6 +151,8 @@ def activate(total_memory: int | None = None) -> None:
     torch.__future__.set_overwrite_module_params_on_conversion(True)
     _patch(torch.onnx, "export", packages.onnx_export(torch.onnx.export, suspended))
     _ACTIVE["modules"] = packages.install(_patch)
+    collectives.install(_patch)  # torch.distributed collectives on stand-in CUDA tensors are queued, as on NCCL
+    kernels.forget_autotuning()  # cuDNN's algorithm searches start afresh, as in a new process
     mode = CudaMode()
     mode.__enter__()
     _ACTIVE["mode"] = mode
