@@ -222,6 +222,22 @@ def test_speed_ups_past_ten_thousand_are_dropped_but_not_below():
     assert list(out["median_ms"]) == [1.0, 1.0, 1.0], "only the value is dropped, not the row"
 
 
+def test_a_negative_change_against_the_baseline_is_kept_a_negative_time_is_not():
+    """Lesson 12's accuracy change is negative when a variant beats its baseline: a measurement, kept. A negative
+    time is not one: dropped with a warning naming the range."""
+    df = _rows("me_cpu", "", "Xeon", {"baseline": 1.0, "a": 1.0, "b": 1.0})
+    df["error_vs_baseline"] = [0.0, -12.5, 3.0]
+    df["median_ms"] = [1.0, 1.0, -2.0]
+    with pytest.warns(UserWarning, match=r"dropped 1 median_ms value\(s\) .*b = -2\.0.*0 to 1e\+12") as caught:
+        out = lb._normalise(df, "f.csv")
+    assert list(out["error_vs_baseline"]) == [0.0, -12.5, 3.0]
+    assert list(out["median_ms"].fillna(-1)) == [1.0, 1.0, -1]
+    assert not any("error_vs_baseline" in str(w.message) for w in caught)
+    df["error_vs_baseline"] = [0.0, -2e12, 3.0]  # beyond any measurement on the negative side too
+    with pytest.warns(UserWarning, match=r"dropped 1 error_vs_baseline value\(s\) .*-1e\+12 to 1e\+12"):
+        assert lb._normalise(df, "f.csv")["error_vs_baseline"].isna().tolist() == [False, True, False]
+
+
 def test_install_id_is_the_machine_name_s_last_six_hex_digits_else_the_folder_s(tmp_path):
     (tmp_path / ".install_id").write_text("123abc fingerprint\n")
     assert lb._install_id("lab-01_Xeon_0a1b2c", tmp_path) == "0a1b2c"

@@ -39,6 +39,9 @@ KEYS = ["lesson", "technique", "model", "dtype", "batch_size"]
 
 PLAUSIBLE_MAX = {"speedup_vs_baseline": 1e4}  # no technique in the course is 10,000x faster than its baseline
 PLAUSIBLE_MAX_ANY = 1e12  # any other measured value (ms, items/s, error) above this is not a measurement
+# Columns that may be below zero: a change against the baseline (lesson 12's accuracy change is negative when a
+# variant is more accurate than its baseline). Every other column is a time, a rate or a size.
+SIGNED = {"error_vs_baseline"}
 
 
 def _normalise(df: pd.DataFrame, source: str = "") -> pd.DataFrame:
@@ -52,14 +55,16 @@ def _normalise(df: pd.DataFrame, source: str = "") -> pd.DataFrame:
             raw = df[col]
             df[col] = pd.to_numeric(raw, errors="coerce")
             limit = PLAUSIBLE_MAX.get(col, PLAUSIBLE_MAX_ANY)
-            bad = (~np.isfinite(df[col]) & df[col].notna()) | (df[col].abs() > limit) | (df[col] < 0)
+            bad = (~np.isfinite(df[col]) & df[col].notna()) | (df[col].abs() > limit)
+            if col not in SIGNED:
+                bad |= df[col] < 0
             if bad.any():
                 shown = ", ".join(f"{df.at[i, 'technique']!s} = {raw.at[i]!s}" for i in list(df.index[bad])[:3]) + (
                     f" and {int(bad.sum()) - 3} more" if bad.sum() > 3 else ""
                 )
                 warnings.warn(
                     f"dropped {int(bad.sum())} {col} value(s) of {source or 'the results'} that are not measurements "
-                    f"({shown}; allowed: finite, 0 to {limit:g})",
+                    f"({shown}; allowed: finite, {'-' + format(limit, 'g') if col in SIGNED else 0} to {limit:g})",
                     stacklevel=3,
                 )
                 df.loc[bad, col] = np.nan
