@@ -276,7 +276,13 @@ def test_a_new_lesson_is_seen_by_every_per_lesson_check(tmp_path):
 
     # Step 1: the lesson, its notebook. Step 3: its exercise and the exercise's tests.
     (repo / "lessons" / "18_toy.py").write_text(TOY_LESSON)
-    build = _in_copy(repo, "-m", "scripts.nbcheck", "--build", "18")
+    (previous,) = [p for p in sorted((repo / "lessons").glob("[0-9][0-9]_*.py")) if p.name < "18"][-1:]
+    text = previous.read_text()  # the lesson before the new one names it in its Summary's Next: line
+    at = text.rindex("\n# ## Summary") + 1
+    at = text.index("\n", at) + 1
+    previous.write_text(text[:at] + "# Next: **18 · Toy lesson**.\n#\n" + text[at:])
+    # --force: the copy is no git checkout, so the build cannot tell an edit of the source from one of the notebook
+    build = _in_copy(repo, "-m", "scripts.nbcheck", "--build", "18", previous.name[:2], "--force")
     assert "wrote notebooks/18_toy.ipynb" in build.stdout, build.stdout + build.stderr
     problems = [line for line in build.stdout.splitlines() if "18" in line and not line.startswith("wrote ")]
     assert not problems and (repo / "notebooks" / "18_toy.ipynb").exists(), build.stdout + build.stderr
