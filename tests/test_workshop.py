@@ -588,7 +588,12 @@ def test_a_manifest_without_a_file_list_or_with_a_non_object_entry_is_named(hous
 
 def _make_n(target: str, *args: str) -> list[str]:
     python = f"PYTHON={sys._base_executable}"
-    out = subprocess.run(["make", "-n", target, python, *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    # run from `make test`, make's variables (MAKELEVEL, MAKEFLAGS) would add "Entering/Leaving directory" lines
+    env = {k: v for k, v in os.environ.items() if k not in {"MAKEFLAGS", "MFLAGS", "MAKELEVEL"}}
+    out = subprocess.run(
+        ["make", "--no-print-directory", "-n", target, python, *args],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
     assert out.returncode == 0, out.stderr
     return out.stdout.splitlines()
 
