@@ -68,7 +68,7 @@ JOBS ?= 2
 TEST_THREADS ?= $(shell n=$$(( $$(nproc) / $(JOBS) )); [ $$n -ge 1 ] && echo $$n || echo 1)
 TEST_RESULTS := build/test-results
 NB_TIMEOUT ?= 900
-LINTED := course_utils tests scripts lessons
+LINTED := course_utils course_checks fakegpu tests scripts lessons
 
 .PHONY: setup wheelhouse collect lab workspace reset-lesson reset-workspace test lint notebooks checksums gpu-test gpu-check course clean FORCE
 

@@ -1,13 +1,11 @@
 """The lab bench of the GPU inference course: what several lessons share, in one folder per role.
 
 * ``measuring``: ``device``, ``timing`` (``cu.measure``, the timer), ``memory``, ``comparing`` (``cu.compare``:
-  every ratio with its interval) and ``intervals``;
+  timed variants, every ratio with its interval), ``intervals`` and ``outputs`` (``cu.check_outputs``: is a
+  variant's output the baseline's, within its precision's tolerance);
 * ``show``: ``plots``, ``results`` (``cu.record``), ``results_file``, ``machine_label``, ``leaderboard``;
-* ``check``: ``compare`` (``cu.check_outputs``), ``exercises`` and ``lesson_exercises``;
-* ``fakegpu``: the fake GPU of a CPU machine: ``streamcheck`` (lesson 10's recording device module) and ``standins``
-  (the CPU stand-ins that rehearse GPU sections);
 * ``supply``: ``models``, ``data``, ``llm``, ``paths``, ``modes`` (the switches: ``cu.pick``, ``cu.is_smoke``; the
-  section record), ``errors``;
+  section record), ``errors``, ``children`` (spawned processes that leave when their starter is gone);
 * ``sections``: ``gpu_sections`` (``cu.gpu_section``: a GPU-only section's life cycle, on a GPU or the fake one),
   ``lesson`` (``cu.lesson.start``, the set-up cell);
 * ``serve``: ``server_process``, ``server_main``, ``server_guard``, ``server_watch``, ``load_generator``
@@ -19,11 +17,16 @@
   ``l11_memory``: the double-buffered loop and the CUDA-graph runner the exercises' references use;
   ``l16_llm_serving``: lesson 16's paged KV cache, forward pass and scheduler, imported by its server process;
   ``l17_beyond_one_device``: lesson 17's rank processes and the tasks they run);
-* ``techniques``: code a later lesson reuses after its own lesson wrote it out: ``onnx_runtime`` (07),
-  ``tensorrt_engines`` (08), ``profiling`` (02), ``batching_sim`` (03), ``pipeline`` (09), ``precision`` (04),
-  ``quantization`` (05), ``compilation`` (06), ``pruning`` (12), ``triton_server`` (13);
+* ``techniques``: code a later lesson or a checker reuses after its own lesson wrote it out: ``onnx_runtime`` (07),
+  ``tensorrt_engines`` (08), ``batching_sim`` (03), ``pipeline`` (09), ``precision`` (04), ``quantization`` (05);
+  and plumbing no lesson is about: ``profiling`` (02: where traces go), ``compilation`` (06: torch's private APIs
+  read with a fallback across versions);
 * ``capstone``: lesson 14's ``optimize`` (``optimize()``: every technique tried on any model) and its parts,
   ``optimizing``.
+
+Two packages stand beside this one: ``fakegpu`` below it (the CPU stand-in of CUDA that rehearses GPU sections,
+and lesson 10's recording device), and ``course_checks`` above it (the exercise checkers and their answer keys).
+``cu.exercises`` is ``course_checks.exercises``, loaded by name when a lesson checks an exercise.
 
 Lessons write ``import course_utils as cu`` and use ``cu.<module>`` (``cu.timing``, ``cu.onnx_runtime``): every
 module is reachable by its own name and loads on first use (``cu.plots`` imports matplotlib only when a lesson
@@ -37,11 +40,9 @@ from pathlib import Path
 from typing import Any
 
 _ROOMS = {
-    "measuring": ("device", "timing", "memory", "comparing", "intervals"),
+    "measuring": ("device", "timing", "memory", "comparing", "intervals", "outputs"),
     "show": ("plots", "results", "results_file", "machine_label", "leaderboard"),
-    "check": ("compare", "exercises", "lesson_exercises"),
-    "fakegpu": ("streamcheck", "standins"),
-    "supply": ("models", "data", "llm", "paths", "modes", "errors"),
+    "supply": ("models", "data", "llm", "paths", "modes", "errors", "children"),
     "sections": ("gpu_sections", "lesson"),
     "serve": ("server_process", "server_main", "server_guard", "server_watch", "load_generator", "stream_load",
               "stream_guard"),
@@ -49,16 +50,18 @@ _ROOMS = {
     # export is reachable as cu.lNN_slug with no list to edit
     "from_lessons": tuple(sorted(p.stem for p in (Path(__file__).parent / "from_lessons").glob("l[0-9][0-9]_*.py"))),
     "techniques": ("onnx_runtime", "tensorrt_engines", "profiling", "batching_sim", "pipeline", "precision",
-                   "quantization", "compilation", "pruning", "triton_server"),
+                   "quantization", "compilation"),
     "capstone": ("optimize", "optimizing"),
 }  # fmt: skip
 #: cu.<name> -> the module's full name
 _MODULES = {name: f"{__name__}.{room}.{name}" for room, names in _ROOMS.items() for name in names}
+# The exercise checks live in the package above this one: loaded by name, when a lesson checks an exercise.
+_MODULES["exercises"] = "course_checks.exercises"
 # Shortcuts for the most used functions: cu.measure, cu.record, ...
 _SHORTCUTS = {
-    "check_outputs": "compare", "compare_outputs": "compare", "pick_device": "device", "gpu_section": "gpu_sections",
+    "check_outputs": "outputs", "compare_outputs": "outputs", "pick_device": "device", "gpu_section": "gpu_sections",
     "is_smoke": "modes", "pick": "modes", "record": "results", "measure": "timing",
-    "compare": "comparing", "tolerance_table": "compare",  # cu.compare is the comparison (shortcuts win)
+    "compare": "comparing", "tolerance_table": "outputs",  # cu.compare is the comparison (shortcuts win)
 }  # fmt: skip
 
 __all__ = sorted(set(_MODULES) | set(_SHORTCUTS) | set(_ROOMS))

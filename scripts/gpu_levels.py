@@ -100,7 +100,7 @@ def executed_runs(root: Path = ROOT) -> dict[str, str]:
     return out
 
 
-# what a rehearsal check counter means, in the words of the table (the counters come from course_utils.fakegpu.standins)
+# what a rehearsal check counter means, in the words of the table (the counters come from fakegpu.standins)
 ENFORCED = {
     "placement checks": "placement", "stream-order checks": "stream order", "timing checks": "event timing",
     "timer reads checked": "wall-clock timers wait for the GPU", "synchronizations": "synchronization",

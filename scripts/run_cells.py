@@ -9,7 +9,7 @@ kept for tracebacks). After each cell :func:`course_utils.sections.gpu_sections.
 entered in it as ``completed`` or ``failed`` (or ``not-rehearsable``, for a named GPU-only kernel: that cell stops
 there and the run goes on, as the skipped section's ``else`` branch is not taken). The first failing cell ends the
 run with exit status 1. The rehearsal's rules live in the package
-(:mod:`course_utils.fakegpu.standins.rehearsal`, whole-lesson scope started by ``cu.lesson.start``), so a rehearsal
+(:mod:`fakegpu.standins.rehearsal`, whole-lesson scope started by ``cu.lesson.start``), so a rehearsal
 in a Jupyter kernel is the one this runner does.
 
 Where IPython is missing (the lent GPU machine), ``from IPython.display import display`` gets a module
@@ -61,8 +61,8 @@ def _display_shim() -> None:
 
 def run(path: Path, until: str | None = None) -> int:
     """Run ``path`` cell by cell; ``until``: stop after the cell that enters that section (0 if it completed)."""
-    from course_utils.fakegpu.standins import rehearsal
     from course_utils.sections import gpu_sections
+    from fakegpu.standins import rehearsal
 
     _display_shim()
     gpu_sections._HOOKS["cells"] = True

@@ -24,7 +24,7 @@ def gpu():
     """The rehearsal's stand-in GPU for one test: ``torch.cuda`` while it is active, switched off afterwards."""
     import torch
 
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
 
     rehearsal.activate()
     try:

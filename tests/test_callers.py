@@ -1,7 +1,8 @@
-"""No dead code in the lab bench: every public function and class of ``course_utils`` has a caller.
+"""No dead code in the course's packages: every public function and class of ``course_utils``, ``course_checks``
+and ``fakegpu`` has a caller.
 
 A public name (a top-level ``def``/``class`` without a leading underscore, in every module and subpackage) must be
-used in a lesson (``lessons/*.py``), a script (``scripts/*.py``) or the package itself, apart from its own
+used in a lesson (``lessons/*.py``), a script (``scripts/*.py``) or one of the three packages, apart from its own
 definition; tests do not count (a function only its test calls is dead weight a learner still has to read past).
 Uses are read from the code (names, attributes, imports, and string constants that are exactly the name, such as
 the package's lazy shortcuts), never from comments or prose. A file other than the defining module counts only
@@ -22,26 +23,26 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-PACKAGE = ROOT / "course_utils"
+PACKAGES = [ROOT / name for name in ("course_utils", "course_checks", "fakegpu")]
 
 # Called by the learner by hand (named in prose and in every exercise's hint), not by course code.
-LEARNER_API = {"check/exercises.py:show_solution"}
+LEARNER_API = {"course_checks/exercises.py:show_solution"}
 
 # Dead names in modules owned by others, until the owner removes them (or gives them a caller). The lead empties
 # this list; it must never grow.
 ALLOWED: dict[str, str] = {
     # "module.py:name": "owner",
     # called from the source l13 generates for the served worker (a string this test cannot see)
-    "check/lesson_exercises/l13.py:observed_predict": "lesson_exercises/l13.py (generated code)",
+    "course_checks/lesson_exercises/l13.py:observed_predict": "lesson_exercises/l13.py (generated code)",
 }
 
 
 def _modules() -> list[Path]:
-    return sorted(p for p in PACKAGE.rglob("*.py") if "__pycache__" not in p.parts)
+    return sorted(p for pkg in PACKAGES for p in pkg.rglob("*.py") if "__pycache__" not in p.parts)
 
 
 def _key(path: Path) -> str:
-    return path.relative_to(PACKAGE).as_posix()
+    return path.relative_to(ROOT).as_posix()
 
 
 def _stem(module: str) -> str:
@@ -123,7 +124,7 @@ def dead_names() -> list[str]:
         if any(name in used and stem in used for f, used in uses.items() if f != module):
             continue
         # code exported from a lesson's cells (from_lessons/lNN_slug.py): the lesson that wrote it calls it there
-        if module.startswith("from_lessons/l") and name in uses.get(f"lessons/{stem[1:]}.py", set()):
+        if module.startswith("course_utils/from_lessons/l") and name in uses.get(f"lessons/{stem[1:]}.py", set()):
             continue
         # its own module: uses other than the definition itself (a recursive call does not count either)
         own = module_uses[module].count(name)
@@ -137,7 +138,7 @@ def dead_names() -> list[str]:
 def test_every_public_function_has_a_caller():
     dead = [d for d in dead_names() if d not in ALLOWED and d not in LEARNER_API]
     assert not dead, (
-        f"{len(dead)} public name(s) of course_utils have no caller in a lesson, a script or the package: "
+        f"{len(dead)} public name(s) of the course's packages have no caller in a lesson, a script or a package: "
         f"{dead}. Remove them (and their tests), or make them private (_name) if only their module uses them."
     )
 
@@ -168,5 +169,6 @@ def test_the_finder_finds_a_planted_dead_function(tmp_path, monkeypatch):
     (pkg / "sweepy.py").write_text("def knee():\n    pass\n")
     (tmp_path / "scripts" / "s.py").write_text("knee = 3  # a variable of the same name, not a call of sweepy.knee\n")
     monkeypatch.setitem(globals(), "ROOT", tmp_path)
-    monkeypatch.setitem(globals(), "PACKAGE", pkg)
-    assert sorted(dead_names()) == ["a.py:dead", "sub/b.py:Lonely", "sub/b.py:sol2", "sweepy.py:knee"]
+    monkeypatch.setitem(globals(), "PACKAGES", [pkg])
+    assert sorted(dead_names()) == [f"course_utils/{n}" for n in ("a.py:dead", "sub/b.py:Lonely", "sub/b.py:sol2",
+                                                                   "sweepy.py:knee")]  # fmt: skip

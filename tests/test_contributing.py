@@ -145,7 +145,7 @@ def test_make_test_lesson_without_a_lesson_prints_its_usage(args):
 
 def test_every_course_variable_is_in_the_guide():
     files = [ROOT / "Makefile"]
-    for folder in ("course_utils", "scripts", "lessons", "tests"):
+    for folder in ("course_utils", "course_checks", "fakegpu", "scripts", "lessons", "tests"):
         files += sorted((ROOT / folder).rglob("*.py"))
     names = set()
     for path in files:
@@ -213,8 +213,8 @@ cu.exercises.check("18.double", double)
 
 TOY_EXERCISE = '''"""Lesson 18's exercise (a toy the contributor's test adds)."""
 
-from course_utils.check.exercises import exercise
-from course_utils.check.lesson_exercises.observe import cases
+from course_checks.exercises import exercise
+from course_checks.lesson_exercises.observe import cases
 
 
 def _check_double(fn):
@@ -229,7 +229,7 @@ def double(n):
     return 2 * n
 '''
 
-TOY_EXERCISE_TESTS = """from course_utils.check import exercises
+TOY_EXERCISE_TESTS = """from course_checks import exercises
 
 
 def test_18_double():
@@ -271,8 +271,13 @@ def _in_copy(repo: Path, *args: str, timeout: int = 600) -> subprocess.Completed
 
 def test_a_new_lesson_is_seen_by_every_per_lesson_check(tmp_path):
     repo = _copy_of_the_repository(tmp_path / "repo")
-    where = _in_copy(repo, "-c", "import course_utils, scripts; print(course_utils.__file__, scripts.__file__)")
-    assert where.returncode == 0 and where.stdout.count(str(repo)) == 2, where.stdout + where.stderr
+    where = _in_copy(
+        repo,
+        "-c",
+        "import course_utils, course_checks, fakegpu, scripts as s\n"
+        "print(course_utils.__file__, course_checks.__file__, fakegpu.__file__, s.__file__)",
+    )
+    assert where.returncode == 0 and where.stdout.count(str(repo)) == 4, where.stdout + where.stderr
 
     # Step 1: the lesson, its notebook. Step 3: its exercise and the exercise's tests.
     (repo / "lessons" / "18_toy.py").write_text(TOY_LESSON)
@@ -286,7 +291,7 @@ def test_a_new_lesson_is_seen_by_every_per_lesson_check(tmp_path):
     assert "wrote notebooks/18_toy.ipynb" in build.stdout, build.stdout + build.stderr
     problems = [line for line in build.stdout.splitlines() if "18" in line and not line.startswith("wrote ")]
     assert not problems and (repo / "notebooks" / "18_toy.ipynb").exists(), build.stdout + build.stderr
-    (repo / "course_utils" / "check" / "lesson_exercises" / "l18.py").write_text(TOY_EXERCISE)
+    (repo / "course_checks" / "lesson_exercises" / "l18.py").write_text(TOY_EXERCISE)
     (repo / "tests" / "test_exercises_l18.py").write_text(TOY_EXERCISE_TESTS)
 
     # Before steps 2, 4 and 5, the checks that need them fail and name the lesson or its exercise.

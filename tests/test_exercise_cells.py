@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.check import exercises
+from course_checks import exercises
 
 ROOT = Path(__file__).resolve().parent.parent
 LESSONS = sorted((ROOT / "lessons").glob("[0-9][0-9]_*.py"))

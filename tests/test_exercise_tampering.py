@@ -10,7 +10,7 @@ import threading
 
 import pytest
 
-from course_utils.check import exercises
+from course_checks import exercises
 from course_utils.show import leaderboard, results
 
 KEY = "tamper.double"

@@ -9,7 +9,7 @@ import torch
 from onnxruntime import get_available_providers
 from torch.cuda import device_count, get_device_properties, is_available
 
-from course_utils.check import exercises
+from course_checks import exercises
 
 verdict = exercises.verdict
 

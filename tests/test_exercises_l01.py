@@ -15,8 +15,8 @@ import time
 import numpy as np
 import pytest
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises.l01 import SLOW_MS, FakeAsyncDevice
+from course_checks import exercises
+from course_checks.lesson_exercises.l01 import SLOW_MS, FakeAsyncDevice
 
 verdict = exercises.verdict
 
@@ -396,7 +396,7 @@ class SkippedSleeps:
 def skipped_sleeps(monkeypatch):
     """The checker's workloads (its fake device, cold start, sleeping calls, torch.utils.benchmark's timer), the
     reference and this file's timers all on one :class:`SkippedSleeps` clock."""
-    from course_utils.check.lesson_exercises import l01
+    from course_checks.lesson_exercises import l01
 
     clock = SkippedSleeps()
     monkeypatch.setattr(l01, "time", clock)

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.profiler import ProfilerActivity, profile
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l02
-from course_utils.check.lesson_exercises.observe import Cases
+from course_checks import exercises
+from course_checks.lesson_exercises import l02
+from course_checks.lesson_exercises.observe import Cases
 
 
 def checker(key):

@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.cuda import empty_cache  # a sweep below frees memory through this imported name
 
-from course_utils.check import exercises
+from course_checks import exercises
 from course_utils.techniques.batching_sim import simulate
 
 CHECK = exercises.get("03.max-wait").checker
@@ -151,8 +151,8 @@ def test_the_max_wait_judge_over_200_seeds():
     fixed wait or a p99 returned instead of a wait is rejected on every seed; right answers pass."""
     import random
 
-    from course_utils.check.lesson_exercises import l03
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l03
+    from course_checks.lesson_exercises.observe import Cases
 
     rules = {
         "meeting it means p99 <= target": lambda p, t: (
@@ -457,13 +457,13 @@ def test_oom_sweep_reference_and_alternatives_pass():
             assert exercises.verdict("03.oom-sweep", fn, seed=seed) == "accepted", fn.__name__
     assert (
         torch.cuda.is_available() is False
-        or not __import__("course_utils.fakegpu.standins.rehearsal", fromlist=["no_real_gpu"]).no_real_gpu()
+        or not __import__("fakegpu.standins.rehearsal", fromlist=["no_real_gpu"]).no_real_gpu()
     ), "the stand-in GPU is switched off after the check"
 
 
 def test_every_check_plants_each_kind_of_failure_over_200_seeds():
-    from course_utils.check.lesson_exercises import l03
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l03
+    from course_checks.lesson_exercises.observe import Cases
 
     for seed in range(200):
         runs = l03.draw_sweeps(Cases(seed))
@@ -496,8 +496,8 @@ def frozen_gc():
 def sweeps(fn, seed, device="cpu"):
     """The check's core on seed ``seed``: its four drawn sweeps run and judged on ``device``, without the check's
     set-up per call (a twentieth of its cost on the CPU, half on the stand-in): "accepted" or the reason."""
-    from course_utils.check.lesson_exercises import l03
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l03
+    from course_checks.lesson_exercises.observe import Cases
 
     before = torch.cuda.empty_cache
     try:
@@ -522,7 +522,7 @@ def test_oom_sweep_rejects_over_200_seeds(frozen_gc, wrong, message):
 def test_oom_sweep_accepts_the_reference_and_alternatives_over_200_seeds(frozen_gc):
     """Seeds 0-199 on the check's device (the stand-in GPU here: guarded_empty_cache frees only where CUDA is
     visible), then the full check on five more seeds."""
-    from course_utils.check.lesson_exercises.observe import gpu
+    from course_checks.lesson_exercises.observe import gpu
 
     with gpu() as device:
         for seed in range(200):

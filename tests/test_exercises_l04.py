@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from course_utils.check import exercises
+from course_checks import exercises
 
 
 def reason(key, fn):
@@ -49,8 +49,8 @@ def cpu_only(model, x):  # autocast hard-coded for the CPU: on a CUDA input it d
 
 def _cases(seeds=SWEEP):
     """Per seed: the checker's model, input and reference outputs, drawn once for every answer judged on it."""
-    from course_utils.check.lesson_exercises import l04
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l04
+    from course_checks.lesson_exercises.observe import Cases
 
     for seed in seeds:
         model, x = l04._cnn(Cases(seed))
@@ -59,7 +59,7 @@ def _cases(seeds=SWEEP):
 
 def _judge(fn, model, x, refs):
     """The judging core on the CPU (a fresh copy of the model per answer): None when accepted, else the reason."""
-    from course_utils.check.lesson_exercises import l04
+    from course_checks.lesson_exercises import l04
 
     try:
         l04._bf16_run(fn, copy.deepcopy(model), x.clone(), refs)

@@ -10,8 +10,8 @@ import pytest
 import torch
 from torch import nn
 
-from course_utils.check import exercises
-from course_utils.check.exercises import verdict
+from course_checks import exercises
+from course_checks.exercises import verdict
 
 
 @pytest.mark.parametrize("key", ["05.torchao-mlp", "05.pt2e"])
@@ -38,8 +38,8 @@ def test_pt2e_calibration_batches_hold_separate_extremes_on_200_seeds():
     """The drawing core: one batch holds the lowest input values, another the highest, so any single batch (the
     widest one too) misses 15% or more of the input's range; the third holds the strongest first-layer
     response. The judge rejects a scale 2% off and accepts an equal one."""
-    from course_utils.check.lesson_exercises import l05
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l05
+    from course_checks.lesson_exercises.observe import Cases
 
     for seed in range(200):
         c = Cases(seed)
@@ -383,8 +383,8 @@ def test_pt2e_graph_structure_judged_on_200_seeds():
     and widths do not change: the conv names are 0, 2, 4 on every seed), then judged by judge_pt2e_graph for the
     keep_fp32 order each of 200 seeds draws: the right graphs pass both calls, each structural mistake is rejected
     with its reason at the call that shows it (keeping the last conv whatever asked fails when '2' is asked)."""
-    from course_utils.check.lesson_exercises import l05
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l05
+    from course_checks.lesson_exercises.observe import Cases
 
     model, convs, calib, example, _ = l05.draw_pt2e_case(Cases(0))
     graphs = {
@@ -411,8 +411,8 @@ def test_pt2e_calibration_runs_judged_on_200_seeds():
     records: the batches fed, plus those the wrong ones run through the eager model), judged by
     judge_calibration_ran for each seed's batches: skipping batches is rejected, every batch (in any order, or
     concatenated into one) passes, as do the submissions rejected later by their scales."""
-    from course_utils.check.lesson_exercises import l05
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l05
+    from course_checks.lesson_exercises.observe import Cases
 
     eager_too = {linspace_calibration, widest_only, one_batch}  # these also run the real batches, outside
     for seed in range(200):
@@ -434,8 +434,8 @@ def test_pt2e_activation_scales_judged_on_seeds():
     observers' checks that on the full path). For each seed the scales of each submission's feed are judged by
     judge_scales against the given batches': the wrong feeds rejected, the right ones accepted. Only on
     SCALE_SEEDS (24): the histogram observers' parameter search costs ~40 ms a feed, seven feeds a seed."""
-    from course_utils.check.lesson_exercises import l05
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l05
+    from course_checks.lesson_exercises.observe import Cases
 
     torch.manual_seed(0)  # the throwaway batches are torch.randn_like
     for seed in SCALE_SEEDS:
@@ -451,8 +451,8 @@ def test_pt2e_activation_scales_judged_on_seeds():
 def test_pt2e_graph_scales_are_the_observers():
     """The full path of the scale judgment: a converted graph's activation scales equal what activation_scales
     gives for the batches it was calibrated on (a wrong feed and a right one, one seed)."""
-    from course_utils.check.lesson_exercises import l05
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l05
+    from course_checks.lesson_exercises.observe import Cases
 
     model, _, calib, example, keeps = l05.draw_pt2e_case(Cases(3))
     for feed in (PT2E_SCALES[widest_only], PT2E_RIGHT_FEEDS[reversed_order]):
@@ -466,8 +466,8 @@ def test_pt2e_serving_batch_exceeds_every_calibration_batch_on_200_seeds():
     """The graph is served a batch of every calibration image at once: larger than any calibration batch, so a
     batch dimension bounded just wide enough for calibration (or fixed at the example's) is rejected by name on
     every seed (the full path of static_batch_export and bounded_batch runs in test_pt2e_rejects)."""
-    from course_utils.check.lesson_exercises import l05
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l05
+    from course_checks.lesson_exercises.observe import Cases
 
     for seed in range(200):
         _, _, calib, example, _ = l05.draw_pt2e_case(Cases(seed))
@@ -480,8 +480,8 @@ def test_pt2e_qat_config_named_on_seeds():
     runs the full path): judged against the given batches' scales, it is named on every seed, and the right
     scales are not taken for it. On 8 seeds: the default observers' parameter search is what costs (see
     SCALE_SEEDS)."""
-    from course_utils.check.lesson_exercises import l05
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l05
+    from course_checks.lesson_exercises.observe import Cases
 
     for seed in range(8):
         model, _, calib, _, _ = l05.draw_pt2e_case(Cases(seed))

@@ -7,8 +7,8 @@ import re
 import pytest
 import torch
 
-from course_utils.check import exercises
-from course_utils.check.exercises import verdict
+from course_checks import exercises
+from course_checks.exercises import verdict
 
 # ------------------------------------------------------------------ 06.mark-dynamic
 
@@ -381,16 +381,16 @@ def test_every_wrong_answer_rejected_with_its_reason_on_every_full_seed(key):
 
 def _watermark_seen(model, xs):
     """The compiled graphs' watermark is outside the FP32 tolerance on every input: eager answers are told apart."""
-    from course_utils.check.compare import compare_outputs
-    from course_utils.check.lesson_exercises.l06 import WATERMARK
+    from course_checks.lesson_exercises.l06 import WATERMARK
+    from course_utils.measuring.outputs import compare_outputs
 
     with torch.no_grad():
         return all(not compare_outputs(model(*x), model(*x) * WATERMARK, "fp32").within for x in xs)
 
 
 def test_every_drawn_case_holds_what_rejects_each_wrong_answer_on_200_seeds():
-    from course_utils.check.lesson_exercises import l06
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l06
+    from course_checks.lesson_exercises.observe import Cases
 
     limit = torch._dynamo.config.recompile_limit
     for seed in SWEEP:
@@ -417,8 +417,8 @@ def test_pad_batch_on_the_device_in_16_bits_over_200_seeds():
     """The check's device part (16-bit requests on the stand-in GPU through a graph captured for that device and
     dtype) on seeds 0-199: the reference and the right alternatives are accepted, padding made with torch.zeros
     without device= or dtype= is named on every seed; both dtypes and a remainder on every request are drawn."""
-    from course_utils.check.lesson_exercises import l06
-    from course_utils.check.lesson_exercises.observe import Cases, gpu
+    from course_checks.lesson_exercises import l06
+    from course_checks.lesson_exercises.observe import Cases, gpu
 
     dtypes = set()
     with gpu() as device:

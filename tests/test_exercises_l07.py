@@ -15,10 +15,10 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 
-from course_utils.check import exercises
-from course_utils.check.exercises import verdict
-from course_utils.check.lesson_exercises import l07
-from course_utils.check.lesson_exercises.observe import Cases
+from course_checks import exercises
+from course_checks.exercises import verdict
+from course_checks.lesson_exercises import l07
+from course_checks.lesson_exercises.observe import Cases
 
 SWEEP = range(200)
 
@@ -486,8 +486,8 @@ def test_static_calibration_batches_hold_separate_extremes_on_200_seeds():
     import tempfile
     from pathlib import Path
 
-    from course_utils.check.lesson_exercises import l07, l07_int8
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l07, l07_int8
+    from course_checks.lesson_exercises.observe import Cases
 
     with tempfile.TemporaryDirectory() as tmp:
         for seed in SWEEP:
@@ -516,8 +516,8 @@ def test_static_simulated_scales_are_the_files():
     import tempfile
     from pathlib import Path
 
-    from course_utils.check.lesson_exercises import l07, l07_int8
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l07, l07_int8
+    from course_checks.lesson_exercises.observe import Cases
 
     with tempfile.TemporaryDirectory() as tmp:
         c = Cases(3)

@@ -10,8 +10,8 @@ import json
 import pytest
 import torch
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l08
+from course_checks import exercises
+from course_checks.lesson_exercises import l08
 
 DTYPES = {"FLOAT": torch.float32, "HALF": torch.float16}
 SWEEP = range(200)
@@ -304,8 +304,8 @@ def test_the_builder_check_rejects(mistake, reason):
 
 
 def test_the_builder_draws_distinct_strictly_increasing_profiles_on_every_seed():
-    from course_utils.check.lesson_exercises.l08_builder import draw_build_case
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises.l08_builder import draw_build_case
+    from course_checks.lesson_exercises.observe import Cases
 
     for seed in SWEEP:
         _, _, bounds, workspace = draw_build_case(Cases(seed))
@@ -364,7 +364,7 @@ def test_the_device_run_sees_a_missing_wait_after():
     import tempfile
     from pathlib import Path
 
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises.observe import Cases
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "m.onnx"

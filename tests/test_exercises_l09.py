@@ -18,7 +18,7 @@ import pytest
 import torch
 from torch.utils.data import DataLoader, TensorDataset
 
-from course_utils.check import exercises
+from course_checks import exercises
 
 KEY = "09.loader"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils.check import exercises
+from course_checks import exercises
 
 KEY = "10.double-buffer"
 

@@ -12,10 +12,10 @@ import torch
 from torch import nn
 from torch.nn.utils import prune
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l12
-from course_utils.check.lesson_exercises.digits import digits_cnn, held_out_digits
-from course_utils.check.lesson_exercises.observe import Cases
+from course_checks import exercises
+from course_checks.lesson_exercises import l12
+from course_checks.lesson_exercises.digits import digits_cnn, held_out_digits
+from course_checks.lesson_exercises.observe import Cases
 
 REF = exercises.get("12.rebuild-conv3").solution
 

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l13, l13_triton
+from course_checks import exercises
+from course_checks.lesson_exercises import l13, l13_triton
 
 SOLUTION = l13.SOLUTION_FILE.read_text()
 
@@ -155,7 +155,7 @@ def judged_on_200_seeds(answer):
 
     import torch
 
-    from course_utils.check.lesson_exercises.observe import Cases, gpu
+    from course_checks.lesson_exercises.observe import Cases, gpu
 
     _, cls = l13._load(answer)
     threads = torch.get_num_threads()
@@ -383,7 +383,7 @@ def test_triton_right_configs_pass_on_every_seed():
 
 
 def test_triton_cases_draw_every_boundary_on_every_seed():
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises.observe import Cases
 
     for seed in range(200):
         cases = l13_triton.draw_configs(Cases(seed))

@@ -13,10 +13,10 @@ import torch.nn.functional as F
 from torch.nn.utils.fusion import fuse_conv_bn_eval
 from torch.profiler import ProfilerActivity, profile
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l14
-from course_utils.check.lesson_exercises.digits import digits_cnn, held_out_digits
-from course_utils.check.lesson_exercises.observe import Cases
+from course_checks import exercises
+from course_checks.lesson_exercises import l14
+from course_checks.lesson_exercises.digits import digits_cnn, held_out_digits
+from course_checks.lesson_exercises.observe import Cases
 
 
 def verdict(fn, key="14.stack") -> str:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from transformers import DynamicCache
 
-from course_utils.check import exercises
+from course_checks import exercises
 
 SEEDS = (1, 2, 3)  # full checker runs of each wrong answer (the 200-seed sweeps run the drawing/judging core)
 SWEEP = range(200)
@@ -99,7 +99,7 @@ def test_the_decode_judge_names_each_mistake_on_every_drawn_case():
     makes (queries, keys, positions) are rejected with their reason, and the right passes accepted."""
     import random
 
-    from course_utils.check.lesson_exercises.l15 import judge_decode
+    from course_checks.lesson_exercises.l15 import judge_decode
 
     for seed in SWEEP:
         rng = random.Random(seed)
@@ -129,8 +129,8 @@ def test_the_decode_judge_names_each_mistake_on_every_drawn_case():
 
 
 def test_decode_leaves_no_hook_and_rebuilds_a_model_the_answer_changed():
-    from course_utils.check.lesson_exercises import l15
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l15
+    from course_checks.lesson_exercises.observe import Cases
 
     def halves(model, ids, n):
         model.half()  # changes the checker's model in place
@@ -359,8 +359,8 @@ def test_the_memory_judge_over_every_drawn_case():
     are accepted. (The truth here is the formula; the next test checks it against real caches.)"""
     import numpy as np
 
-    from course_utils.check.lesson_exercises import l15
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l15
+    from course_checks.lesson_exercises.observe import Cases
 
     ref = exercises.get("15.kv-memory").solution
     for seed in SWEEP:
@@ -381,8 +381,8 @@ def test_the_memory_judge_over_every_drawn_case():
 def test_a_cache_sized_for_the_position_limit_is_named():
     """A StaticCache's reasoning (preallocated to the model's max_position_embeddings), not the tokens seen: named
     on each of 200 seeds' cases by the judging core, and through the full check on a few."""
-    from course_utils.check.lesson_exercises import l15
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l15
+    from course_checks.lesson_exercises.observe import Cases
 
     ref = exercises.get("15.kv-memory").solution
 
@@ -401,8 +401,8 @@ def test_a_cache_sized_for_the_position_limit_is_named():
 
 
 def test_the_formula_is_what_real_caches_hold():
-    from course_utils.check.lesson_exercises import l15
-    from course_utils.check.lesson_exercises.observe import Cases
+    from course_checks.lesson_exercises import l15
+    from course_checks.lesson_exercises.observe import Cases
 
     ref = exercises.get("15.kv-memory").solution
     for seed in range(12):
@@ -427,7 +427,7 @@ def test_kv_decode_checkers_own_set_up_is_not_counted(monkeypatch):
     import dataclasses
     import time
 
-    from course_utils.check.lesson_exercises import l15
+    from course_checks.lesson_exercises import l15
 
     sealed, code = exercises._SEALED["15.kv-decode"]
     monkeypatch.setitem(exercises._SEALED, "15.kv-decode", (dataclasses.replace(sealed, time_limit=1.5), code))

@@ -8,8 +8,8 @@ from collections import deque
 import pytest
 import torch
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l16
+from course_checks import exercises
+from course_checks.lesson_exercises import l16
 
 SEEDS = range(200)  # every wrong answer is rejected, and every right one accepted, on each of these seeds
 

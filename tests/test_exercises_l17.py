@@ -12,8 +12,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from course_utils.check import exercises
-from course_utils.check.lesson_exercises import l17
+from course_checks import exercises
+from course_checks.lesson_exercises import l17
 from course_utils.from_lessons.l17_beyond_one_device import World
 
 SEEDS = range(200)

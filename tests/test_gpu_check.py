@@ -115,7 +115,7 @@ def test_a_rehearsal_leaves_no_stand_in_modules_behind(tmp_path, monkeypatch):
     (tests/test_rehearsal.py does) must not leave its fake there, nor pycuda's, nor an IPython of its own."""
     import sys
 
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
     from scripts import run_cells
 
     monkeypatch.setenv("COURSE_REHEARSE", "1")

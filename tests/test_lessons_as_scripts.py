@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils.fakegpu.standins import rehearsal
 from course_utils.supply.paths import append_text
+from fakegpu.standins import rehearsal
 from scripts import gpu_check
 from scripts.gpu_levels import lesson_sections
 from tests.test_gpu_check import BLOCKER, MISSING

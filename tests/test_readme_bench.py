@@ -19,7 +19,7 @@ def test_readme_lists_every_room_and_module():
 
 
 def test_readme_lists_every_exercise():
-    from course_utils.check import exercises
+    from course_checks import exercises
 
     text = (ROOT / "README.md").read_text()
     missing = [k for k in exercises.registry() if f"`{k}`" not in text]

@@ -13,10 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.fakegpu.standins import rehearsal
-from course_utils.fakegpu.standins.tensor import RehearsalError
 from course_utils.sections import gpu_sections
 from course_utils.supply import modes
+from fakegpu.standins import rehearsal
+from fakegpu.standins.tensor import RehearsalError
 from scripts import run_cells
 from scripts.gpu_levels import ROOT
 
@@ -236,7 +236,7 @@ def test_ort_cuda_provider_options_iobinding_and_graphs(gpu, tmp_path):
 
 
 def test_tensorrt_fake_needs_device_pointers_and_stream_order(gpu, tmp_path):
-    from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
+    from fakegpu.standins.tensorrt import fake_from_snapshot
 
     trt = fake_from_snapshot(device_pointers=True)
     model, path = _onnx(tmp_path)

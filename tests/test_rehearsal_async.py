@@ -1,7 +1,7 @@
 """The stand-in GPU is asynchronous: queued work, copies that land later, a device clock, and the rules that follow.
 
 Each rule: one right use, and the mistake it exists for (the message names the fix). Device time is modelled
-(course_utils.fakegpu.standins.clock), so the verdicts about overlap depend on the operators issued, not on this
+(fakegpu.standins.clock), so the verdicts about overlap depend on the operators issued, not on this
 machine's load: the kernels are long enough on the stand-in's clock that launching them never dominates.
 """
 
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.fakegpu.standins.streams import MODEL
-from course_utils.fakegpu.standins.tensor import RehearsalError
 from course_utils.sections import gpu_sections
 from course_utils.supply import modes
+from fakegpu.standins.streams import MODEL
+from fakegpu.standins.tensor import RehearsalError
 from scripts import run_cells
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")
@@ -72,7 +72,7 @@ def test_a_pinned_host_buffer_is_read_when_the_copy_runs(gpu):
 
 
 def test_non_blocking_from_pageable_memory_is_reported(gpu):
-    from course_utils.fakegpu.standins.tensor import STATE
+    from fakegpu.standins.tensor import STATE
 
     host = torch.ones(1 << 10)
     assert torch.equal(host.to("cuda", non_blocking=True).cpu(), host)  # synchronous, as on a GPU: reported
@@ -90,7 +90,7 @@ def slow_gpu(gpu, monkeypatch):
     """The stand-in GPU ten times slower: each kernel and copy lasts tens of milliseconds of device time, so a
     scheduling delay of a few milliseconds on a loaded 2-core machine (issuing is host work) cannot turn an
     overlap verdict around."""
-    from course_utils.fakegpu.standins import clock
+    from fakegpu.standins import clock
 
     for name, rate in list(clock.RATES.items()):
         monkeypatch.setitem(clock.RATES, name, rate / 10)
@@ -315,7 +315,7 @@ def test_a_switch_left_changed_fails_its_section(monkeypatch, tmp_path):
 
 
 def test_every_process_wide_switch_is_compared_at_the_cells_end():
-    from course_utils.fakegpu.standins import switches
+    from fakegpu.standins import switches
 
     assert set(switches.READERS) == {
         "torch.backends.cuda.matmul.allow_tf32", "torch.backends.cudnn.allow_tf32",
@@ -390,7 +390,7 @@ def test_stream_and_event_synchronize_wait_for_the_device_time_and_wait_event_or
 
 
 def test_copy_cost_is_the_pinned_or_pageable_rate_plus_latency():
-    from course_utils.fakegpu.standins import clock
+    from fakegpu.standins import clock
 
     pinned, pageable = clock.RATES["pinned"], clock.RATES["pageable"]
     assert pinned == 3 * pageable  # the stand-in's model: pinned copies three times as fast

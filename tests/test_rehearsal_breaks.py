@@ -176,8 +176,8 @@ def _peak_mib(model, x, warmup: bool) -> float:
 
 @cpu_only
 def test_cudnn_autotuning_workspace_shows_in_a_peak(gpu, fp32_switches):
-    from course_utils.fakegpu.standins import kernels
-    from course_utils.fakegpu.standins.tensor import STATE, RehearsalError
+    from fakegpu.standins import kernels
+    from fakegpu.standins.tensor import STATE, RehearsalError
 
     kernels.forget_autotuning()
     conv = torch.nn.Conv2d(3, 8, 3).to("cuda")
@@ -224,7 +224,7 @@ def _attend(q, k, v, mask=None, backends=None, **kw):
 def test_sdpa_backends_refuse_what_cuda_refuses(gpu):
     from torch.nn.attention import SDPBackend
 
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
 
     flash, efficient = [SDPBackend.FLASH_ATTENTION], [SDPBackend.EFFICIENT_ATTENTION]
     torch.manual_seed(0)
@@ -273,7 +273,7 @@ def _event_ms(fn, reverse: bool = False) -> float:
 
 @cpu_only
 def test_elapsed_time_of_reversed_events_is_caught(gpu):
-    from course_utils.fakegpu.standins.tensor import RehearsalError
+    from fakegpu.standins.tensor import RehearsalError
 
     a = torch.randn(256, 256, device="cuda")
     assert _event_ms(lambda: a @ a) > 0
@@ -303,7 +303,7 @@ def _device_us(model, x) -> float:
 
 @cpu_only
 def test_a_cuda_profile_records_device_events_only_for_gpu_work(gpu):
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
 
     model, x = torch.nn.Linear(64, 64), torch.randn(8, 64)
     rehearsal.take_notes()
@@ -318,7 +318,7 @@ def test_a_cuda_profile_records_device_events_only_for_gpu_work(gpu):
 def _tf32_variant(a, b, set_after: bool = False):
     """The matrix products of a variant timed as 'tf32'; ``set_after=True`` is the planted bug (the switch is
     turned on after the timed calls)."""
-    from course_utils.fakegpu.standins import kernels
+    from fakegpu.standins import kernels
 
     old = torch.backends.cuda.matmul.allow_tf32
     try:
@@ -335,8 +335,8 @@ def _tf32_variant(a, b, set_after: bool = False):
 
 @cpu_only
 def test_tf32_in_force_at_the_call_is_recorded(gpu, fp32_switches):
-    from course_utils.fakegpu.standins import kernels
-    from course_utils.fakegpu.standins.tensor import RehearsalError
+    from fakegpu.standins import kernels
+    from fakegpu.standins.tensor import RehearsalError
 
     a = torch.randn(32, 32, device="cuda")
     kernels._require(_tf32_variant(a, a), "tf32", "variant 'tf32'")

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from course_utils.fakegpu.standins.tensor import RehearsalError
+from fakegpu.standins.tensor import RehearsalError
 from tests.test_rehearsal import _onnx
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the rehearsal stands in for a missing GPU")
 
 
 def _trt():
-    from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
+    from fakegpu.standins.tensorrt import fake_from_snapshot
 
     return fake_from_snapshot(device_pointers=True)
 
@@ -87,7 +87,7 @@ def test_trt_tf32_is_on_by_default_and_set_clear_flags():
 
 
 def test_trt_enum_members_of_different_enums_differ_and_removed_names_say_so():
-    from course_utils.fakegpu.standins.tensorrt_surface import Enum
+    from fakegpu.standins.tensorrt_surface import Enum
 
     a, b = Enum("trt.A", {"X": 1}), Enum("trt.B", {"X": 1})
     assert a.X == a(1) and a.X != b.X and len({a.X, b.X}) == 2
@@ -107,7 +107,7 @@ def test_a_0dim_cpu_scalar_meets_cuda_but_a_cuda_index_into_cpu_does_not(gpu):
 
 
 def test_an_int_device_is_cuda_and_pin_batch_pins_nested_tensors(gpu):
-    from course_utils.fakegpu.standins.mode import pin_batch
+    from fakegpu.standins.mode import pin_batch
 
     assert torch.zeros(2, device=0).is_cuda
     batch = pin_batch({"a": torch.ones(2), "b": [torch.ones(3)], "c": (torch.ones(1), 7)})
@@ -129,7 +129,7 @@ def test_ort_cuda_provider_given_as_a_tuple_is_the_stand_in(gpu, tmp_path):
 def test_the_profiler_stands_in_only_for_the_cuda_activity(gpu):
     from torch.profiler import ProfilerActivity, profile
 
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
 
     key = "profiler CUDA activity (stand-in device events)"
     before = rehearsal.checks().get(key, 0)
@@ -194,7 +194,7 @@ def test_tf32_state_follows_the_new_fp32_precision_api_once_the_legacy_switches_
 
     code = """
 import torch
-from course_utils.fakegpu.standins import clock, kernels, switches
+from fakegpu.standins import clock, kernels, switches
 assert clock.tf32_state() == (False, True), clock.tf32_state()  # torch defaults: cuDNN convolutions in TF32
 torch.backends.cuda.matmul.allow_tf32 = True
 torch.backends.cuda.matmul.fp32_precision = "ieee"

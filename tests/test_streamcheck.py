@@ -1,4 +1,4 @@
-"""Unit tests for course_utils.fakegpu.streamcheck: the recording device module finds unordered stream accesses.
+"""Unit tests for fakegpu.streamcheck: the recording device module finds unordered stream accesses.
 
 streamcheck pinned on known answers: each way of ordering two streams (stream synchronize, event synchronize,
 wait_event, wait_stream) removes exactly the one race it orders, and nothing else does."""
@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils.fakegpu.streamcheck import RecordingDevice, describe
+from fakegpu.streamcheck import RecordingDevice, describe
 
 
 def test_ordered_and_unordered_accesses():

@@ -64,7 +64,7 @@ def test_the_kv_decode_checker_accepts_its_reference():
     that never hands the model its cache."""
     import torch
 
-    from course_utils.check import exercises
+    from course_checks import exercises
 
     def no_cache(model, ids, n):
         new = []

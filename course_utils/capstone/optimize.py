@@ -3,7 +3,7 @@
 :func:`optimize` takes a model, an example input and an accuracy function, and goes through the techniques
 in the course's order: baseline, batching, reduced precision (04), ``torch.compile`` (06), ONNX Runtime (07),
 TensorRT (08, GPU only) and INT8 quantization (05). Each variant's outputs are first compared with the
-baseline's (:func:`course_utils.check.compare.compare_outputs`, tolerance per precision; on CUDA, FP32 variants are
+baseline's (:func:`course_utils.measuring.outputs.compare_outputs`, tolerance per precision; on CUDA, FP32 variants are
 held to the TF32 tolerance, since cuDNN convolutions run TF32 by default) and its accuracy is checked against a
 budget; only a variant that computes the same thing is timed. What does not apply here, or whose package
 does not import, is skipped with the reason. The result is an
@@ -36,9 +36,9 @@ from course_utils.capstone.optimizing.techniques import int8 as _int8
 from course_utils.capstone.optimizing.techniques import onnxruntime as _onnxruntime
 from course_utils.capstone.optimizing.techniques import precision as _precision
 from course_utils.capstone.optimizing.techniques import tensorrt as _tensorrt
-from course_utils.check.compare import compare_outputs
 from course_utils.measuring.comparing import compare
 from course_utils.measuring.device import synchronize
+from course_utils.measuring.outputs import compare_outputs
 from course_utils.measuring.timing import measure
 from course_utils.supply.errors import CourseError
 

@@ -2,7 +2,7 @@
 stand-ins under ``COURSE_REHEARSE=1``), then completed or failed when its cell ends.
 
 The switches it reads (smoke, strict GPU, rehearsal) and the record it appends to (``sections.jsonl``) live a room
-below, in :mod:`course_utils.supply.modes`; the stand-ins in :mod:`course_utils.fakegpu.standins.rehearsal`.
+below, in :mod:`course_utils.supply.modes`; the stand-ins in :mod:`fakegpu.standins.rehearsal`.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ def begin_lesson() -> None:
     """Called by :func:`course_utils.sections.lesson.start`: with ``COURSE_REHEARSE_SCOPE=lesson`` the rehearsal's
     stand-ins hold for the whole lesson (``pick_device()`` gives "cuda" from the first cell), in a kernel as in
     the cell runner."""
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
 
     if rehearsing() and rehearsal.whole_lesson():
         rehearsal.pin()
@@ -56,11 +56,11 @@ def gpu_section(
     Entering records ``status: entered``; the section counts as run only when its cell completes
     (:func:`finish_cell`: ``completed``, or ``failed`` with the error's first line). With ``COURSE_REHEARSE=1``
     on a machine without CUDA the body runs on the checked CPU stand-ins of
-    :mod:`course_utils.fakegpu.standins.rehearsal`, and the timings it prints are the stand-in's.
+    :mod:`fakegpu.standins.rehearsal`, and the timings it prints are the stand-in's.
     """
     import torch
 
-    from course_utils.fakegpu.standins import rehearsal, switches
+    from fakegpu.standins import rehearsal, switches
 
     _settle_previous()
     rehearse = rehearsing()
@@ -120,10 +120,10 @@ def finish_cell(success: bool, error: BaseException | None = None) -> BaseExcept
     """Decide the sections entered in the cell that just ended: completed, failed (with the error's first line)
     or, in rehearsal, not rehearsable (a named GPU-only kernel). First the section's queued stand-in work runs and
     its global switches (TF32, cuDNN, ...) are compared with their values at entry
-    (:func:`course_utils.fakegpu.standins.rehearsal.end_cell`). Returns an error the cell hid (a stream-order
+    (:func:`fakegpu.standins.rehearsal.end_cell`). Returns an error the cell hid (a stream-order
     violation found when memory was freed, a switch left changed, an error of queued work) so the caller fails
     the cell with it."""
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
 
     pending, _PENDING[:] = list(_PENDING), []
     entered = [(p["section"], p.get("switches", {})) for p in pending]

@@ -52,7 +52,7 @@ _INSIDE: list[str] = []  # the exercise checks running now (process-wide: an ans
 def inside_check(key: str) -> Iterator[None]:
     """Rows recorded inside (by an answer that exercise ``key``'s check runs) are marked in their ``mode``
     (``smoke; inside exercise check 03.knee``) and kept off the leaderboard (:func:`recorded_in_check`): an
-    answer can record any speed-up it likes. :func:`course_utils.check.exercises.check` enters it."""
+    answer can record any speed-up it likes. :func:`course_checks.exercises.check` enters it."""
     _INSIDE.append(key)
     before = os.environ.get(INSIDE_CHECK_VAR)
     os.environ[INSIDE_CHECK_VAR] = key

@@ -9,7 +9,7 @@
   ``completed`` or ``failed`` when its cell ends (or ``skipped`` / ``not-rehearsable`` with the reason), so a run
   reports what really ran; :func:`read_sections` reads it back.
 * ``COURSE_REHEARSE=1`` (CPU machines): GPU sections run on checked stand-ins
-  (:mod:`course_utils.fakegpu.standins.rehearsal`); :func:`rehearsing` says whether they do.
+  (:mod:`fakegpu.standins.rehearsal`); :func:`rehearsing` says whether they do.
 
 Switches are parsed strictly by :func:`switch`: ``1/0, true/false, yes/no, on/off`` (any case, spaces
 ignored) or unset; any other value (``2``, ``smoke``) raises :class:`SettingError` naming the variable, so the
@@ -29,6 +29,7 @@ from typing import TypeVar
 
 from course_utils.supply.errors import SettingError
 from course_utils.supply.paths import append_text, results_dir
+from fakegpu.real_gpu import no_real_gpu  # the stand-ins' own switch, re-exported
 
 T = TypeVar("T")
 
@@ -51,18 +52,9 @@ def switch(name: str) -> bool:
     )
 
 
-def no_real_gpu() -> bool:
-    """True when this machine has no real CUDA GPU (asked of torch's C layer, even while the stand-ins answer
-    ``torch.cuda.is_available()``). COURSE_REHEARSE is read by :func:`rehearsing`."""
-    import torch
-
-    count = getattr(torch._C, "_cuda_getDeviceCount", None)
-    return not (count and count() > 0)
-
-
 def rehearsing() -> bool:
     """True when ``COURSE_REHEARSE`` is set and this machine has no real CUDA GPU: GPU sections run on the CPU
-    stand-ins (:mod:`course_utils.fakegpu.standins.rehearsal`)."""
+    stand-ins (:mod:`fakegpu.standins.rehearsal`)."""
     return switch("COURSE_REHEARSE") and no_real_gpu()
 
 

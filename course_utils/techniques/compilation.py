@@ -1,9 +1,9 @@
-"""Graph compilation helpers that lesson 06 writes out first and later lessons and exercises reuse.
+"""Graph compilation plumbing lesson 06 calls: the break-even count and guarded reads of torch's private APIs.
 
 Lesson 06 writes the compiler calls in its own cells (``torch.compile`` with freezing and with the caches
 off, ``torch._dynamo.explain``, ``torch.export`` and AOTInductor, a CUDA graph captured by hand, a counting
-backend). What stays here: :func:`break_even_calls` (after how many calls a compile has paid for itself,
-used by lessons 06 and 14), and guarded reads of the private torch APIs lesson 06 shows
+backend). What stays here: :func:`break_even_calls` (after how many calls a compile has paid for itself), and
+guarded reads of the private torch APIs lesson 06 shows
 (:func:`inductor_cache_dir`, :func:`recompile_limit_key`, :func:`guard_failure_reasons`): their names move between
 torch versions (the course runs on torch 2.14 and on the lent GPU machine's torch 2.11), so each returns a fallback
 and a note saying why, which the lesson prints, instead of stopping the lesson before its GPU sections.

@@ -86,7 +86,7 @@ def test_precision_grid_rows(ns):
 def test_make_variants_apply_what_they_say(ns):
     model, x = _tiny(), torch.rand(2, 3, 8, 8)
     variants = ns["make_variants"](model, (torch.bfloat16,))
-    from course_utils.check.lesson_exercises.observe import CONV_OPS, OpLog
+    from course_checks.lesson_exercises.observe import CONV_OPS, OpLog
 
     with torch.inference_mode():
         for name, run in variants.items():

@@ -16,10 +16,10 @@ import numpy as np
 import pytest
 import torch
 
-from course_utils.check.compare import compare_outputs
-from course_utils.fakegpu.standins.pycuda import SNAPSHOT, FakePycuda, FakePycudaError
-from course_utils.fakegpu.standins.tensorrt import fake_from_snapshot
+from course_utils.measuring.outputs import compare_outputs
 from course_utils.techniques import onnx_runtime, tensorrt_engines
+from fakegpu.standins.pycuda import SNAPSHOT, FakePycuda, FakePycudaError
+from fakegpu.standins.tensorrt import fake_from_snapshot
 
 from . import lesson_code
 

@@ -15,10 +15,10 @@ import sys
 import pytest
 import torch
 
-from course_utils.check.compare import compare_outputs
-from course_utils.fakegpu.standins.tensorrt import FakeTRT
+from course_utils.measuring.outputs import compare_outputs
 from course_utils.techniques import onnx_runtime
 from course_utils.techniques import tensorrt_engines as eng
+from fakegpu.standins.tensorrt import FakeTRT
 
 from . import lesson_code, trt_api
 
@@ -271,7 +271,7 @@ STREAM_PLANTS = [
 def test_runner_on_the_rehearsal_gpu_checks_pointers_and_stream_order(planted, spec, digits):
     """The lesson's TrtRunner on the rehearsal's stand-in GPU: CUDA tensors' pointers, a real (stand-in) stream;
     each of its two wait_stream calls removed makes the stream-order check fail; a host tensor is refused."""
-    from course_utils.fakegpu.standins import rehearsal
+    from fakegpu.standins import rehearsal
 
     model, onnx_path = digits
     source = "\n".join(lesson_code.tagged_cells("08"))

@@ -3,7 +3,7 @@
 ``images_per_s`` (the end-to-end loop the pin-memory and uint8 sections time) runs with a ``pin_memory`` loader
 and the recording device module; ``normalize_on_device`` and ``gpu_decode`` run with ``device="cpu"`` (TorchCodec
 decodes a list on the CPU too) against the data set's own preprocessing; ``DevicePrefetcher`` runs against
-:class:`course_utils.fakegpu.streamcheck.RecordingDevice`, which flags unordered stream accesses and missing
+:class:`fakegpu.streamcheck.RecordingDevice`, which flags unordered stream accesses and missing
 ``record_stream``.
 """
 
@@ -19,10 +19,10 @@ from torch.utils.data import DataLoader, Dataset, TensorDataset
 from torchcodec.decoders import decode_jpeg
 
 import course_utils as cu
-from course_utils.fakegpu.streamcheck import RecordingDevice, describe
 from course_utils.from_lessons.l09_data_pipeline import PhotoDataset
 from course_utils.supply import data
 from course_utils.techniques import pipeline
+from fakegpu.streamcheck import RecordingDevice, describe
 from tests.gpu_contract.lesson_code import lesson_namespace, tagged_cells
 
 COVERS = {

@@ -1,7 +1,7 @@
 """Lesson 10's stream code, run on the CPU against a recording device module (no GPU needed).
 
 The lesson writes its pipelines against ``torch.get_device_module(device)``. Here that module is
-:class:`course_utils.fakegpu.streamcheck.RecordingDevice`: the very functions of the lesson's ``contract`` cells run,
+:class:`fakegpu.streamcheck.RecordingDevice`: the very functions of the lesson's ``contract`` cells run,
 every copy and kernel is logged with its stream, and the tests require the model's outputs, no unordered
 access to the same memory (a race on a GPU), ``record_stream`` wherever memory crosses streams, and that the
 copies really run on another stream than the compute.
@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from course_utils.fakegpu.streamcheck import RecordingDevice, describe
+from fakegpu.streamcheck import RecordingDevice, describe
 from tests.gpu_contract.lesson_code import lesson_namespace, tagged_cells
 
 COVERS = {
@@ -123,8 +123,8 @@ def test_the_stream_checks_run_with_the_model_on_the_device():
     import copy
 
     import course_utils as cu
-    from course_utils.fakegpu.standins import rehearsal
     from course_utils.techniques import pipeline
+    from fakegpu.standins import rehearsal
     from tests.gpu_contract.lesson_code import lesson_path
 
     cells = lesson_path("10").read_text().split("# %%")

@@ -14,7 +14,7 @@ import torch
 from torch import nn
 
 from course_utils.capstone.optimizing import techniques
-from course_utils.check.compare import compare_outputs
+from course_utils.measuring.outputs import compare_outputs
 from course_utils.techniques import onnx_runtime
 from tests.gpu_contract.lesson_code import lesson_namespace, lesson_path
 

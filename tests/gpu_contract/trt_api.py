@@ -35,7 +35,7 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parents[1]
 WHEEL_REQ = "tensorrt-cu13-bindings==11.1.*"
 LIBS = ("nvinfer", "nvonnxparser", "nvinfer_plugin")
-SNAPSHOT = HERE.parents[1] / "course_utils" / "fakegpu" / "standins" / "trt_11_1_api.json"  # shipped: exercises use it
+SNAPSHOT = HERE.parents[1] / "fakegpu" / "standins" / "trt_11_1_api.json"  # shipped: exercises use it
 
 
 class Unavailable(RuntimeError):

@@ -12,7 +12,7 @@ from typing import Any
 
 import pandas as pd
 
-from course_utils.check.compare import Comparison
+from course_utils.measuring.outputs import OutputMatch
 from course_utils.measuring.timing import Measurement
 
 COLUMNS = ["technique", "applied", "reason", "batch_size", "median_ms", "throughput", "speedup", "accuracy",
@@ -35,7 +35,7 @@ class Step:
     check: str = ""
     setup_s: float | None = None
     measurement: Measurement | None = field(default=None, repr=False)
-    comparison: Comparison | None = field(default=None, repr=False)
+    comparison: OutputMatch | None = field(default=None, repr=False)
     precision: str = "fp32"
     ratio: Any = field(default=None, repr=False)  # the cu.compare Ratio behind ``speedup`` (its interval)
 
