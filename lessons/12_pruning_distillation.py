@@ -32,12 +32,9 @@ import statistics
 import warnings
 
 import matplotlib.pyplot as plt
-import pandas as pd
-import torch.nn.functional as F
 from IPython.display import display
 from torch.nn.utils import prune
 
-from course_utils.techniques import pruning
 from course_utils.techniques.quantization import accuracy_flag
 
 warnings.filterwarnings("ignore", category=cu.timing.HighSpreadWarning)
@@ -51,12 +48,18 @@ x_bench = digits.x_test[:BATCH]
 # %% [markdown]
 # Every model here up to the GPU section runs on the CPU, even on a GPU machine. `time_model` times a model
 # on the device its **input** lives on, so each result row carries the device the model really ran on.
-# `is_ffn` and `prune_2to4` are used by the 2:4 section below.
+# `count_params` gives the size each variant is compared by; `is_ffn` and `prune_2to4` are used by the 2:4 section.
 
 # %% tags=["contract"]
+import pandas as pd
 import torch
 
 import course_utils as cu
+
+
+def count_params(model: torch.nn.Module) -> int:
+    """Number of parameters (weights and biases) of ``model``."""
+    return sum(p.numel() for p in model.parameters())
 
 
 def time_model(model, x, label: str, **kw):
@@ -112,11 +115,11 @@ def prune_2to4(model: torch.nn.Module, filter_fn) -> torch.nn.Module:
 
 # %%
 m_base = time_model(teacher, x_bench, "teacher fp32")
+n_teacher = count_params(teacher)
 print(
-    f"Baseline digits CNN: accuracy {base_acc:.2%}, {pruning.count_params(teacher):,} parameters, "
+    f"Baseline digits CNN: accuracy {base_acc:.2%}, {n_teacher:,} parameters, "
     f"{m_base.median_ms:.3f} ms at batch {BATCH} on {m_base.device}"
 )
-n_teacher = pruning.count_params(teacher)
 pareto_rows = [{"variant": "teacher", "accuracy": base_acc, "median_ms": m_base.median_ms, "params": n_teacher}]
 
 # %% [markdown]
@@ -139,7 +142,26 @@ print("after prune.remove:", [n for n, _ in conv.named_parameters()], f"zeros {(
 
 # %% [markdown]
 # **Global pruning** ranks the weights of all layers together (`prune.global_unstructured`), so layers with
-# many small weights lose more. Outputs are compared with the baseline before any timing.
+# many small weights lose more. `sparsity_report` counts the zeros each layer really holds, so the table shows the
+# measured sparsity next to the one asked for. Outputs are compared with the baseline before any timing.
+
+# %% tags=["contract"]
+PRUNABLE = (torch.nn.Conv2d, torch.nn.Linear)  # the layers whose weights are pruned (all of the digits CNN's)
+
+
+def sparsity_report(model: torch.nn.Module) -> pd.DataFrame:
+    """Per Conv/Linear layer: weight count, zeros and sparsity, plus a ``total`` row for the whole model."""
+    rows = []
+    for name, mod in model.named_modules():
+        if isinstance(mod, PRUNABLE):
+            w = mod.weight.detach()
+            rows.append({"layer": name, "weights": w.numel(), "zeros": int((w == 0).sum())})
+    df = pd.DataFrame(rows)
+    df.loc[len(df)] = {"layer": "total", "weights": df["weights"].sum(), "zeros": df["zeros"].sum()}
+    # total: zeros over all weights (a large layer counts more), not the mean of the layers' sparsities
+    df["sparsity"] = df["zeros"] / df["weights"]
+    return df
+
 
 # %%
 sparsities = cu.pick(full=[0.0, 0.3, 0.5, 0.7, 0.8, 0.9, 0.95], smoke=[0.0, 0.5, 0.9])
@@ -148,7 +170,7 @@ with torch.inference_mode():
 rows, pruned = [], {}
 for s in sparsities:
     pm = copy.deepcopy(teacher)
-    params = [(mod, "weight") for mod in pm.modules() if isinstance(mod, (torch.nn.Conv2d, torch.nn.Linear))]
+    params = [(mod, "weight") for mod in pm.modules() if isinstance(mod, PRUNABLE)]
     if s > 0:
         prune.global_unstructured(params, pruning_method=prune.L1Unstructured, amount=s)
         for mod, name in params:
@@ -160,7 +182,7 @@ for s in sparsities:
     rows.append(
         {
             "sparsity": s,
-            "measured sparsity": pruning.sparsity_report(pm)["sparsity"].iloc[-1],
+            "measured sparsity": sparsity_report(pm)["sparsity"].iloc[-1],
             "accuracy": acc,
             "top-1 agreement": cmp.top1,
             "flag": accuracy_flag(acc, base_acc, THRESHOLD),
@@ -207,7 +229,7 @@ for r in unstructured.itertuples():
             "variant": f"unstructured {r.sparsity:.0%}",
             "accuracy": r.accuracy,
             "median_ms": r.median_ms,
-            "params": pruning.count_params(teacher),
+            "params": n_teacher,
         }
     )
 
@@ -239,14 +261,22 @@ print(
 # %% [markdown]
 # ## 3. The channel rebuild: remove the channels for real
 # To save work, build **smaller layers** holding only the kept channels. Written out for the first block:
-# keep conv1's `k` filters with the largest L1 norm, slice its bias and BatchNorm statistics the same way,
-# and keep only the matching **input** channels of conv2.
+# keep conv1's `k` filters with the largest L1 norm (`keep_idx`), slice its bias and BatchNorm statistics the
+# same way, and keep only the matching **input** channels of conv2.
+
+
+# %% tags=["contract"]
+def keep_idx(weight: torch.Tensor, keep: int) -> torch.Tensor:
+    """Indices of the ``keep`` output channels of ``weight`` with the largest L1 norm, in their original order."""
+    norms = weight.detach().abs().flatten(1).sum(1)  # one L1 norm per output channel (filter)
+    return norms.topk(keep).indices.sort().values
+
 
 # %%
 k = 16
 old = teacher
 conv1, bn1, conv2 = old.features[0], old.features[1], old.features[3]
-keep = conv1.weight.detach().abs().flatten(1).sum(1).topk(k).indices.sort().values  # largest L1 norms
+keep = keep_idx(conv1.weight, k)
 new_conv1 = torch.nn.Conv2d(conv1.in_channels, k, conv1.kernel_size, padding=conv1.padding)
 new_bn1 = torch.nn.BatchNorm2d(k)
 new_conv2 = torch.nn.Conv2d(k, conv2.out_channels, conv2.kernel_size, padding=conv2.padding)
@@ -275,23 +305,136 @@ print(
 )
 
 # %% [markdown]
-# `pruning.channel_prune_cnn(model, keep_fraction)` does exactly this for every conv layer of the digits CNN (and
-# the hidden Linear units). Accuracy drops right after the cut; a short fine-tune (`pruning.train`) recovers it.
+# ## Exercise: rebuild the last conv block with fewer channels
+# **`12.rebuild-conv3`**: section 3 rebuilt conv1. Now do the last block: write `rebuild_conv3(model, keep)`
+# returning a **new** digits CNN (leave `model` unchanged) whose third conv (`features[7]`) keeps the `keep`
+# filters with the largest L1 norm (in their original order), with its BatchNorm (`features[8]`) sliced to
+# match and the first Linear layer (`classifier[1]`) reading only the kept channels. Careful: after the last
+# pooling each channel is a 2x2 map, flattened channel by channel, so each channel owns 4 consecutive input
+# columns of `classifier[1]`. The self-check draws `keep` (64 to 120) and the test digits at random, looks at
+# the new layers' shapes, checks that the output equals the original model's with the dropped channels
+# silenced, and watches the operators that run: the convolution that runs must be the `keep`-channel one
+# (a forward that still runs the full convolution with a mask is not pruning), no 512-input matrix multiply,
+# and no read of the original model's weights. It prints the accuracy without fine-tuning.
+
+
+# %%
+def rebuild_conv3(model: torch.nn.Module, keep: int) -> torch.nn.Module:
+    raise NotImplementedError  # your code here
+
+
+cu.exercises.check("12.rebuild-conv3", rebuild_conv3)
+
+# %% [markdown]
+# Then compare with the general version (try the exercise first: this cell holds its answer).
+# `channel_prune_cnn(model, keep_fraction)` does the rebuild for every conv layer of the digits CNN, and for the
+# hidden units of its first Linear layer: each layer keeps its filters of largest L1 norm, reads only the channels
+# the layer before it kept, and the Linear layer reads only the kept channels' inputs (after the last pooling each
+# channel is a 2x2 map, flattened channel by channel: 4 consecutive inputs per channel).
+
+
+# %% tags=["contract"]
+def channel_prune_cnn(model: torch.nn.Module, keep_fraction: float) -> torch.nn.Module:
+    """A smaller digits CNN keeping ``keep_fraction`` of each conv layer's channels and of the hidden units.
+
+    An ordinary dense model with fewer FLOPs, built from the kept filters, their BatchNorm statistics and the
+    matching inputs of the next layer; ``model`` is left unchanged.
+    """
+    if not isinstance(model, cu.models.DigitsCNN):
+        raise cu.errors.CourseError(f"channel_prune_cnn rebuilds the course's DigitsCNN; got {type(model).__name__}")
+    if not 0.0 < keep_fraction <= 1.0:
+        raise cu.errors.CourseError(f"keep_fraction must be in (0, 1], got {keep_fraction}")
+    f = model.features
+    convs, bns = [f[0], f[3], f[7]], [f[1], f[4], f[8]]
+    fc1, fc2 = model.classifier[1], model.classifier[3]
+    widths = [max(1, round(c.out_channels * keep_fraction)) for c in convs]
+    hidden = max(1, round(fc1.out_features * keep_fraction))
+    small = cu.models.DigitsCNN(*widths, hidden=hidden)
+    sf = small.features
+    new_convs, new_bns = [sf[0], sf[3], sf[7]], [sf[1], sf[4], sf[8]]
+    prev = torch.arange(1)  # the channels the previous layer kept: the image's one channel to start
+    with torch.no_grad():
+        for conv, bn, nconv, nbn, k in zip(convs, bns, new_convs, new_bns, widths, strict=True):
+            idx = keep_idx(conv.weight, k)
+            nconv.weight.copy_(conv.weight[idx][:, prev])  # kept filters, reading only the kept input channels
+            nconv.bias.copy_(conv.bias[idx])
+            for attr in ("weight", "bias", "running_mean", "running_var"):
+                getattr(nbn, attr).copy_(getattr(bn, attr)[idx])
+            prev = idx
+        spatial = fc1.in_features // convs[-1].out_channels  # 4 inputs per channel: a 2x2 map after two pools
+        cols = (prev[:, None] * spatial + torch.arange(spatial)[None, :]).flatten()
+        hid = keep_idx(fc1.weight, hidden)
+        small.classifier[1].weight.copy_(fc1.weight[hid][:, cols])
+        small.classifier[1].bias.copy_(fc1.bias[hid])
+        small.classifier[3].weight.copy_(fc2.weight[:, hid])  # the output layer reads only the kept hidden units
+        small.classifier[3].bias.copy_(fc2.bias)
+    return small.eval()
+
+
+# %% [markdown]
+# Accuracy drops right after the cut; a short fine-tune recovers it. `train` is that fine-tune: Adam on the
+# cross-entropy with the labels. Section 5 trains its students with it too, from a teacher (`teacher=` and
+# `loss_fn=`). It shuffles with its own seeded generator, so two students trained with one seed see the same
+# batches in the same order.
+
+# %% tags=["contract"]
+import torch.nn.functional as F
+
+
+def train(
+    model: torch.nn.Module,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    *,
+    epochs: int = 5,
+    lr: float = 2e-3,
+    batch_size: int = 64,
+    teacher: torch.nn.Module | None = None,
+    loss_fn=None,
+    seed: int = 0,
+) -> torch.nn.Module:
+    """Train ``model`` in place and return it in eval mode: on the labels, or, given a ``teacher``, with
+    ``loss_fn(student_logits, teacher_logits, labels)``."""
+    if epochs < 0:
+        raise cu.errors.CourseError(f"epochs must be >= 0, got {epochs}")
+    if teacher is not None and loss_fn is None:
+        raise cu.errors.CourseError("distilling needs loss_fn(student_logits, teacher_logits, labels)")
+    g = torch.Generator().manual_seed(seed)
+    opt = torch.optim.Adam(model.parameters(), lr=lr)
+    if teacher is not None:
+        teacher.eval()
+    model.train()
+    for _ in range(epochs):
+        perm = torch.randperm(len(x), generator=g)
+        for i in range(0, len(x), batch_size):
+            idx = perm[i : i + batch_size]
+            logits = model(x[idx])
+            if teacher is None:
+                loss = F.cross_entropy(logits, y[idx])
+            else:
+                with torch.no_grad():
+                    t_logits = teacher(x[idx])
+                loss = loss_fn(logits, t_logits, y[idx])
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+    return model.eval()
+
 
 # %%
 keep_fractions = cu.pick(full=[0.75, 0.5, 0.35, 0.25], smoke=[0.5])
 ft_epochs = cu.pick(full=3, smoke=1)
 rows, smalls = [], {}
 for frac in keep_fractions:
-    small = pruning.channel_prune_cnn(teacher, frac)
+    small = channel_prune_cnn(teacher, frac)
     acc_cut = cu.models.accuracy(small, digits.x_test, digits.y_test)
-    pruning.train(small, digits.x_train, digits.y_train, epochs=ft_epochs, lr=1e-3, batch_size=128)
+    train(small, digits.x_train, digits.y_train, epochs=ft_epochs, lr=1e-3, batch_size=128)
     acc = cu.models.accuracy(small, digits.x_test, digits.y_test)
     smalls[f"structured {frac:.0%}"] = small
     rows.append(
         {
             "channels kept": frac,
-            "params": pruning.count_params(small),
+            "params": count_params(small),
             "accuracy after cut": acc_cut,
             "accuracy after fine-tune": acc,
             "flag": accuracy_flag(acc, base_acc, THRESHOLD),
@@ -453,7 +596,8 @@ print(
 
 # %% [markdown]
 # One seed decides little: the test set has 450 images, so one image is 0.22 points. Train both students with
-# several seeds (same initial weights and batches per seed) and look at the paired differences.
+# section 3's `train` (the distilled one given the teacher and `distillation_loss`) over several seeds (same
+# initial weights and batches per seed) and look at the paired differences.
 
 # %%
 student_widths = dict(c1=8, c2=16, c3=32, hidden=64)
@@ -465,8 +609,8 @@ kd_rows = []
 for seed in seeds:
     torch.manual_seed(seed)
     init = cu.models.DigitsCNN(**student_widths)
-    s_labels = pruning.train(copy.deepcopy(init), xs, ys, epochs=kd_epochs, batch_size=64, lr=5e-3, seed=seed)
-    s_kd = pruning.train(
+    s_labels = train(copy.deepcopy(init), xs, ys, epochs=kd_epochs, batch_size=64, lr=5e-3, seed=seed)
+    s_kd = train(
         copy.deepcopy(init),
         xs,
         ys,
@@ -498,7 +642,7 @@ for name in ("labels only", "distilled"):
             "variant": f"student, {name}",
             "accuracy": statistics.mean(kd[name]),
             "median_ms": m_student.median_ms,
-            "params": pruning.count_params(s_kd),
+            "params": count_params(s_kd),
         }
     )
 
@@ -529,7 +673,7 @@ print(
     f"ln_structured with half the channels zeroed: {s_zeroed}. The zeros in a dense tensor are still multiplied."
 )
 s_small = structured.sort_values("channels kept").iloc[0]
-param_cut = pruning.count_params(teacher) / s_small.params
+param_cut = n_teacher / s_small.params
 print(
     f"Keeping {s_small['channels kept']:.0%} of the channels cuts parameters {param_cut:.1f}x; speed: {s_small.r}"
     + (
@@ -540,8 +684,8 @@ print(
     )
 )
 print(
-    f"The student has {pruning.count_params(s_kd):,} parameters "
-    f"({pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x "
+    f"The student has {count_params(s_kd):,} parameters "
+    f"({n_teacher / count_params(s_kd):.0f}x "
     f"fewer); speed: {s_student.says('the student', 'the teacher')}. Distillation: {kd_finding}."
 )
 
@@ -555,27 +699,6 @@ print(
 #   to memory. Graph compilers do it for you: **06 · Graph compilation** (Inductor) and **07 · ONNX Runtime**
 #   (node counts before and after graph optimization). Folding BatchNorm into the preceding convolution,
 #   used in lesson 05's QAT, is the simplest case.
-
-# %% [markdown]
-# ## Exercise: rebuild the last conv block with fewer channels
-# **`12.rebuild-conv3`**: section 3 rebuilt conv1. Now do the last block: write `rebuild_conv3(model, keep)`
-# returning a **new** digits CNN (leave `model` unchanged) whose third conv (`features[7]`) keeps the `keep`
-# filters with the largest L1 norm (in their original order), with its BatchNorm (`features[8]`) sliced to
-# match and the first Linear layer (`classifier[1]`) reading only the kept channels. Careful: after the last
-# pooling each channel is a 2x2 map, flattened channel by channel, so each channel owns 4 consecutive input
-# columns of `classifier[1]`. The self-check draws `keep` (64 to 120) and the test digits at random, looks at
-# the new layers' shapes, checks that the output equals the original model's with the dropped channels
-# silenced, and watches the operators that run: the convolution that runs must be the `keep`-channel one
-# (a forward that still runs the full convolution with a mask is not pruning), no 512-input matrix multiply,
-# and no read of the original model's weights. It prints the accuracy without fine-tuning.
-
-
-# %%
-def rebuild_conv3(model: torch.nn.Module, keep: int) -> torch.nn.Module:
-    raise NotImplementedError  # your code here
-
-
-cu.exercises.check("12.rebuild-conv3", rebuild_conv3)
 
 # %% [markdown]
 # ## Summary rows

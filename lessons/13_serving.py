@@ -44,7 +44,6 @@ from IPython.display import display
 
 import course_utils as cu
 from course_utils.serve import load_generator, server_process
-from course_utils.techniques import triton_server
 
 device = cu.lesson.start("13", "Serving with dynamic batching")
 
@@ -181,8 +180,8 @@ t_max = float(inproc.loc[inproc["batch_size"] == MAX_BATCH, "median_ms"].iloc[0]
 cheaper = per_item.ratio(f"batch {MAX_BATCH}")  # batch-1 time per sentence / full-batch time per sentence
 print(
     f"In-process, one thread: {t1:.1f} ms per sentence alone, {t_max / MAX_BATCH:.1f} ms per sentence in a batch "
-    f"of {MAX_BATCH}: per sentence, the full batch is {cheaper.interval_text} cheaper: the most batching can give "
-    "here."
+    f"of {MAX_BATCH}: per sentence, {cheaper.says('the full batch', 'batch 1', 'cheaper than')}: the most batching "
+    "can give here."
 )
 inproc.round(2)
 
@@ -468,10 +467,10 @@ print(
 if not target_met:
     busy = sat.loc["no batching", "model_busy_%"]
     print(
-        f"Why it was missed: unbatched, the model was busy {busy:.0f}% of the time at c={top}; in-process a batch "
-        f"of {MAX_BATCH} is {cheaper.interval_text} cheaper per item, and batched the model ran batches "
-        f"of {sat.loc['batched', 'mean_batch']:.1f} on average. Batching cannot beat the in-process ratio, and it "
-        "shrinks when the HTTP process and the load generator take CPU the model needs (they share this "
+        f"Why it was missed: unbatched, the model was busy {busy:.0f}% of the time at c={top}; in-process, per "
+        f"item: {cheaper.says(f'a batch of {MAX_BATCH}', 'batch 1', 'cheaper than')}, and batched the model ran "
+        f"batches of {sat.loc['batched', 'mean_batch']:.1f} on average. Batching cannot beat the in-process ratio, "
+        "and it shrinks when the HTTP process and the load generator take CPU the model needs (they share this "
         "machine's cores)."
     )
 
@@ -507,27 +506,176 @@ else:
 
 # %% [markdown]
 # ## Cluster scale: Triton Inference Server
-# Triton batches on the server too, in C++, for many models and GPUs. A model is a folder with `config.pbtxt`
-# and a versioned model file. Its batcher has the same two knobs: `max_batch_size`, and
-# `max_queue_delay_microseconds` (how long a request may wait for batch-mates: our `batch_timeout`, so the
-# value chosen above from the p99 target carries over). Triton's batcher guide says `preferred_batch_size`
-# should **not** be set for most models: the batcher already sends the largest batch available; preferred
-# sizes only help a model that is much faster at a few specific sizes (e.g. a TensorRT engine built for them).
-# We export the digits CNN to ONNX with a dynamic batch, write the config, and check it with Triton's own
-# protobuf classes.
+# Triton batches on the server too, in C++, for many models and GPUs. A model is a folder
+# `<repository>/<model name>/` holding `config.pbtxt` and a numbered version folder with the model file
+# (`1/model.onnx`). Its batcher has the same two knobs: `max_batch_size`, and `max_queue_delay_microseconds`
+# (how long a request may wait for batch-mates: our `batch_timeout`, so the value chosen above from the p99 target
+# carries over). `instance_group` says how many copies of the model run, on CPU or GPU (our `workers_per_device`).
+# Triton's batcher guide says `preferred_batch_size` should **not** be set for most models: the batcher already
+# sends the largest batch available; preferred sizes only help a model that is much faster at a few specific
+# sizes (e.g. a TensorRT engine built for them). The config is protobuf text; the cell below writes it from the
+# model's inputs and outputs.
+
+
+# %% tags=["contract"]
+from pathlib import Path
+from typing import NamedTuple
+
+import course_utils as cu
+
+KINDS = ("KIND_CPU", "KIND_GPU", "KIND_AUTO")  # where an instance runs
+TRITON_DTYPES = {"float32": "TYPE_FP32", "float16": "TYPE_FP16", "int64": "TYPE_INT64", "int32": "TYPE_INT32",
+                 "int8": "TYPE_INT8", "uint8": "TYPE_UINT8", "bfloat16": "TYPE_BF16"}  # fmt: skip
+
+
+class TritonConfigError(cu.errors.CourseError, ValueError):
+    """A Triton `config.pbtxt` does not parse, or parses but would be rejected or misbehave."""
+
+
+class TensorSpec(NamedTuple):
+    """One model input or output as Triton describes it: name, Triton data type, dims without the batch dim."""
+
+    name: str
+    data_type: str
+    dims: tuple[int, ...]
+
+
+def make_config(name, inputs, outputs, *, max_batch_size=32, preferred_batch_sizes=(), max_queue_delay_us=500,
+                instance_count=1, kind="KIND_CPU", platform="onnxruntime_onnx"):  # fmt: skip
+    """The text of a `config.pbtxt` with dynamic batching (not validated: see `validate_config`).
+
+    `inputs` and `outputs` are TensorSpecs whose dims exclude the batch dimension: Triton adds it when
+    `max_batch_size > 0`. Preferred batch sizes are written only when given.
+    """
+
+    def tensor(t):
+        dims = ", ".join(str(d) for d in t.dims)
+        return f'  {{\n    name: "{t.name}"\n    data_type: {t.data_type}\n    dims: [ {dims} ]\n  }}'
+
+    sizes = ", ".join(str(s) for s in preferred_batch_sizes)
+    preferred = f"  preferred_batch_size: [ {sizes} ]\n" if preferred_batch_sizes else ""
+    ins = ",\n".join(tensor(t) for t in inputs)
+    outs = ",\n".join(tensor(t) for t in outputs)
+    return (
+        f'name: "{name}"\n'
+        f'platform: "{platform}"\n'
+        f"max_batch_size: {max_batch_size}\n"
+        f"input [\n{ins}\n]\n"
+        f"output [\n{outs}\n]\n"
+        f"dynamic_batching {{\n{preferred}"
+        f"  max_queue_delay_microseconds: {max_queue_delay_us}\n}}\n"
+        f"instance_group [\n  {{\n    count: {instance_count}\n    kind: {kind}\n  }}\n]\n"
+    )
+
+
+# %% [markdown]
+# Triton reads the config only when it loads the model, on the server: a typo shows up there, late. Triton's own
+# protobuf classes (`model_config_pb2` from `tritonclient`, read by `google.protobuf.text_format`) find it here: a
+# misspelled field or a value of the wrong type fails the parse, which names it and its line. Some mistakes parse
+# and fail later, so `validate_config` checks those too: a preferred batch size above `max_batch_size` (Triton
+# refuses to load the model) or below 1, dynamic batching with `max_batch_size: 0` (Triton never batches), no
+# input or no output, an instance count below 1.
+
+
+# %% tags=["contract"]
+def validate_config(config):
+    """Parse a `config.pbtxt` (its text, or a Path) as Triton's `ModelConfig`; return the parsed message.
+
+    Raises TritonConfigError for a parse error and for the mistakes listed above that the parser lets through.
+    """
+    try:  # install tritonclient without its dependencies: its pins would downgrade protobuf
+        from google.protobuf import text_format
+        from tritonclient.grpc import model_config_pb2
+    except (ImportError, RuntimeError) as exc:
+        raise cu.errors.MissingBackendError(
+            f"tritonclient's protobuf classes are missing: pip install --no-deps tritonclient grpcio "
+            f"python-rapidjson (or make setup) ({exc})"
+        ) from None
+    text = Path(config).read_text() if isinstance(config, Path) else config
+    cfg = model_config_pb2.ModelConfig()
+    try:
+        text_format.Parse(text, cfg)
+    except text_format.ParseError as exc:
+        raise TritonConfigError(
+            f"config.pbtxt does not parse as Triton's ModelConfig: {exc}. Check the field's spelling against "
+            "https://github.com/triton-inference-server/common/blob/main/protobuf/model_config.proto"
+        ) from None
+    problems = []
+    if not cfg.name:
+        problems.append("'name' is empty (it must match the model's folder name)")
+    if cfg.max_batch_size < 0:
+        problems.append(f"max_batch_size is {cfg.max_batch_size}; use 0 (no batching) or a positive maximum")
+    if cfg.HasField("dynamic_batching"):
+        if cfg.max_batch_size == 0:
+            problems.append("dynamic_batching needs max_batch_size > 0 (with 0 Triton never batches)")
+        for size in cfg.dynamic_batching.preferred_batch_size:
+            if size < 1:
+                problems.append(f"preferred_batch_size {size} is below 1")
+            elif cfg.max_batch_size and size > cfg.max_batch_size:
+                problems.append(
+                    f"preferred_batch_size {size} exceeds max_batch_size {cfg.max_batch_size} "
+                    "(Triton rejects the model at load time); lower it or raise max_batch_size"
+                )
+    if not cfg.input:
+        problems.append("no input declared")
+    if not cfg.output:
+        problems.append("no output declared")
+    for group in cfg.instance_group:
+        if group.count < 1:
+            problems.append(f"instance_group count {group.count} is below 1")
+    if problems:
+        raise TritonConfigError("config.pbtxt is invalid: " + "; ".join(problems))
+    return cfg
+
+
+# %% [markdown]
+# The repository for the digits CNN: the model exported to ONNX with a dynamic batch dimension
+# (`cu.onnx_runtime.export_onnx`, lesson 07's exporter), its inputs and outputs read back from the ONNX file
+# (Triton's `dims` leave the batch dimension out; a named dimension is `-1`, any size), and the config validated
+# before it is written.
+
+
+# %% tags=["contract"]
+def onnx_io(path):
+    """Inputs and outputs of an ONNX model as TensorSpecs, the batch dimension dropped."""
+    import onnx
+
+    m = onnx.load(str(path), load_external_data=False)
+    weights = {i.name for i in m.graph.initializer}  # some exporters list the weights among the inputs
+
+    def spec(v):
+        t = v.type.tensor_type
+        np_name = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+        dims = tuple(d.dim_value if d.HasField("dim_value") else -1 for d in t.shape.dim)[1:]
+        return TensorSpec(v.name, TRITON_DTYPES.get(np_name, "TYPE_FP32"), dims)
+
+    return [spec(v) for v in m.graph.input if v.name not in weights], [spec(v) for v in m.graph.output]
+
+
+def write_model_repository(root, model, example, *, name="digits_cnn", max_batch_size=32, preferred_batch_sizes=(),
+                           max_queue_delay_us=500, instance_count=1, kind="KIND_CPU"):  # fmt: skip
+    """Write `<root>/<name>/1/model.onnx` and `<root>/<name>/config.pbtxt`; return the model folder.
+
+    `example` is one batch of inputs for the export.
+    """
+    if kind not in KINDS:  # checked before the export, which takes seconds
+        raise TritonConfigError(f"kind must be one of {KINDS}, got {kind!r}")
+    folder = Path(root) / name
+    onnx_path = cu.onnx_runtime.export_onnx(model, example, folder / "1" / "model.onnx", dynamic_batch=True)
+    inputs, outputs = onnx_io(onnx_path)
+    text = make_config(name, inputs, outputs, max_batch_size=max_batch_size,
+                       preferred_batch_sizes=preferred_batch_sizes, max_queue_delay_us=max_queue_delay_us,
+                       instance_count=instance_count, kind=kind)  # fmt: skip
+    validate_config(text)
+    (folder / "config.pbtxt").write_text(text)
+    return folder
+
 
 # %%
-from google.protobuf import text_format
-
-try:
-    from tritonclient.grpc import model_config_pb2
-except ImportError as exc:
-    raise cu.errors.MissingBackendError(f"pip install --no-deps tritonclient grpcio python-rapidjson ({exc})") from None
-
 repo = WORK / "triton_repo"
 digits = cu.models.load_digits_model("cnn")
 queue_delay_us = int(BATCH_TIMEOUT * 1e6)
-folder = triton_server.write_model_repository(
+folder = write_model_repository(
     repo,
     digits,
     torch.rand(4, 1, 8, 8),
@@ -539,21 +687,20 @@ folder = triton_server.write_model_repository(
 )
 config_text = (folder / "config.pbtxt").read_text()
 print(config_text)
-cfg = text_format.Parse(config_text, model_config_pb2.ModelConfig())  # a misspelled field raises ParseError
+cfg = validate_config(config_text)  # Triton's ModelConfig message
 print(
     f"Parsed: max_batch_size={cfg.max_batch_size}, "
     f"max_queue_delay_microseconds={cfg.dynamic_batching.max_queue_delay_microseconds}, "
     f"preferred sizes {list(cfg.dynamic_batching.preferred_batch_size) or 'none'}"
 )
-triton_server.validate_config(config_text)  # plus what the parser does not check (sizes against max_batch_size, counts)
 for name, text in {
     "misspelled field": config_text.replace("max_queue_delay_microseconds", "max_queue_delay_us"),
     "max_batch_size 0 with dynamic batching": config_text.replace("max_batch_size: 32", "max_batch_size: 0"),
 }.items():
     try:
-        triton_server.validate_config(text)
+        validate_config(text)
         print(f"{name}: not caught (unexpected)")
-    except triton_server.TritonConfigError as exc:
+    except TritonConfigError as exc:
         print(f"{name}: caught -> {str(exc)[:150]}")
 
 # %% [markdown]
@@ -576,13 +723,47 @@ if ort is not None:
 # %% [markdown]
 # To serve the repository, run Triton's container and measure it with **`perf_analyzer`** (in the
 # `tritonserver:<tag>-py3-sdk` image): it sweeps concurrency or request rate and reports throughput and
-# p50/p90/p95/p99 with the server-side queue and compute time, the same table this lesson measured. Shown,
-# not run here (Docker and a large image download): unverified by the course.
+# p50/p90/p95/p99 with the server-side queue and compute time, the same table this lesson measured. The two
+# functions below write the commands. Shown, not run here (Docker and a large image download): unverified by the
+# course.
+
+
+# %% tags=["contract"]
+DEFAULT_TRITON_TAG = "25.10"  # Triton container release: pick one that matches your driver (NGC support matrix)
+
+
+def docker_run_line(repository, *, gpus=True, tag=DEFAULT_TRITON_TAG):
+    """The `docker run` command that serves `repository` with Triton's container.
+
+    Ports: 8000 HTTP, 8001 gRPC, 8002 Prometheus metrics, bound to 127.0.0.1 to keep the server off the network.
+    """
+    gpu = "--gpus all " if gpus else ""
+    ports = " ".join(f"-p 127.0.0.1:{p}:{p}" for p in (8000, 8001, 8002))
+    return (
+        f"docker run --rm {gpu}--shm-size=1g {ports} -v {Path(repository).resolve()}:/models "
+        f"nvcr.io/nvidia/tritonserver:{tag}-py3 tritonserver --model-repository=/models"
+    )
+
+
+def perf_analyzer_line(name, *, concurrency=None, rate=None, url="127.0.0.1:8001"):
+    """The `perf_analyzer` command that sweeps `concurrency=(lo, hi)` clients or a request `rate=(lo, hi)` per second.
+
+    A concurrency sweep is closed-loop; a rate sweep with Poisson arrivals is open-loop, as in this lesson.
+    """
+    if (concurrency is None) == (rate is None):
+        raise TritonConfigError("give exactly one of concurrency=(lo, hi) or rate=(lo, hi)")
+    base = f"perf_analyzer -m {name} -u {url} -i grpc --percentile=99 --measurement-interval 5000"
+    if concurrency is not None:
+        lo, hi = concurrency
+        return f"{base} --concurrency-range {lo}:{hi}:{lo if lo > 1 else 2}"
+    lo, hi = rate
+    return f"{base} --request-rate-range {lo}:{hi}:{max(1, (hi - lo) // 4)} --request-distribution=poisson"
+
 
 # %%
-print(triton_server.docker_run_line(repo, gpus=True))
-print(triton_server.perf_analyzer_line("digits_cnn", concurrency=(1, 64)))
-print(triton_server.perf_analyzer_line("digits_cnn", rate=(100, 2000)))
+print(docker_run_line(repo, gpus=True))
+print(perf_analyzer_line("digits_cnn", concurrency=(1, 64)))
+print(perf_analyzer_line("digits_cnn", rate=(100, 2000)))
 
 # %% [markdown]
 # ## Ray Serve (opt-in)
@@ -634,8 +815,9 @@ if cu.modes.opt_in_section(
 
 # %%
 print(
-    f"* In-process, a batch of {MAX_BATCH} made the model {cheaper.interval_text} cheaper per sentence; "
-    f"served at c={top}, batching gave {ratio} the throughput (mean batch {sat.loc['batched', 'mean_batch']:.1f})."
+    f"* In-process, per sentence: {cheaper.says(f'a batch of {MAX_BATCH}', 'one sentence alone', 'cheaper than')}; "
+    f"served at c={top}: {ratio.says('batching', 'no batching', 'the throughput of')} (mean batch "
+    f"{sat.loc['batched', 'mean_batch']:.1f})."
 )
 low = closed[closed["concurrency"] == 1].set_index("server")["p50_ms"]
 print(

@@ -55,7 +55,7 @@ def lesson_namespace(lesson: str, tag: str = "contract", **preset: Any) -> dict[
     ns: dict[str, Any] = {"__name__": f"lesson_{lesson}_{tag}", **preset}
     path = str(lesson_path(lesson))
     for src in cells:
-        exec(compile(src, path, "exec"), ns)  # noqa: S102 - the lesson's own code, by design
+        exec(compile(src, path, "exec", dont_inherit=True), ns)  # noqa: S102 - the lesson's own code, by design
         # A cell tagged export carries its own imports (`import torch`): the preset (a stand-in torch) stays.
         ns.update(preset)
     return ns
