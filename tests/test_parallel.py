@@ -322,6 +322,54 @@ def test_a_rank_killed_mid_step_leaves_no_process_and_no_port(model, tmp_path):
             assert s.connect_ex(("127.0.0.1", port)) != 0, f"port {port} still listening"
 
 
+STARTER = """
+import multiprocessing, os, threading, time
+from course_utils.from_lessons import l17_beyond_one_device as l17
+os.environ["L17_TEST_SLOW_TORCH"] = "300"  # the ranks' import of torch takes 5 minutes (see SLOW_TORCH)
+threading.Thread(target=lambda: l17.World(2, timeout_s=600.0).__enter__(), daemon=True).start()
+while len(multiprocessing.active_children()) < 2:
+    time.sleep(0.01)
+print(*[p.pid for p in multiprocessing.active_children()], flush=True)
+time.sleep(600)
+"""
+# Read by every Python started with this folder on its path: with the variable set, importing torch takes that long
+# (as on a machine much busier than this one), so a rank is sure to be killed while it imports.
+SLOW_TORCH = """
+import os, sys, time
+class _SlowTorch:
+    def find_spec(self, name, path=None, target=None):
+        if name == "torch" and os.environ.get("L17_TEST_SLOW_TORCH"):
+            time.sleep(float(os.environ["L17_TEST_SLOW_TORCH"]))
+        return None
+sys.meta_path.insert(0, _SlowTorch())
+"""
+
+
+def test_ranks_leave_when_their_starter_is_killed_even_while_they_import_torch(tmp_path):
+    """A notebook killed (SIGKILL: no clean-up runs) while its ranks still import torch leaves no rank behind: their
+    target watches the starter from its first moment (``cu.children.run_watched``), not after the import."""
+    import subprocess
+    import sys
+
+    (tmp_path / "sitecustomize.py").write_text(SLOW_TORCH)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(tmp_path), os.environ.get("PYTHONPATH")]))}
+    starter = subprocess.Popen([sys.executable, "-c", STARTER], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        pids = [int(p) for p in starter.stdout.readline().split()]
+        assert len(pids) == 2, pids
+        time.sleep(1.0)  # the ranks are in their (5-minute) import of torch now
+    finally:
+        starter.kill()
+        starter.wait()
+    deadline = time.monotonic() + 30  # the watchdog looks every 0.2 s; a busy machine may be slow to schedule it
+    while time.monotonic() < deadline and any(psutil.pid_exists(p) for p in pids):
+        time.sleep(0.1)
+    alive = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+    for p in alive:  # do not leave them to the next test
+        psutil.Process(p).kill()
+    assert not alive, f"rank processes outlived their starter while importing torch: {alive}"
+
+
 # ------------------------------------------------------------------ the lesson's cells tagged "contract"
 @pytest.fixture(scope="module")
 def cells():
@@ -409,8 +457,8 @@ def test_the_bubble_models(cells):
 def test_comm_times_a_gpu_collective_with_events_and_the_rehearsal_catches_the_host_clock(gpu, monkeypatch):
     """Comm's device path (CUDA events, read after a synchronize) passes the rehearsal's rule for asynchronous
     collectives; the host-clock path it uses on gloo, planted on a GPU tensor, is stopped by it."""
-    from course_utils.fakegpu.standins import collectives
-    from course_utils.fakegpu.standins.rehearsal import RehearsalError
+    from fakegpu.standins import collectives
+    from fakegpu.standins.rehearsal import RehearsalError
 
     x = torch.ones(4096, device="cuda")
     collectives.install(monkeypatch.setattr)  # undone when the test ends

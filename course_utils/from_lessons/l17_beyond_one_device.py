@@ -20,6 +20,8 @@ import torch.distributed as dist  # noqa: E402, F811
 import torch.multiprocessing as mp  # noqa: E402
 import torch.nn.functional as F  # noqa: E402
 
+from course_utils.supply.children import run_watched  # noqa: E402 - a light module: the ranks' first import
+
 STATE = {}  # inside a rank process: its rank, the process groups, the weights it holds
 
 
@@ -29,19 +31,11 @@ class RankError(RuntimeError):
 
 
 # Defined in lessons/17_beyond_one_device.py, section "Ranks: processes that talk through `torch.distributed`"
-def _watch_parent(parent_pid):
-    while os.getppid() == parent_pid:  # the notebook is gone (even killed with SIGKILL): leave at once
-        time.sleep(0.5)
-    os._exit(1)
-
-
-# Defined in lessons/17_beyond_one_device.py, section "Ranks: processes that talk through `torch.distributed`"
-def rank_main(rank, world_size, init_method, backend, inbox, outbox, parent_pid, timeout_s=120.0):
+def rank_main(rank, world_size, init_method, backend, inbox, outbox, timeout_s=120.0):
     """One rank process: join the process group, then run the tasks the parent sends until told to stop."""
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")  # gloo's sockets on the loopback interface only
     os.environ.setdefault("NCCL_SOCKET_IFNAME", "lo")
     torch.set_num_threads(1)  # one core per rank
-    threading.Thread(target=_watch_parent, args=(parent_pid,), daemon=True).start()
     if backend == "nccl":
         torch.cuda.set_device(rank)  # one GPU per rank
     dist.init_process_group(
@@ -107,8 +101,11 @@ class World:
         try:
             with _ranks_skip_main():
                 for r in range(self.size):
-                    args = (r, self.size, init_method, self.backend, self.inboxes[r], self.outbox, os.getpid())
-                    rank = ctx.Process(target=rank_main, args=(*args, self.timeout_s), name=f"rank {r}", daemon=True)
+                    args = (r, self.size, init_method, self.backend, self.inboxes[r], self.outbox, self.timeout_s)
+                    # The target leaves when this process is gone, from its first moment: before this module (and
+                    # torch) is even imported there, which takes minutes on a busy machine.
+                    watched = (os.getpid(), rank_main.__module__, "rank_main", *args)
+                    rank = ctx.Process(target=run_watched, args=watched, name=f"rank {r}", daemon=True)
                     self.procs.append(rank)
                     rank.start()
             self.pids = self._collect(range(self.size))  # every rank joined the group
