@@ -25,6 +25,9 @@
 #   under the course's load generator, TTFT and ITL measured at the client (the clock started when each request
 #   was due), **goodput** at stated targets, and one bad or vanished client isolated from the others;
 # * a **slots sweep** (vLLM's `max_num_seqs`): where throughput stops growing and the tail starts to;
+# * a **request-rate sweep** (vLLM's `--request-rate`) with its knee computed from the numbers, and the engine
+#   **side by side with transformers' own continuous batching** (`generate_batch`): the same requests, tokens
+#   first, then throughput and p99 TTFT;
 # * **speculative decoding**: draft k tokens cheaply, verify them in one pass, keep what the model agrees with;
 # * and, on a GPU, the same engine at scale and vLLM (`vllm serve`, `vllm bench serve`).
 #
@@ -1230,6 +1233,233 @@ fig.legend(fontsize=8, loc="upper left")
 fig.tight_layout()
 
 # %% [markdown]
+# ## How many requests per second? A request-rate sweep and its knee
+# The slots sweep kept the load and changed the server. vLLM's benchmark does the converse
+# (`vllm bench serve --request-rate`): one server, the same requests sent faster and faster, and at each rate the
+# throughput and the tail TTFT. While the server keeps up, throughput follows the offered rate and TTFT is mostly
+# the prefill; past its capacity a queue builds, throughput stops growing and TTFT grows with the queue.
+#
+# Here: the policy comparison's requests (`work`), served with chunked prefill, at the same relative times
+# compressed or stretched (arrivals at `RATE` scaled by `RATE / rate`), so only the rate changes; the rates take
+# turns in rounds (`compare_runs`). The **knee** is computed from the numbers by `rate_knee`: walking up the
+# rates, the last rate before the first one that either takes the p99 TTFT over the goodput target above
+# (`TTFT_SLO_MS`) or does not raise the throughput beyond this machine's noise (the interval of its throughput
+# against the rate before it).
+
+
+# %% tags=["export"]
+def rate_knee(rows, ttft_target_ms):
+    """The knee of a request-rate sweep. `rows`, in rising rate order: {"rate": requests/s, "ttft_p99_ms": ...,
+    "grew": throughput above the previous rate's beyond the noise (None for the first row)}.
+
+    Walking up the rates, the knee is the last rate before the first one whose p99 TTFT is over `ttft_target_ms`
+    or whose throughput did not grow. Returns (the knee's rate, or None when the lowest rate already breaks the
+    target; why the walk stopped)."""
+    knee = None
+    for row in rows:
+        if row["ttft_p99_ms"] > ttft_target_ms:
+            return knee, (f"at {row['rate']:.3g} requests/s the p99 TTFT ({row['ttft_p99_ms']:.0f} ms) is over the "
+                          f"target of {ttft_target_ms:.0f} ms")  # fmt: skip
+        if row["grew"] is False:
+            return knee, f"at {row['rate']:.3g} requests/s the throughput did not grow beyond the noise"
+        knee = row["rate"]
+    return (
+        knee,
+        "every rate tried kept the p99 TTFT within the target and raised the throughput: the knee is at the highest "
+        "rate tried or above it",
+    )
+
+
+# %%
+RATE_STEPS = cu.pick(full=[0.25, 0.5, 1, 2], smoke=[0.25, 0.5, 1])  # multiples of RATE
+rate_name = {m: f"{m * RATE:.3g} requests/s" for m in RATE_STEPS}
+rate_runs = {m: [] for m in RATE_STEPS}
+
+
+def rate_run(m):
+    def run():
+        requests, _, _ = run_load("continuous", TOKEN_BUDGET, load=(work, arrivals / m))  # checked against generate
+        rate_runs[m].append(metrics(requests))
+        return rate_runs[m][-1]["tokens_per_s"]
+
+    return run
+
+
+rate_cmp = cu.comparing.compare_runs(
+    {rate_name[m]: rate_run(m) for m in RATE_STEPS}, baseline=rate_name[RATE_STEPS[0]], rounds=ROUNDS,
+    higher_is_better=True, label="request-rate sweep", metric="tokens/s",
+)  # fmt: skip
+rate_rows = []
+for i, m in enumerate(RATE_STEPS):
+    grew = rate_cmp.ratio(rate_name[m], vs=rate_name[RATE_STEPS[i - 1]]) if i else None  # vs the rate before
+    rate_rows.append(
+        {
+            "rate": m * RATE,
+            "tokens_per_s": float(np.median([r["tokens_per_s"] for r in rate_runs[m]])),
+            "ttft_p99_ms": float(np.median([r["ttft_p99_ms"] for r in rate_runs[m]])),
+            "throughput vs the rate before": str(grew) if grew else "",
+            "grew": grew.verdict == "faster" if grew else None,
+        }
+    )
+rate_table = pd.DataFrame(rate_rows)
+display(rate_table.drop(columns="grew").round(1))
+knee_rate, knee_why = rate_knee(rate_rows, TTFT_SLO_MS)
+print(
+    f"{N_REQUESTS} requests at {len(RATE_STEPS)} rates, {ROUNDS} rounds, every answer == generate; p99 TTFT target "
+    f"{TTFT_SLO_MS:.0f} ms. The knee: "
+    + (f"{knee_rate:.3g} requests/s" if knee_rate is not None else "below the lowest rate tried")
+    + f" ({knee_why})."
+)
+fig, ax1 = plt.subplots(figsize=(7, 3.6))
+ax1.plot(rate_table["rate"], rate_table["tokens_per_s"], marker="o", color="C0", label="tokens/s")
+ax2 = ax1.twinx()
+ax2.plot(rate_table["rate"], rate_table["ttft_p99_ms"], marker="s", color="C3", label="TTFT p99")
+ax2.axhline(TTFT_SLO_MS, color="C3", ls="--", lw=0.8, label="TTFT target")
+if knee_rate is not None:
+    ax1.axvline(knee_rate, color="gray", ls=":")
+ax1.set(xlabel="requests/s offered", ylabel="tokens/s", xscale="log", title="throughput and tail TTFT vs request rate")
+ax2.set_ylabel("TTFT p99 (ms)")
+fig.legend(fontsize=8, loc="upper left")
+fig.tight_layout()
+
+# %% [markdown]
+# ## Side by side: transformers' own continuous batching
+# transformers ships a continuous-batching engine of its own: `model.generate_batch(prompts, ...)`
+# (`ContinuousMixin.generate_batch`, `transformers/generation/continuous_batching/continuous_api.py`), with a
+# paged KV cache (`PagedAttentionCache`, `cache.py` there), a scheduler that puts decodes before prompt chunks
+# within a token budget (`FIFOScheduler`, `scheduler.py`) and a loop on a thread of its own. It needs an attention
+# that works on its packed batches: `"sdpa"`, `"paged|eager"` or a flash kernel (`switch_to_cb_friendly_attn`
+# switches `"eager"` to `"paged|eager"`; this FP32 model keeps `"sdpa"`). With SDPA its cache is read with an
+# index gather each step (`PagedAttentionCache.update`, the "index-based update"), like `attention="copy"` above.
+#
+# The same model, the same torch threads (its loop is a thread of this process), greedy, with this lesson's
+# settings: pages of `BLOCK` tokens, a pool of `NUM_BLOCKS`, `TOKEN_BUDGET` tokens and `MAX_SLOTS` requests per
+# step, no prefix sharing. `generate_batch` takes a list of prompts and one cap, not a stream of arrivals, so the
+# load is the first `N_PEER` prompts of `pool`, all at once, each with the `LONG` cap, and both engines serve
+# exactly that. The two take turns in rounds. The tokens come first: in every run each answer is compared with
+# generate's (this engine's inside `run_load`, generate_batch's with `first_difference`), and if one differs no
+# speed is compared, since other tokens are other work. Then throughput (tokens over the time from the first
+# request queued to the last token, on each engine's own clock: `record_timestamps=True` gives the peer's token
+# times, so its manager's start and shut-down are left out) and p99 TTFT (first token after the request was
+# queued), each a ratio with its interval.
+
+
+# %% tags=["export"]
+class PeerUnavailable(RuntimeError):
+    """transformers' continuous batching cannot run here; the message says why."""
+
+
+def peer_generate_batch(model, prompts, max_new, *, eos, slots, token_budget, block_size, num_blocks):
+    """transformers' continuous batching (`model.generate_batch`) on `prompts`, all queued at once, greedy, with this
+    engine's settings: pages of `block_size` tokens, a pool of `num_blocks`, at most `token_budget` tokens and
+    `slots` requests per step, no prefix sharing.
+
+    Returns {"answers": the token lists, in prompt order; "ttft_s": each request's first token after it was queued;
+    "tokens": tokens made; "seconds": the first request queued to the last token}. Raises PeerUnavailable with the
+    reason when this transformers has no `generate_batch`, or it fails or returns fewer answers."""
+    import transformers
+
+    if not callable(getattr(model, "generate_batch", None)):
+        raise PeerUnavailable(f"this model has no generate_batch (transformers {transformers.__version__})")
+    try:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        gen = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=-1 if eos is None else eos)
+        paged = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=token_budget,
+                                         max_requests_per_batch=slots, allow_block_sharing=False)  # fmt: skip
+        # ContinuousMixin.generate_batch, transformers/generation/continuous_batching/continuous_api.py (5.25);
+        # record_timestamps: each GenerationOutput gets `timestamps`, one per token, beside its `created_time`
+        # (requests.py there), so TTFT and throughput come from its own clock
+        out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=paged,
+                                   record_timestamps=True)  # fmt: skip
+    except Exception as exc:  # an older transformers (no such config or argument), or a failure inside its loop
+        raise PeerUnavailable(f"{type(exc).__name__}: {exc} (transformers {transformers.__version__})") from None
+    results = list(out.values())  # generate_batch returns them in the order of the prompts
+    bad = [r.error or "no token" for r in results if r.error is not None or not r.timestamps]
+    if len(results) != len(prompts) or bad:
+        raise PeerUnavailable(f"generate_batch returned {len(results) - len(bad)} good answers of {len(prompts)}"
+                              + (f": {bad[0]}" if bad else ""))  # fmt: skip
+    return {
+        "answers": [list(r.generated_tokens) for r in results],
+        "ttft_s": [r.timestamps[0] - r.created_time for r in results],
+        "tokens": sum(len(r.generated_tokens) for r in results),
+        "seconds": max(r.timestamps[-1] for r in results) - min(r.created_time for r in results),
+    }
+
+
+def first_difference(answers, reference):
+    """None when both lists of token lists are equal; else (request, position, its token, the reference's), a token
+    None where one answer is shorter."""
+    for i, (a, b) in enumerate(zip(answers, reference, strict=True)):
+        for j in range(max(len(a), len(b))):
+            x, y = (a[j] if j < len(a) else None), (b[j] if j < len(b) else None)
+            if x != y:
+                return i, j, x, y
+    return None
+
+
+# %%
+import transformers
+
+PEER, OURS = "transformers generate_batch", "this lesson's engine"
+N_PEER = cu.pick(full=len(pool), smoke=4)
+peer_load = ([(p, LONG) for p in range(N_PEER)], np.zeros(N_PEER))  # N_PEER prompts at once, the longest cap
+peer_prompts = [pool[p] for p, _ in peer_load[0]]
+peer_expected = [expected_answer(p)[:cap] for p, cap in peer_load[0]]  # generate's answers
+peer_settings = dict(eos=EOS, slots=MAX_SLOTS, token_budget=TOKEN_BUDGET, block_size=BLOCK, num_blocks=NUM_BLOCKS)
+peer_runs, peer_diffs = {PEER: [], OURS: []}, []  # peer_diffs: per run, where its answers differ from generate's
+
+
+def peer_run():
+    res = peer_generate_batch(model, peer_prompts, LONG, **peer_settings)
+    peer_diffs.append(first_difference(res["answers"], peer_expected))
+    peer_runs[PEER].append({"tokens_per_s": res["tokens"] / res["seconds"],
+                            "ttft_p99_ms": 1000 * np.percentile(res["ttft_s"], 99)})  # fmt: skip
+    return peer_runs[PEER][-1]["tokens_per_s"]
+
+
+def ours_run():
+    requests, _, _ = run_load("continuous", TOKEN_BUDGET, load=peer_load)  # every answer checked against generate
+    peer_runs[OURS].append(metrics(requests))
+    return peer_runs[OURS][-1]["tokens_per_s"]
+
+
+PEER_ROUNDS = cu.pick(full=6, smoke=2)  # 6: the fewest rounds whose median has a 95% interval
+try:
+    peer_cmp = cu.comparing.compare_runs(
+        {PEER: peer_run, OURS: ours_run}, baseline=PEER, rounds=PEER_ROUNDS, higher_is_better=True,
+        label="side by side", metric="tokens/s",
+    )  # fmt: skip
+except PeerUnavailable as exc:  # no generate_batch in this transformers, or it cannot run here
+    peer_cmp, peer_why = None, str(exc)
+peer_diff = next((d for d in peer_diffs if d is not None), None)
+if peer_cmp is None:
+    print(f"transformers' continuous batching cannot run here, so no side-by-side: {peer_why}.")
+elif peer_diff is not None:  # the tokens first: a run with other tokens did other work, its timing compares nothing
+    i, j, theirs, want = peer_diff
+    print(
+        f"generate_batch's answers differ from generate's (this lesson's engine gives generate's): request {i}, token "
+        f"{j}: {theirs} instead of {want}. Different tokens are different work: no speed comparison."
+    )
+else:
+    peer_thr = peer_cmp.ratio(OURS)  # tokens/s of this lesson's engine / tokens/s of generate_batch
+    p99 = {n: np.array([r["ttft_p99_ms"] for r in peer_runs[n]]) for n in peer_runs}
+    peer_ttft = cu.intervals.ratio_from_rounds(
+        OURS, PEER, p99[PEER] / p99[OURS], drifted=peer_thr.drifted, drift_reason=peer_thr.drift_reason
+    )  # above 1: this lesson's engine has the lower p99 TTFT
+    peer_table = pd.DataFrame(
+        {n: {k: float(np.median([r[k] for r in peer_runs[n]])) for k in ("tokens_per_s", "ttft_p99_ms")}
+         for n in peer_runs}
+    )  # fmt: skip
+    display(peer_table.T.round(1))
+    print(
+        f"transformers {transformers.__version__}, {N_PEER} requests at once, {LONG} new tokens each, "
+        f"{torch.get_num_threads()} threads, greedy: in every run, every answer of both engines == generate. "
+        f"{PEER_ROUNDS} rounds, taking turns. Throughput: {peer_thr.says(OURS, PEER, 'the throughput of')}. "
+        f"p99 TTFT: {peer_ttft.says(f'the p99 TTFT of {OURS}', f'that of {PEER}', 'lower than')}."
+    )
+
+# %% [markdown]
 # ## Admission by free blocks, and pre-emption
 # The pool so far had room for a full batch of the longest requests. A server sizes its pool from the memory
 # it has, not from the worst case; under load the blocks then run out. The scheduler above already handles
@@ -2053,6 +2283,14 @@ print(
     f"* Prefix caching of a {shared}-token system prompt: "
     f"{prefix_ratio.says('the cache', 'no cache', 'lower median TTFT than')}."
 )
+print(
+    "* The request-rate sweep's knee: "
+    + (f"{knee_rate:.3g} requests/s" if knee_rate is not None else "below the lowest rate tried")
+    + f" ({knee_why}). Beside transformers' generate_batch: "
+    + (peer_thr.says(OURS, PEER, "the throughput of") if peer_cmp is not None and peer_diff is None else
+       "no speed comparison (see its section)")
+    + "."
+)  # fmt: skip
 print(
     f"* The slots sweep's knee: {knee} slots. Prompt lookup: k={best_k} {best} where the draft fits, "
     f"k={worst_k} {worst} where it misses: same code, identical output."

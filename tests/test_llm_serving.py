@@ -3,13 +3,16 @@
 Pinned cases with known answers: the mask attention reads the blocks through, copy-on-write of a shared block,
 least-recently-used eviction of cached blocks, admission by free blocks, decodes scheduled before prompt chunks;
 then the lesson's LitServe server (its `%%writefile` cell) streaming over 127.0.0.1 to the course's streaming
-load generator, every stream equal to greedy `generate`, a bad request ending only its own stream.
+load generator, every stream equal to greedy `generate`, a bad request ending only its own stream; the
+request-rate sweep's knee rule on made-up rows; transformers' `generate_batch` beside the engine, and the reasons
+it may not run.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -664,3 +667,104 @@ def test_the_load_client_counts_an_empty_or_errored_stream_as_a_failure(body, er
         server.server_close()
         thread.join(timeout=5)
     assert answer.status == 200 and not answer.ok and answer.error == error
+
+
+# ---------------------------------------------------------------- the request-rate sweep's knee
+TARGET = 100.0  # ms
+
+
+def _rows(*points):
+    """Made-up sweep rows: (rate, p99 TTFT ms, grew) each; the first row's `grew` is None, as the lesson makes it."""
+    return [{"rate": r, "ttft_p99_ms": t, "grew": g} for r, t, g in points]
+
+
+@pytest.mark.parametrize(("p99_at_4", "knee"), [(TARGET, 4.0), (TARGET + 0.01, 2.0)])
+def test_the_knee_is_the_last_rate_whose_p99_ttft_is_within_the_target(p99_at_4, knee):
+    rows = _rows((1.0, 20.0, None), (2.0, 40.0, True), (4.0, p99_at_4, True), (8.0, 900.0, True))
+    got, why = engine.rate_knee(rows, TARGET)
+    if knee == 4.0:  # exactly at the target is within it; the next rate breaks it
+        assert got == 4.0 and "at 8 requests/s the p99 TTFT (900 ms) is over the target of 100 ms" in why
+    else:  # just over the target at 4/s: the knee is the rate before
+        assert got == 2.0 and "at 4 requests/s the p99 TTFT (100 ms) is over the target" in why
+
+
+@pytest.mark.parametrize(("grew_at_4", "knee"), [(True, 8.0), (False, 2.0)])
+def test_the_knee_stops_where_the_throughput_stops_growing(grew_at_4, knee):
+    rows = _rows((1.0, 20.0, None), (2.0, 30.0, True), (4.0, 50.0, grew_at_4), (8.0, 80.0, True))
+    got, why = engine.rate_knee(rows, TARGET)
+    assert got == knee
+    if grew_at_4:
+        assert "every rate tried" in why and "or above it" in why  # no limit found: the knee is at least 8/s
+    else:
+        assert why == "at 4 requests/s the throughput did not grow beyond the noise"
+
+
+def test_no_knee_when_the_lowest_rate_already_breaks_the_target():
+    got, why = engine.rate_knee(_rows((1.0, 150.0, None), (2.0, 300.0, False)), TARGET)
+    assert got is None and "at 1 requests/s the p99 TTFT (150 ms)" in why
+    assert engine.rate_knee(_rows((1.0, 99.0, None)), TARGET)[0] == 1.0  # one row within: the knee is that rate
+
+
+# ---------------------------------------------------------------- the peer engine: transformers' generate_batch
+def test_first_difference_names_the_request_the_position_and_both_tokens():
+    assert engine.first_difference([[1, 2], [3]], [[1, 2], [3]]) is None
+    assert engine.first_difference([[1, 2], [3, 4, 5]], [[1, 2], [3, 9, 5]]) == (1, 1, 4, 9)
+    assert engine.first_difference([[1, 2]], [[1, 2, 7]]) == (0, 2, None, 7)  # a shorter answer: None
+    with pytest.raises(ValueError):  # a missing answer is not "no difference"
+        engine.first_difference([[1]], [[1], [2]])
+
+
+def test_the_peer_engine_gives_generates_tokens_with_a_time_for_each(model):
+    prompts = [list(range(3, 3 + n)) for n in (5, 17, 9)]
+    attn = model.config._attn_implementation
+    res = engine.peer_generate_batch(model, prompts, 4, eos=None, slots=2, token_budget=16, block_size=4,
+                                     num_blocks=24)  # fmt: skip
+    assert set(res) == {"answers", "ttft_s", "tokens", "seconds"}
+    assert res["answers"] == [reference(model, p, 4) for p in prompts]  # greedy, in the order of the prompts
+    assert res["tokens"] == 12 and len(res["ttft_s"]) == 3
+    assert all(0 < t <= res["seconds"] for t in res["ttft_s"])
+    assert model.config._attn_implementation == attn, "generate_batch must leave the model's attention as it was"
+
+
+class _Peer:
+    """A stand-in for a model: `generate_batch` returns `results` (or raises `exc`)."""
+
+    def __init__(self, results=None, exc=None):
+        self.results, self.exc = results, exc
+
+    def generate_batch(self, prompts, **kwargs):
+        if self.exc is not None:
+            raise self.exc
+        return self.results
+
+
+def _output(tokens, error=None):
+    from types import SimpleNamespace
+
+    return SimpleNamespace(generated_tokens=tokens, error=error, created_time=0.0,
+                           timestamps=[0.1 * (i + 1) for i in range(len(tokens))] or None)  # fmt: skip
+
+
+PEER_ARGS = {"eos": None, "slots": 2, "token_budget": 16, "block_size": 4, "num_blocks": 8}
+
+
+@pytest.mark.parametrize(
+    ("peer", "message"),
+    [
+        (torch.nn.Linear(2, 2), "this model has no generate_batch (transformers "),  # an older transformers
+        (_Peer(exc=RuntimeError("no kernel for this device")), "RuntimeError: no kernel for this device"),
+        (_Peer(exc=TypeError("unexpected keyword 'record_timestamps'")), "TypeError: unexpected keyword"),
+        (_Peer(results={}), "generate_batch returned 0 good answers of 2"),
+        (_Peer(results={"a": _output([5]), "b": _output([], error="out of blocks")}), "1 good answers of 2: out of"),
+    ],
+)
+def test_a_peer_that_cannot_run_raises_peer_unavailable_with_the_reason(peer, message):
+    with pytest.raises(engine.PeerUnavailable, match=re.escape(message)):
+        engine.peer_generate_batch(peer, [[1, 2], [3]], 2, **PEER_ARGS)
+
+
+def test_a_working_peer_stand_in_gives_the_shape_the_lesson_reads():
+    peer = _Peer(results={"a": _output([5, 6]), "b": _output([7])})
+    res = engine.peer_generate_batch(peer, [[1, 2], [3]], 2, **PEER_ARGS)
+    assert res["answers"] == [[5, 6], [7]] and res["tokens"] == 3
+    assert res["ttft_s"] == [0.1, 0.1] and res["seconds"] == pytest.approx(0.2)

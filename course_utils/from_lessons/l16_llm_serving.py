@@ -545,3 +545,82 @@ def serve(scheduler, requests, trace=None):
                           "tokens_made": len(made), "preemptions": scheduler.preemptions})  # fmt: skip
         for r, token in made:
             yield r, token, t
+
+
+# Defined in lessons/16_llm_serving.py, section "How many requests per second? A request-rate sweep and its knee"
+def rate_knee(rows, ttft_target_ms):
+    """The knee of a request-rate sweep. `rows`, in rising rate order: {"rate": requests/s, "ttft_p99_ms": ...,
+    "grew": throughput above the previous rate's beyond the noise (None for the first row)}.
+
+    Walking up the rates, the knee is the last rate before the first one whose p99 TTFT is over `ttft_target_ms`
+    or whose throughput did not grow. Returns (the knee's rate, or None when the lowest rate already breaks the
+    target; why the walk stopped)."""
+    knee = None
+    for row in rows:
+        if row["ttft_p99_ms"] > ttft_target_ms:
+            return knee, (f"at {row['rate']:.3g} requests/s the p99 TTFT ({row['ttft_p99_ms']:.0f} ms) is over the "
+                          f"target of {ttft_target_ms:.0f} ms")  # fmt: skip
+        if row["grew"] is False:
+            return knee, f"at {row['rate']:.3g} requests/s the throughput did not grow beyond the noise"
+        knee = row["rate"]
+    return (
+        knee,
+        "every rate tried kept the p99 TTFT within the target and raised the throughput: the knee is at the highest "
+        "rate tried or above it",
+    )
+
+
+# Defined in lessons/16_llm_serving.py, section "Side by side: transformers' own continuous batching"
+class PeerUnavailable(RuntimeError):
+    """transformers' continuous batching cannot run here; the message says why."""
+
+
+# Defined in lessons/16_llm_serving.py, section "Side by side: transformers' own continuous batching"
+def peer_generate_batch(model, prompts, max_new, *, eos, slots, token_budget, block_size, num_blocks):
+    """transformers' continuous batching (`model.generate_batch`) on `prompts`, all queued at once, greedy, with this
+    engine's settings: pages of `block_size` tokens, a pool of `num_blocks`, at most `token_budget` tokens and
+    `slots` requests per step, no prefix sharing.
+
+    Returns {"answers": the token lists, in prompt order; "ttft_s": each request's first token after it was queued;
+    "tokens": tokens made; "seconds": the first request queued to the last token}. Raises PeerUnavailable with the
+    reason when this transformers has no `generate_batch`, or it fails or returns fewer answers."""
+    import transformers
+
+    if not callable(getattr(model, "generate_batch", None)):
+        raise PeerUnavailable(f"this model has no generate_batch (transformers {transformers.__version__})")
+    try:
+        from transformers import ContinuousBatchingConfig, GenerationConfig
+
+        gen = GenerationConfig(do_sample=False, max_new_tokens=max_new, eos_token_id=-1 if eos is None else eos)
+        paged = ContinuousBatchingConfig(page_size=block_size, num_blocks=num_blocks, max_batch_tokens=token_budget,
+                                         max_requests_per_batch=slots, allow_block_sharing=False)  # fmt: skip
+        # ContinuousMixin.generate_batch, transformers/generation/continuous_batching/continuous_api.py (5.25);
+        # record_timestamps: each GenerationOutput gets `timestamps`, one per token, beside its `created_time`
+        # (requests.py there), so TTFT and throughput come from its own clock
+        out = model.generate_batch(prompts, generation_config=gen, continuous_batching_config=paged,
+                                   record_timestamps=True)  # fmt: skip
+    except Exception as exc:  # an older transformers (no such config or argument), or a failure inside its loop
+        raise PeerUnavailable(f"{type(exc).__name__}: {exc} (transformers {transformers.__version__})") from None
+    results = list(out.values())  # generate_batch returns them in the order of the prompts
+    bad = [r.error or "no token" for r in results if r.error is not None or not r.timestamps]
+    if len(results) != len(prompts) or bad:
+        raise PeerUnavailable(f"generate_batch returned {len(results) - len(bad)} good answers of {len(prompts)}"
+                              + (f": {bad[0]}" if bad else ""))  # fmt: skip
+    return {
+        "answers": [list(r.generated_tokens) for r in results],
+        "ttft_s": [r.timestamps[0] - r.created_time for r in results],
+        "tokens": sum(len(r.generated_tokens) for r in results),
+        "seconds": max(r.timestamps[-1] for r in results) - min(r.created_time for r in results),
+    }
+
+
+# Defined in lessons/16_llm_serving.py, section "Side by side: transformers' own continuous batching"
+def first_difference(answers, reference):
+    """None when both lists of token lists are equal; else (request, position, its token, the reference's), a token
+    None where one answer is shorter."""
+    for i, (a, b) in enumerate(zip(answers, reference, strict=True)):
+        for j in range(max(len(a), len(b))):
+            x, y = (a[j] if j < len(a) else None), (b[j] if j < len(b) else None)
+            if x != y:
+                return i, j, x, y
+    return None
