@@ -265,7 +265,8 @@ def choice_line(r, gains):
 def top_batch_line(r, gains):
     """'What surprised us', point 1, for one model: the top batch against batch 1, from the interval."""
     if r.top_batch == 1 or gains is None:
-        return f"1. {r.model}: no batch size beat batch 1 in the sweep: a larger batch only adds latency here."
+        return (f"1. {r.model}: batch 1 had the top throughput of the sweep, so nothing was timed against it in "
+                "rounds: nothing to conclude about batching from this run.")  # fmt: skip
     gain = gains.ratio(f"batch {int(r.top_batch)}")
     judged = gain.judge(2.0)
     return f"1. {r.model}: {gain.says(f'batch {int(r.top_batch)}', 'batch 1', 'the throughput of')}; " + (

@@ -720,9 +720,13 @@ if cu.gpu_section(
         best[(prec, job)] = m
         cu.record("08", f"tensorrt resnet50 {prec} {job}", model="resnet50", device="cuda", dtype=prec, measurement=m)
     lat = min((m.median_ms, k[0]) for k, m in best.items() if k[1] == "latency")
+    # the target against the median's interval over the timed calls: "met" only when all of it is under 0.35 ms
+    lat_vs_target = cu.intervals.ratio_from_rounds(
+        lat[1], "0.35 ms", 0.35 / np.asarray(best[(lat[1], "latency")].times_ms), standin=cu.modes.rehearsing()
+    )
     print(
         f"ResNet-50 batch-1 latency, best engine ({lat[1]}): {lat[0]:.3f} ms vs target 0.35 ms: "
-        + ("met" if lat[0] <= 0.35 else "missed")
+        + lat_vs_target.judge(1.0)
     )
     print(
         "ResNet-50 INT8 throughput at batch",

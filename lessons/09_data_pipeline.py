@@ -269,13 +269,18 @@ for name, m in models.items():
         loader_ips = float(sweep_df.loc[sweep_df["num_workers"] == w, "images/s"].iloc[0])
         measured = images_per_s(DataLoader(ds, batch_size=BATCH, num_workers=w), m, "cpu")
         predicted = min(loader_ips, model_ips[name]) if w else 1 / (1 / loader_ips + 1 / model_ips[name])
+        # which side limits: the loader's rounds above against the model's calls, from their medians' intervals
+        limit = cu.intervals.tail_says(
+            "the loader", workers_cmp.per_round[f"num_workers={w}"], "the model", model_rates[name], q=0.5,
+            what="median", unit="img/s", samples="passes",
+        )  # fmt: skip
         rows.append(
             {
                 "model": name,
                 "num_workers": w,
                 "loader img/s": loader_ips,
                 "model img/s": model_ips[name],
-                "bottleneck": "loader" if loader_ips < model_ips[name] else "model",
+                "bottleneck": {"lower": "loader", "higher": "model"}.get(limit.verdict, "not shown"),
                 "predicted img/s": predicted,
                 "measured img/s": measured,
             }

@@ -499,7 +499,7 @@ print(
 print(
     f"a prefill of {n_prompt} tokens does about {n_prompt / 2:.0f} FLOP per byte of FP32 weights: "
     + ("above the ridge (compute-bound here)" if n_prompt / 2 > ridge else "below the ridge (still memory-bound here)")
-    + f"; per token the prefill is {prefill_vs_decode.interval_text} as fast as a decode step"
+    + f"; per token, {prefill_vs_decode.says('the prefill', 'a decode step', 'as fast as')}"
 )
 print(
     f"memory roof for decode at batch 1: {bandwidth / 1e9:.1f} GB/s / {weight_bytes / 1e6:.0f} MB = "
@@ -1270,9 +1270,15 @@ if cu.gpu_section("15.gpu-int4", needs=("torchao",)):
             }
         )
     display(pd.DataFrame(g_rows).round(2))
+    hidden = g_model.config.hidden_size
+    padded = -(-hidden // 1024) * 1024  # this packing pads inner dimensions to a multiple of 1024 (API notes)
     print(
-        f"{g_name}: INT4 needs inner dimensions padded to 1024 in this packing (API notes); hidden size is "
-        f"{g_model.config.hidden_size}, so the memory gain is smaller than 4x here"
+        f"{g_name}: hidden size {hidden}, padded to {padded} for INT4 in this packing: the weights' memory gain "
+        + (
+            f"is at most 4 x {hidden}/{padded} = {4 * hidden / padded:.1f}x, not 4x"
+            if padded > hidden
+            else "can reach 4x (no padding)"
+        )  # fmt: skip
     )
 
 # %% [markdown]
@@ -1315,8 +1321,8 @@ reasons = {
         kv_vs_none,
         5.0,
         f"with only {n_prompt} + {n_ref} tokens a step without a cache processes at most {n_prompt + n_ref} tokens, "
-        f"and per token a prefill is {prefill_vs_decode.interval_text} faster than decode, so re-running the "
-        f"sequence costs only {kv_vs_none.interval_text} a cached step here",
+        f"and per token {prefill_vs_decode.says('a prefill', 'decode')}, so here "
+        f"{kv_vs_none.says('a cached step', 're-running the sequence')}",
     ),
     "decode batch 8 vs batch 1 >= 4x": (
         b8_vs_b1,

@@ -185,7 +185,8 @@ def test_l03_batch_one_winning_everything_leaves_nothing_to_compare(l03):
     assert line.startswith("m: batch 1 had the top throughput of the sweep and is the best under 4.40 ms: no larger")
     assert "run the sweep again before concluding" in line
     assert l03["top_batch_line"](row, None) == (
-        "1. m: no batch size beat batch 1 in the sweep: a larger batch only adds latency here."
+        "1. m: batch 1 had the top throughput of the sweep, so nothing was timed against it in rounds: nothing to "
+        "conclude about batching from this run."
     )
 
 

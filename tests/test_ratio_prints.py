@@ -26,6 +26,7 @@ TIMING_DIVISION = re.compile(TIMING + r"[\w\"'\]\[\.\)]*\s*/\s*[\w\"'\[\.\(, ]{0
 RATIO_FORMAT = re.compile(r"\{[^{}]*:\.\d+[fg]\}x")
 
 EXEMPT = {  # (lesson, text on the line): why it is not a comparison of timed variants
+    ("15", "{4 * hidden / padded:.1f}x"): "arithmetic on the config: INT4's padding bound, nothing timed",
     ("02", 'table["share"] = table["ms"] / table["ms"].sum()'): "each stage's share of one profile's total",
     ("03", "long.p99_ms / short.p99_ms"): "output of the batching simulation: what not to do past saturation",
     ("07", 'per_op["share"] = (per_op["total ms"] / per_op["total ms"].sum())'): "each operator's share of one profile",
@@ -40,7 +41,7 @@ EXEMPT = {  # (lesson, text on the line): why it is not a comparison of timed va
     ("09", "({ref_batch.nbytes / u8_batch.nbytes:.0f}x fewer)"): "bytes per batch, counted, not timed",
     ("12", "cuts parameters {param_cut:.1f}x"): "parameter counts, not timed",
     ("17", "({kv1 / kv3:.1f}x smaller)"): "KV bytes per token and tokens that fit, computed, not timed",
-    ("12", "{pruning.count_params(teacher) / pruning.count_params(s_kd):.0f}x"): "parameter counts, not timed",
+    ("12", "{n_teacher / count_params(s_kd):.0f}x"): "parameter counts, not timed",
 }
 
 
