@@ -364,7 +364,10 @@ summary["its share"] = [t["share"].iloc[0] for _, _, t in steps]
 display(summary.drop(columns="unit").round(3))
 for name, _, _ in steps[1:]:
     print(f"{name}: {pipes.ratio(name)} vs the slow pipeline")
-_ = cu.plots.speedup_bars({name: pipes.ratio(name) for name, _, _ in steps[1:]}, title=f"Pipeline speed-up on {device}")
+fig = cu.plots.speedup_bars(
+    {name: pipes.ratio(name) for name, _, _ in steps[1:]}, title=f"Pipeline speed-up on {device}"
+)
+_ = cu.plots.save(fig, "02", "pipeline_speedups")  # beside the results: a workshop shows it without a rerun
 
 # %%
 times_fixed = steps[-1][2]

@@ -444,10 +444,11 @@ display(res_speed.drop(columns=["m", "ratio", "peak_MiB"]).round(3))
 # %%
 for model_name, df in (("digits CNN", cnn_speed), (f"ResNet-18 {res_size}px", res_speed)):
     for b, grp in df[df.variant != "fp32"].groupby("batch"):
-        cu.plots.speedup_bars(
+        fig = cu.plots.speedup_bars(
             dict(zip(grp.variant, grp["ratio"], strict=True)),
             title=f"{model_name}, batch {b}: speed vs FP32 on {device}",
         )
+        _ = cu.plots.save(fig, "04", f"{'cnn' if model_name == 'digits CNN' else 'resnet18'}_batch{b}_vs_fp32")
 
 # %% [markdown]
 # ## What surprised us

@@ -304,7 +304,8 @@ if COMPILE:
         + ")"
     )
     bars["torchao int8 (compiled vs compiled)"] = s_ao
-cu.plots.speedup_bars(bars, title=f"MiniLM batch {TB}: INT8 vs FP32 on this CPU")
+fig = cu.plots.speedup_bars(bars, title=f"MiniLM batch {TB}: INT8 vs FP32 on this CPU")
+_ = cu.plots.save(fig, "05", "minilm_int8_vs_fp32")
 lw = {
     "fp32": quantization.linear_weight_bytes(st),
     "quantize_dynamic": quantization.linear_weight_bytes(st_dyn),
@@ -436,6 +437,7 @@ ax.set_xlabel("calibration images")
 ax.set_ylabel("test accuracy (%)")
 ax.set_title("Accuracy vs calibration-set size")
 ax.legend()
+_ = cu.plots.save(fig, "05", "calibration")
 cnn_ptq = qm  # calibrated on the most images
 acc_ptq = calib.accuracy.iloc[-1]
 with torch.inference_mode():

@@ -308,6 +308,7 @@ fig = cu.plots.speedup_bars(
     {f"{r.variant} b={r.batch}": r.r for r in table.itertuples() if r.variant != "eager"},
     title=f"Steady-state speed vs eager (digits CNN, {device})",
 )
+_ = cu.plots.save(fig, "06", "steady_state_vs_eager")
 
 # %%
 for r in table[table.variant.str.startswith("compile")].itertuples():
@@ -532,11 +533,12 @@ if cu.gpu_section("06.compile-cuda", requires={"the eager and graph rows of 06.c
             notes=f"input {tuple(xc.shape)}",
         )
     torch._dynamo.reset()
-    cu.plots.speedup_bars(
+    fig = cu.plots.speedup_bars(
         {k: r for k, (_, _, r) in gpu_rows.items() if r is not None},
         title="ResNet-18 batch 1 on GPU: speed vs eager"
         + ("" if xc is xg else f" (compile rows: {xc.shape[-1]}x{xc.shape[-1]} smoke input)"),
     )
+    _ = cu.plots.save(fig, "06", "gpu_resnet18_vs_eager")
 else:
     cu.results.show_reference("06", "compile")
 

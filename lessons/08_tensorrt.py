@@ -451,10 +451,11 @@ if cu.gpu_section("08.run", needs=("tensorrt",), requires={"the engines 08.build
             )
     trt_table = pd.DataFrame(rows)
     display(trt_table.pivot(index="batch", columns="engine", values="median_ms"))
-    cu.plots.batch_curve(
+    fig = cu.plots.batch_curve(
         trt_table.rename(columns={"engine": "variant", "batch": "batch_size"}),
         title="TensorRT engines vs PyTorch (ResNet-18)",
     )
+    _ = cu.plots.save(fig, "08", "engines_vs_pytorch")
     per_img = trt_table[trt_table.engine == "fp16"].set_index("batch")["median_ms"]
     print(
         f"fp16 engine: {per_img[opt_b] / opt_b:.4f} ms per image at opt={opt_b}, "

@@ -347,6 +347,7 @@ ax.set(
     title=f"Time per decode step, {model_name}, {device}",
 )
 ax.legend(fontsize=8)
+_ = cu.plots.save(fig, "15", "decode_step_times")
 steps = len(t_none) - 1
 if steps >= 4:
     slope_none = np.polyfit(np.arange(steps), np.array(t_none[1:]) * 1e3, 1)[0]
@@ -627,6 +628,7 @@ ax.set(
     title=f"Prefill and decode on the roofline ({device}, {threads} threads)",
 )
 ax.legend(fontsize=8, loc="lower right")
+_ = cu.plots.save(fig, "15", "roofline")
 for name, intensity, achieved in points:
     side = "below" if intensity < ridge else "above"
     print(f"{name}: intensity {intensity:.1f} FLOP/byte ({side} the ridge), {achieved / 1e9:.1f} GFLOP/s achieved")

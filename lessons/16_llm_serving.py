@@ -1165,6 +1165,7 @@ axes[1].set(xlabel="engine step", ylabel="ms", yscale="log", title="time of each
 for ax in axes:
     ax.legend(fontsize=7)
 fig.tight_layout()
+_ = cu.plots.save(fig, "16", "slots_and_steps")
 
 # %% [markdown]
 # ## How many slots? A sweep of `max_num_seqs`
@@ -1231,6 +1232,7 @@ ax1.set(xlabel="slots (max_num_seqs)", ylabel="tokens/s", title="throughput and 
 ax2.set_ylabel("ITL p99 (ms)")
 fig.legend(fontsize=8, loc="upper left")
 fig.tight_layout()
+_ = cu.plots.save(fig, "16", "slots_sweep")
 
 # %% [markdown]
 # ## How many requests per second? A request-rate sweep and its knee
@@ -1321,6 +1323,7 @@ ax1.set(xlabel="requests/s offered", ylabel="tokens/s", xscale="log", title="thr
 ax2.set_ylabel("TTFT p99 (ms)")
 fig.legend(fontsize=8, loc="upper left")
 fig.tight_layout()
+_ = cu.plots.save(fig, "16", "rate_sweep")
 
 # %% [markdown]
 # ## Side by side: transformers' own continuous batching
@@ -1574,6 +1577,7 @@ ax.plot(pre_t, [pool_bytes / 2**20] * len(pre_t), "v", color="k", label="a pre-e
 ax.set(xlabel="seconds", ylabel="KV memory (MiB)", title="a pool of half the peak demand")
 ax.legend(fontsize=8)
 fig.tight_layout()
+_ = cu.plots.save(fig, "16", "half_size_pool")
 
 # %% [markdown]
 # ## Prefix caching
@@ -2054,6 +2058,7 @@ ax2.set(xlabel="draft length k", ylabel="tokens/s vs plain decoding", title="spe
 for ax in (ax1, ax2):
     ax.legend(fontsize=7)
 fig.tight_layout()
+_ = cu.plots.save(fig, "16", "speculative")
 
 # %% [markdown]
 # ## On a GPU: the same engine with more slots

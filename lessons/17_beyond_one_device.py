@@ -1043,6 +1043,7 @@ ax.axvline(4 * cfg.hidden_size, color="gray", lw=0.8, ls=":")
 ax.set(xlabel="message (bytes)", ylabel="ms per all-reduce", title="gloo all-reduce on this machine")
 ax.legend(fontsize=8)
 fig.tight_layout()
+_ = cu.plots.save(fig, "17", "allreduce_sweep")
 
 # %% [markdown]
 # ## Step time at 1, 2 and 3 ranks, and where it goes
@@ -1142,6 +1143,7 @@ ax.plot(split.index[1:], split["predicted_ms"].dropna(), "k*", ms=12, label="mod
 ax.set(xlabel="ranks", ylabel="ms per decode step", title="a decode step, split", xticks=[1, 2, 3])
 ax.legend(fontsize=8)
 fig.tight_layout()
+_ = cu.plots.save(fig, "17", "decode_step_split")
 
 # %% [markdown]
 # ## The same model for NVLink and PCIe, memory included
@@ -1349,6 +1351,7 @@ for ax, m in zip(axes, MICRO, strict=True):
     ax.set(title=f"m = {m}: bubble {pp_table.loc[m, 'measured']:.0%}", xlabel="ms", yticks=range(P_STAGES))
 axes[0].set_ylabel("stage (rank)")
 fig.tight_layout()
+_ = cu.plots.save(fig, "17", "pipeline_timelines")
 
 # %% [markdown]
 # For inference this is a **throughput** technique: one sequence alone still passes through every stage in turn,

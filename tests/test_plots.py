@@ -1,11 +1,16 @@
 """The shared plots draw the data they are given: line and bar values, bands, labels and titles are asserted."""
 
+import re
+from pathlib import Path
+
 import matplotlib.pyplot as plt
 import numpy as np
 import pandas as pd
 import pytest
 
 from course_utils.show import plots
+
+ROOT = Path(__file__).resolve().parent.parent
 
 DF = pd.DataFrame(
     {
@@ -153,3 +158,35 @@ def test_speedup_bars_and_pareto_keep_what_they_draw(tmp_path, monkeypatch):
     df = pd.DataFrame({"variant": ["big", "small", "bad"], "median_ms": [2.0, 1.0, 3.0], "accuracy": [99, 97, 90]})
     back = plots.figure_data(plots.save(plots.pareto(df), "12", "pareto"))
     assert back.set_index("variant")["on_front"].to_dict() == {"big": True, "small": True, "bad": False}
+
+
+_FIGURE = re.compile(
+    r"plt\.subplots\(|plt\.figure\(|cu\.plots\.(?:batch_curve|speedup_bars|latency_distribution|pareto)\("
+)
+
+
+def _figures_and_saves(text: str) -> tuple[int, int]:
+    """(figures a lesson's code makes, PNGs it saves): a plot helper drawn into an existing ``ax=`` makes none;
+    comment lines (and markdown cells) are not code."""
+    text = "\n".join(line for line in text.splitlines() if not line.lstrip().startswith("#"))
+    made = 0
+    for m in _FIGURE.finditer(text):
+        depth, i = 1, m.end()
+        while depth and i < len(text):  # the call's own arguments
+            depth += {"(": 1, ")": -1}.get(text[i], 0)
+            i += 1
+        made += "ax=" not in text[m.end() : i]
+    return made, text.count("cu.plots.save(")
+
+
+@pytest.mark.parametrize("lesson", sorted(p.name for p in (ROOT / "lessons").glob("[0-9][0-9]_*.py")))
+def test_every_figure_of_a_lesson_is_saved_beside_its_results(lesson):
+    """A workshop shows a lesson's pictures without running it again: each figure goes to cu.plots.save."""
+    made, saved = _figures_and_saves((ROOT / "lessons" / lesson).read_text(encoding="utf-8"))
+    assert saved >= made, f"{lesson} makes {made} figure(s) and saves {saved}: add cu.plots.save(fig, 'NN', 'name')"
+
+
+def test_the_figure_count_reads_calls_not_mentions():
+    text = "fig, ax = plt.subplots()\ncu.plots.speedup_bars(r, ax=ax)\nfig2 = cu.plots.pareto(df)\n# plt.figure(\n"
+    assert _figures_and_saves(text) == (2, 0)
+    assert _figures_and_saves("cu.plots.speedup_bars(r, ax=ax)\ncu.plots.save(fig, '01', 'x')") == (0, 1)
