@@ -2269,8 +2269,11 @@ print(
 co = paired("continuous", "static", "tokens_per_s", True)
 print(
     f"* Continuous batching alone: {co.says('continuous', 'static', 'the throughput of')}; with chunked prefill: "
-    f"{thr.says('chunked', 'static', 'the throughput of')}. p99 ITL, chunked vs one-at-a-time prefills: "
-    f"{paired(chunked, 'continuous', 'itl_p99_ms', False)} (lower is better above 1)."
+    f"{thr.says('chunked', 'static', 'the throughput of')}; "
+    + paired(chunked, "continuous", "itl_p99_ms", False).says(
+        "the p99 ITL with chunked prefill", "with one-at-a-time prefills", "lower than"
+    )
+    + "."
 )
 last = attn_table.iloc[-1]
 print(
