@@ -103,9 +103,6 @@ ALLOWED: dict[tuple[str, str], str] = {  # (lesson, snippet of the string): why 
     ("07", "best ORT level at batch 1"): PICK,
     ("07", "cheaper arithmetic in them"): "advice on what to try next, from the profile's shares printed beside it",
     ("07", "is paid once"): "says when the one-off times printed beside it are paid",
-    ("08", ": met"): "to review: target_verdict judges one throughput number against the target; its contract (a "
-    "float in, ': met' or ': missed' out) is pinned by tests/gpu_contract/test_l08_reference_and_targets.py",
-    ("08", ": missed"): "to review: target_verdict, see ': met'",
     ("08", "best engine ("): "names the engine with the lowest median; the target verdict beside it is judge() of the "
     "interval of that engine's median",
     ("08", "best against eager"): PICK,
