@@ -334,13 +334,20 @@ line_check = (
     if plausible
     else cu.intervals.Finding("not judged", "no prediction (the fitted slope was not positive)")
 )
-verdict = (
-    "it fits, and the line held"
-    if first["fits"] and line_check.verdict == "held"
-    else "it fits, but the line was wrong there: the largest batch that fits may be far from this one"
-    if first["fits"]
-    else "OVER the budget: a line fitted on small batches does not hold that far; leave a margin or measure near it"
-)
+if not first["fits"]:
+    verdict = "OVER the budget: " + (
+        "a line fitted on small batches does not hold that far; leave a margin or measure near it"
+        if plausible
+        else "even the largest measured batch"
+    )
+else:  # it ran under the budget; whether the line's prediction of its peak held is line_check's verdict
+    verdict = {
+        "held": "it fits, and the line held",
+        "not judged": "it fits (no line to check)",
+    }.get(
+        line_check.verdict,
+        "it fits, but the line was wrong there: the largest batch that fits may be far from this one",
+    )
 fitted = f" Largest batch checked to fit: {int(last['batch'])}." if last["fits"] else ""
 print(
     f"Fitted on batches {batches}: {slope:.1f} MiB per image plus {icept:.0f} MiB; a {budget_mb} MiB budget "
@@ -509,12 +516,14 @@ print(
 )
 over = first["peak MiB"] - budget_mb
 print(
-    f"2. The line fitted on batches {batches} predicted batch {predicted} for {budget_mb} MiB; run, it "
-    + (
-        f"stayed {-over:.0f} MiB under the budget; {line_check}."
-        if first["fits"]
-        else f"went {over:.0f} MiB over it: memory per image is not constant far from the fitted batches."
+    (
+        f"2. The line fitted on batches {batches} predicted batch {predicted} for {budget_mb} MiB; run, it "
+        if plausible
+        else f"2. The line fitted on batches {batches} had no positive slope: batch {predicted}, the largest measured, "
+        f"was run against {budget_mb} MiB; it "
     )
+    + (f"stayed {-over:.0f} MiB under the budget" if first["fits"] else f"went {over:.0f} MiB over it")
+    + f"; {line_check}."
 )
 fixed, fresh = allocs_df.loc["fixed input buffer"], allocs_df.loc["new input each call"]
 print(

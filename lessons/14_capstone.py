@@ -259,7 +259,7 @@ def try_step(name: str, run, precision: str, builds_on: str) -> dict:
             error_vs_baseline=cmp.max_rel,
             notes=f"accuracy {acc:.4f}",
         )
-    verdict = "kept" if kept else ("correct, but not shown faster than the best so far" if ok else "rejected")
+    verdict = "rejected" if not ok else "kept" if kept else "correct, but not shown faster than the best so far"
     timing = "not timed"
     if ratio is not None:
         timing = f"{m.median_ms:.3f} ms vs baseline {m_base.median_ms:.3f} ms: {ratio}, {verdict}"

@@ -1186,6 +1186,9 @@ MUTATIONS: list[Mutation] = [
     M("r5-guard-status-500-allowed", "serve/stream_guard.py", "        if not 400 <= status < 500:",
       "        if not 400 <= status <= 500:", "test_stream_guard.py",
       "AdmissionGuard: a refusal status of 500 (a server error, not the client's) accepted", ISSUE43_R5),
+    M("r5-tail-too-few-said-same", "measuring/intervals.py", "            return Finding(TOO_FEW,",
+      "            return Finding(SAME_TAIL,", "test_verdicts.py",
+      "tail_says: two quantiles with no upper end called 'no difference' instead of 'not told apart'", ISSUE43_R5),
 ]
 # fmt: on
 

@@ -18,10 +18,11 @@ case; or any "X-bound") is allowed when
     ``roof_says("compute-bound matmul", ...)``), or
 (b) it sits in a branch picked by a helper's verdict: the body or ``else`` of an ``if``/``elif`` or of a conditional
     expression, or the element of a comprehension, whose condition reads a verdict; or a value (or the default) of
-    a dict indexed by a verdict. A condition reads a verdict when it names one of :data:`VERDICT_ATTRS`
-    (``.verdict``, ``.judge(...)``, ``.judge_within(...)``), or a name assigned from an expression that does
-    (``tp_verdict = ratio.judge(2.0)``, ``kept = vs_best.verdict == "faster"``), or calls a function of the lesson
-    that returns one (``fastest_threads(cmp)``), or
+    a dict indexed by a verdict. The nearest branch decides: inside a verdict's branch, a string under a further
+    ``if peak < budget:`` is that comparison's conclusion, not the verdict's. A condition reads a verdict when it
+    names one of :data:`VERDICT_ATTRS` (``.verdict``, ``.judge(...)``, ``.judge_within(...)``), or a name assigned
+    from an expression that does (``tp_verdict = ratio.judge(2.0)``, ``kept = vs_best.verdict == "faster"``), or
+    calls a function of the lesson that returns one (``fastest_threads(cmp)``), or
 (c) it is listed in :data:`ALLOWED`: (lesson, a snippet of the string) with the reason it concludes nothing (a
     column header, a plot title, a note on method, an outcome that compares nothing). A snippet with a space
     matches every string that contains it; a one-word snippet ("fits", "gain") only the string that is exactly it.
@@ -258,11 +259,14 @@ class Scan:
                 if child in parent.args[1:] and isinstance(parent.func, ast.Attribute):
                     if self._picked_by_verdict(parent.func.value):
                         return "b"  # the default of {...}.get(x.verdict, default)
-            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test and self.reads_verdict(parent.test):
-                return "b"
+            # the nearest branch decides: a string under `if x.verdict == ...:` and then `if n > 3:` is picked by
+            # `n > 3`, not by the verdict, so it is not allowed by (b)
+            if isinstance(parent, (ast.If, ast.IfExp)) and child is not parent.test:
+                return "b" if self.reads_verdict(parent.test) else ""
             if isinstance(parent, COMPREHENSIONS) and not isinstance(child, ast.comprehension):
-                if any(self.reads_verdict(c) for g in parent.generators for c in g.ifs):
-                    return "b"
+                ifs = [c for g in parent.generators for c in g.ifs]
+                if ifs:
+                    return "b" if any(self.reads_verdict(c) for c in ifs) else ""
             if isinstance(parent, ast.Dict) and child in parent.values and self._picked_by_verdict(parent):
                 return "b"
         return ""
@@ -377,3 +381,21 @@ def test_the_scan_finds_a_planted_conclusion_and_passes_the_same_one_from_a_help
 )
 def test_a_one_word_snippet_allows_only_that_word(snippet, string, matches):
     assert listed(snippet, string) is matches
+
+
+NESTED = """\
+# %%
+r = cmp.ratio("int8")
+if r.verdict == "faster":
+    print("INT8 is faster")
+    if m_int8.median_ms < 1.0:
+        print("so it is worth it on small inputs")
+word = "kept" if r.verdict == "faster" else "it fits" if peak < budget else "over"
+"""
+
+
+def test_the_nearest_branch_decides_not_an_outer_verdict(tmp_path):
+    """A branch on a raw number inside a verdict's branch is that number's conclusion, not the verdict's."""
+    planted = tmp_path / "98_nested.py"
+    planted.write_text(NESTED)
+    assert offenders(planted) == [(6, "so it is worth it on small inputs"), (7, "it fits")]

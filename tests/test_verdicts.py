@@ -86,11 +86,19 @@ def test_tail_says_each_verdict():
 
 def test_tail_says_too_few_requests_is_unbounded_and_said():
     few = iv.tail_says("a", np.arange(100.0), "b", np.arange(100.0) * 2)
-    assert few.verdict == iv.SAME_TAIL
-    assert few.text.endswith("; too few requests to bound a p99 (95% needs 368)")
-    assert few.text.startswith("a p99 98 ms (95% CI above 96) vs b 196 ms (above 192): no difference")
+    assert few.verdict == iv.TOO_FEW  # not told apart is not "the same": never "no difference" from too few
+    assert few.text == (
+        "a p99 98 ms (95% CI above 96) vs b 196 ms (above 192): not told apart, too few requests to bound a p99 "
+        "(95% needs 368)"
+    )
     # b's p99 may lie anywhere above its slowest request: even a far slower a is not shown higher
-    assert iv.tail_says("a", np.arange(100.0) + 1000, "b", np.arange(100.0)).verdict == iv.SAME_TAIL
+    assert iv.tail_says("a", np.arange(100.0) + 1000, "b", np.arange(100.0)).verdict == iv.TOO_FEW
+    # told apart although one end is missing: the verdict stands and the sentence still says what is missing
+    assert iv.tail_says("a", np.arange(100.0) + 1000, "b", np.arange(400.0) / 4).text.endswith(
+        "; too few requests to bound a p99 (95% needs 368)"
+    )
+    # both bounded and overlapping: the same, with no note
+    assert not iv.tail_says("a", np.arange(400.0), "b", np.arange(400.0) + 1).text.endswith("(95% needs 368)")
     assert iv.tail_says("a", np.arange(100.0) + 1000, "b", np.arange(400.0) / 4).verdict == "higher"
 
 
@@ -186,7 +194,6 @@ def test_tail_says_compares_medians_of_rates_with_their_own_words():
     assert f.text == "the loader median 13.1 img/s (95% CI 12-14) is lower than the model 17.1 img/s (16.5-17.5)"
     three = iv.tail_says("the loader", loader[:3], "the model", model[:3], q=0.5, what="median", unit="img/s",
                          samples="passes")  # fmt: skip
-    assert three.verdict == iv.SAME_TAIL
+    assert three.verdict == iv.TOO_FEW
     assert three.text.startswith("the loader median 13 img/s (no 95% CI) vs the model 17 img/s (no 95% CI): ")
-    assert three.text.endswith(": no difference beyond this machine's noise; too few passes to bound a median "
-                               "(95% needs 6)")  # fmt: skip
+    assert three.text.endswith(": not told apart, too few passes to bound a median (95% needs 6)")

@@ -219,6 +219,7 @@ def ratio_from_rounds(
 NO_ACCURACY_DIFFERENCE = "no accuracy difference beyond the seed-to-seed spread"
 SAME_MEMORY = "about the same memory"
 SAME_TAIL = "no difference beyond this machine's noise"
+TOO_FEW = "not told apart"  # a quantile's interval had no end: too few samples, which is not "the same"
 
 
 @dataclass(frozen=True)
@@ -307,7 +308,8 @@ def tail_says(name: str, samples_ms, baseline: str, baseline_ms, q: float = 0.99
               unit: str = "ms", samples: str = "requests") -> Finding:  # fmt: skip
     """The ``q`` quantile (p99) of two sets of latencies, each with its 95% interval: "higher" when ``name``'s
     interval lies wholly above ``baseline``'s, "lower" when wholly below, otherwise :data:`SAME_TAIL`. Too few
-    samples to bound a quantile from above leave it "unbounded" and the sentence says how many are needed.
+    samples to bound a quantile leave it without an end; when that keeps the two apart, the verdict is
+    :data:`TOO_FEW` and the sentence says how many are needed.
     ``q=0.5`` compares medians (of rates too: ``unit="img/s"``, ``samples="passes"``)."""
     label = what or f"p{round(100 * q)}"
     a, b = quantile_interval(samples_ms, q), quantile_interval(baseline_ms, q)
@@ -331,7 +333,10 @@ def tail_says(name: str, samples_ms, baseline: str, baseline_ms, q: float = 0.99
         verdict = SAME_TAIL
     note = ""
     if not all(np.isfinite(v) for v in (a[1], a[2], b[1], b[2])):
-        note = f"; too few {samples} to bound a {label} (95% needs {_min_n(max(q, 1 - q))})"
+        note = f"too few {samples} to bound a {label} (95% needs {_min_n(max(q, 1 - q))})"
+        if verdict == SAME_TAIL:
+            return Finding(TOO_FEW, f"{text_a} vs {text_b}: {TOO_FEW}, {note}")
+        note = "; " + note
     if verdict == SAME_TAIL:
         return Finding(verdict, f"{text_a} vs {text_b}: {SAME_TAIL}{note}")
     return Finding(verdict, f"{text_a} is {verdict} than {text_b}{note}")
