@@ -1186,6 +1186,11 @@ MUTATIONS: list[Mutation] = [
     M("r5-guard-status-500-allowed", "serve/stream_guard.py", "        if not 400 <= status < 500:",
       "        if not 400 <= status <= 500:", "test_stream_guard.py",
       "AdmissionGuard: a refusal status of 500 (a server error, not the client's) accepted", ISSUE43_R5),
+    M("r5-parent-watch-never-waits", "supply/children.py", "    while os.getppid() == parent_pid:",
+      "    while os.getppid() != parent_pid:", (
+          "test_serving.py::test_server_dies_with_its_parent",
+          "test_parallel.py::test_ranks_leave_when_their_starter_is_killed_even_while_they_import_torch",
+      ), "wait_for_parent_gone: returns at once while the parent lives, never once it is gone", ISSUE43_R5),
     M("r5-tail-too-few-said-same", "measuring/intervals.py", "            return Finding(TOO_FEW,",
       "            return Finding(SAME_TAIL,", "test_verdicts.py",
       "tail_says: two quantiles with no upper end called 'no difference' instead of 'not told apart'", ISSUE43_R5),

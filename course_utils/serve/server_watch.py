@@ -25,6 +25,7 @@ from typing import Any
 from litserve.callbacks import Callback
 
 from course_utils.serve.server_process import pid_alive
+from course_utils.supply.children import wait_for_parent_gone
 
 
 def watch_parent(parent: int, run_dir: Path | None) -> None:
@@ -34,8 +35,7 @@ def watch_parent(parent: int, run_dir: Path | None) -> None:
     LitServe's manager, spawned model workers) watches the main process, so killing the main process alone
     (SIGKILL: no clean-up runs) no longer leaves workers holding the port.
     """
-    while os.getppid() == parent:
-        time.sleep(0.5)
+    wait_for_parent_gone(parent, poll_s=0.5)
     if run_dir is not None:
         shutil.rmtree(run_dir, ignore_errors=True)
     os.killpg(0, signal.SIGKILL)

@@ -3,9 +3,7 @@
 A process started with ``spawn`` imports its target's module before it runs a line of the target: for lesson 17's
 ranks that module imports torch (seconds; minutes on a busy machine). A watchdog started inside the target starts
 only after that import, so a notebook killed meanwhile left its ranks importing torch for minutes.
-:func:`run_watched` is a target in a module that imports nothing heavy: it starts the watchdog first, then imports
-the real target and runs it.
-"""
+:func:`run_watched` is a target in a module that imports nothing heavy: it starts the watchdog, then the target."""
 
 from __future__ import annotations
 
@@ -18,9 +16,14 @@ from typing import Any
 POLL_S = 0.2  # how often the watchdog looks for its parent
 
 
+def wait_for_parent_gone(parent_pid: int, poll_s: float = POLL_S) -> None:
+    """Return once this process is re-parented: its starter is gone, even killed with SIGKILL (no clean-up ran)."""
+    while os.getppid() == parent_pid:
+        time.sleep(poll_s)
+
+
 def _watch(parent_pid: int) -> None:
-    while os.getppid() == parent_pid:  # re-parented: the starter is gone (even killed with SIGKILL)
-        time.sleep(POLL_S)
+    wait_for_parent_gone(parent_pid)
     os._exit(1)  # at once, also in the middle of an import in the main thread
 
 
