@@ -293,7 +293,7 @@ print(
     f"{one_measure.spread:.1%}), torch.utils.benchmark {one_cmp.measurements['torch.utils.benchmark'].median_ms:.3f} "
     f"ms: {agreement_1t}"
 )
-pairs = [(f"{threads} threads", agreement), ("1 thread", agreement_1t)] if threads > 1 else [("1 thread", agreement)]
+pairs = [(f"{threads} threads", agreement), ("1 thread", agreement_1t)] if threads > 1 else [("1 thread", agreement_1t)]
 for label, r in pairs:
     print(f"{label}: are the two timers within 10% of each other here? {r.judge_within(0.9, 1.1)}")
 
