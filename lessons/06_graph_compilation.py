@@ -397,9 +397,10 @@ if limit_key is not None:
         limited = torch.compile(model, backend=counter, dynamic=False)
         for xs in shape_inputs:
             cu.check_outputs(limited(xs), model(xs), "fp32", label=f"batch {xs.shape[0]}")
+    eager_sizes = len(sizes) - counter.frame_count
     print(
-        f"{len(sizes)} sizes, graphs compiled: {counter.frame_count}; the other {len(sizes) - counter.frame_count} "
-        "sizes ran in eager mode (correct, not compiled)."
+        f"{len(sizes)} sizes, a recompile limit of 3, graphs compiled: {counter.frame_count}; the other "
+        f"{eager_sizes} size{'s' if eager_sizes != 1 else ''} ran in eager mode (correct, not compiled)."
     )
     torch._dynamo.reset()
 

@@ -317,14 +317,20 @@ for name in models:
         "the loader", loader_rounds, "the model", model_rates[name], q=0.5, what="median", unit="img/s",
         samples="passes",
     )  # fmt: skip
-    advice = {
-        "lower": "the loader is the bottleneck: speeding up the model would change nothing here",
-        "higher": "the model is the bottleneck: a faster loader would change nothing here",
-    }.get(limit.verdict, "neither is shown to be the bottleneck: speeding up either may help")
-    print(
-        f"{name}, num_workers={W}: {limit}: {advice}. End to end, one pass: "
-        f"{cu.intervals.prediction_says('images/s', r['predicted img/s'], r['measured img/s'])}."
-    )
+    # "the slower stage sets the pace" holds only when the stages run side by side without slowing each other:
+    # the end-to-end rate it predicts must hold before either stage is called the bottleneck
+    pace = cu.intervals.prediction_says("images/s", r["predicted img/s"], r["measured img/s"])
+    if pace.verdict != "held":
+        advice = (
+            "the pipeline did not run at its slower stage's rate, so the stages slowed each other down (here they "
+            f"share {CORES} cores): neither is shown to be the bottleneck, and the end-to-end rate is what to improve"
+        )
+    else:
+        advice = {
+            "lower": "the loader is the bottleneck: speeding up the model would change nothing here",
+            "higher": "the model is the bottleneck: a faster loader would change nothing here",
+        }.get(limit.verdict, "neither is shown to be the bottleneck: speeding up either may help")
+    print(f"{name}, num_workers={W}: {limit}. End to end, one pass: {pace}: {advice}.")
     cu.record(
         "09",
         f"end to end ({name}, workers={W})",
