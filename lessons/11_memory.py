@@ -528,8 +528,8 @@ print(
 fixed, fresh = allocs_df.loc["fixed input buffer"], allocs_df.loc["new input each call"]
 print(
     f"3. A fixed input buffer removed {int(fresh['allocations'] - fixed['allocations'])} of "
-    f"{int(fresh['allocations'])} allocations per eager call ({fresh['MiB allocated'] - fixed['MiB allocated']:.1f} "
-    f"of {fresh['MiB allocated']:.1f} MiB): the activations are allocated anyway."
+    f"{int(fresh['allocations'])} allocations per eager call ({fresh['MiB allocated'] - fixed['MiB allocated']:.3g} "
+    f"of {fresh['MiB allocated']:.3g} MiB): the activations are allocated anyway."
 )
 
 # %% [markdown]

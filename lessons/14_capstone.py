@@ -557,10 +557,16 @@ print(
     "pays it at every start."
 )
 if not auto_best.empty:
-    agree = a["technique"].lower() in best["step"].lower()
+    pick, mine = a["technique"].lower(), best["step"].lower().removeprefix("+ ")
     print(
         f"3. optimize() picked {a['technique']}, your stack {best['step']}: "
-        + ("they agree." if agree else "they differ (other steps, other rounds: compare their intervals above).")
+        + (
+            "they agree."
+            if pick == mine
+            else f"your stack's best uses {a['technique']} too, with more on top."
+            if pick in mine
+            else "they differ (other steps, other rounds: compare their intervals above)."
+        )
     )
 
 # %% [markdown]

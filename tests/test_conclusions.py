@@ -128,6 +128,8 @@ ALLOWED: dict[tuple[str, str], str] = {  # (lesson, snippet of the string): why 
     ("14", "best so far: "): "the last step kept; try_step keeps a step only when its interval beats the best so far",
     ("14", "Best stack here: "): "the last step kept (each kept only when its interval beat the best so far); its "
     "Ratio is printed beside it",
+    ("14", "your stack's best uses"): "names the stack's last kept step (kept only when its interval beat the best "
+    "so far) and whether optimize()'s pick is part of it: a comparison of names",
     ("14", "optimize()'s best"): "optimize()'s pick and the stack's, each printed with its Ratio",
     ("14", "higher is better"): LABEL,
     ("14", "paid and were kept"): "counts the steps try_step kept (kept only when shown faster by the interval)",
