@@ -106,7 +106,11 @@ else:
 cold_table = pd.DataFrame({k: pd.Series(v) for k, v in cold.items()}).rename_axis("call").round(3)
 display(cold_table)
 for name, times in cold.items():  # a one-off cost happens once: two numbers, not a ratio with an interval
-    print(f"{name}: first call {times[0]:.2f} ms, last {times[-1]:.2f} ms ({times[0] - times[-1]:+.2f} ms one-off)")
+    extra = times[0] - times[-1]
+    print(
+        f"{name}: first call {times[0]:.2f} ms, last {times[-1]:.2f} ms "
+        + (f"({extra:.2f} ms one-off)" if extra > 0 else "(no one-off cost seen: single calls, moved by the load)")
+    )
 
 # %% [markdown]
 # A compiled function's first call includes tracing and code generation. Inductor keeps an on-disk cache,
