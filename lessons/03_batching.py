@@ -545,9 +545,11 @@ def tail_verdict(rate):
         dyn_ms, none_ms = run(rate, p_dyn, svc=dyn_svc).latencies_ms, run(rate, p_none, svc=none_svc).latencies_ms
         ends.add(cu.intervals.tail_says(p_dyn, dyn_ms, p_none, none_ms).verdict)
     if ends != {tail.verdict}:
-        allowed = " or ".join(sorted(ends | {tail.verdict}))
+        others = " or ".join(sorted(ends - {tail.verdict}))
         return cu.intervals.Finding(
-            "not shown", f"{tail.text}; not shown: the service times' intervals allow {allowed}"
+            "not shown",
+            f"at the measured service times, {tail.text}; at the ends of the service times' intervals it reads "
+            f"{others}: not shown either way",
         )
     return tail
 
@@ -622,7 +624,7 @@ print(
     + (
         f"up, its p99 was {fair_tail.verdict}: {fair_tail}."
         if fair_tail.verdict in ("lower", "higher")
-        else f"up, the p99s do not tell them apart: {fair_tail}."
+        else f"up, the p99s were not told apart ({fair_tail})."
     )
 )
 
