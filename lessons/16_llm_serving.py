@@ -441,8 +441,9 @@ print(f"Paged engine == generate, both attentions, prompt in chunks of {BLOCK}: 
 # layers × 2 (K and V) × the tokens stored × KV heads × head_dim × 4 bytes; we also time that copy alone.
 # At batch 1 the slice holds only the sequence itself; at a full batch each token is scored against every
 # sequence's keys in both versions (the table's "keys per token" columns; a paged kernel would score each token
-# against its own sequence only). The pools here are fresh, so each slice spans just the batch's blocks; in a
-# server that has run a while, a batch's blocks are scattered and its slice can span most of the pool.
+# against its own sequence only). The pools here are fresh, so each slice spans just the batch's blocks; how far
+# a slice spans on a pool that has served a while (freed blocks handed out again, idle cached blocks between the
+# batch's) is measured after the prefix-caching section, on a churn load.
 
 
 # %%
@@ -635,16 +636,20 @@ print(
 #
 # Serving many clients adds three rules. `add` refuses, before admission, a request that could never run
 # (`check_request`: an empty prompt, a token id outside the vocabulary, `max_new` < 1, prompt + `max_new`
-# beyond the model's context or beyond the whole pool) or whose id is taken (`BadRequest`, which a server
-# answers with HTTP 4xx). `cancel(rid)` drops a request whose client went away, its blocks freed at once. And
-# a pass that raises is undone (`PagedKV.rollback`) and retried request by request: only a request that fails
-# alone fails (`failed`), the others go on with the same tokens.
+# beyond the model's context or beyond the whole pool), whose sampling settings are out of range (`check_sampling`:
+# temperature >= 0, 0 < top_p <= 1, a whole-number seed) or whose id is taken (`BadRequest`, which a server
+# answers with HTTP 4xx). A sampled request (temperature > 0) draws from a random generator of its own, seeded
+# by its `seed` (its id when it has none), so the same seed and settings give the same draws, whatever else is in
+# the batch. `cancel(rid)` drops a request whose client went away, its blocks freed at once. And a pass that
+# raises is undone (`PagedKV.rollback`) and retried request by request: only a request that fails alone fails
+# (`failed`), the others go on with the same tokens.
 #
 # `token_budget=None` turns chunking off: each admitted prompt is prefilled whole and alone, before the decode
 # pass of the others (one-at-a-time prefills). `policy="static"` admits only into an empty batch.
 
 
 # %% tags=["contract", "export"]
+import math  # noqa: E402
 import numbers  # noqa: E402
 import time  # noqa: E402, F811
 from collections import deque  # noqa: E402
@@ -676,6 +681,20 @@ def check_request(prompt, max_new, *, vocab_size, context, num_blocks, block_siz
     if need > num_blocks:
         raise BadRequest(f"the request needs up to {need} KV blocks and the whole pool has {num_blocks}: it could "
                          "never run; shorten the prompt or lower max_new")  # fmt: skip
+
+
+def check_sampling(temperature=0.0, top_p=1.0, seed=None):
+    """Raise BadRequest naming the fix unless the sampling settings can run: temperature and top_p finite numbers (not
+    true/false) within `sampling_probs`' own ranges, seed None or a whole number from 0 to 2**64 - 1."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+            raise BadRequest(f"{name} must be a finite number, not {repr(value)[:40]}: e.g. temperature 0.7, top_p 0.9")
+    try:
+        sampling_probs(torch.zeros(2), temperature, top_p)  # the ranges, checked where the sampling happens
+    except ValueError as exc:
+        raise BadRequest(f"{exc}: temperature 0 is greedy, top_p 1 keeps every token") from None
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**64):
+        raise BadRequest(f"seed must be a whole number from 0 to 2**64 - 1 (or left out), not {repr(seed)[:40]}")
 
 
 @dataclass
@@ -731,10 +750,7 @@ class Scheduler:
                       num_blocks=self.kv.num_blocks, block_size=self.kv.block_size)  # fmt: skip
         if any(q.rid == r.rid for q in (*self.waiting, *self.running)):
             raise BadRequest(f"request id {r.rid} is already waiting or running: give each request its own id")
-        try:
-            sampling_probs(torch.zeros(2), r.temperature, r.top_p)  # the sampling settings' own check
-        except (TypeError, ValueError) as exc:
-            raise BadRequest(str(exc)) from None
+        check_sampling(r.temperature, r.top_p, r.seed)
         if r.temperature > 0 and r.generator is None:
             r.generator = torch.Generator().manual_seed(r.seed if r.seed is not None else r.rid)
         self.waiting.append(r)
@@ -1463,6 +1479,142 @@ else:
     )
 
 # %% [markdown]
+# ### Where each engine spends its time: one profiled run of each
+# The intervals above say how the two engines compare on this load; a profile says where each spends its time.
+# Each serves the same requests once more under `torch.profiler` (CPU activity; `profile_all_threads`, because
+# `generate_batch` runs its loop on a thread of its own). `prof.key_averages()` gives every operator's **self**
+# CPU time (the time inside it, not inside the operators it calls), so the operators' times add up without
+# counting anything twice. `profile_groups` sorts them into what a learner could change: the matmuls of the linear
+# layers, the attention kernel (SDPA, in both engines), indexing and copies (the KV cache's reads and writes are
+# among them, and so are other gathers, concatenations and conversions), and every other tensor operator. What is
+# left of the serving span (the first request queued to the last token, each engine's own clock, as for the
+# throughput above) is **Python and waiting**: the schedulers' Python, the building of each step's inputs, and
+# any wait. The forward passes are counted from the profile too: one `aten::embedding` call per pass, in both.
+#
+# What `generate_batch` does each step (transformers 5.25, `continuous_batching/`):
+# `ContinuousBatchingManager._generation_loop_body` (continuous_api.py) calls
+# `ContinuousBatchProcessor.prepare_next_batch`: its scheduler picks the step's requests (`schedule_batch`,
+# scheduler.py) and `prepare_batch_tensors` (input_outputs.py) builds, in Python, the packed token ids and positions,
+# the cache's read and write indices and the attention mask. Then `ModelRunner.compute_batch` (model_runner.py)
+# runs the model's own forward: in every layer `PagedAttentionCache.update` (cache.py) writes the new keys and
+# values with `index_copy_` and reads every sequence's keys and values back with `index_select`
+# (cache_allocators/full_attention.py, `update`), then SDPA; the logits are kept for each sequence's last token
+# only, and `_sample` takes the argmax of all of them in one call. `update_batch` then appends the new tokens.
+# This lesson's step: `Scheduler.schedule` in Python, then `forward` above (pool writes through the block tables,
+# SDPA on a view of the pool, logits for each sequence's last token), one argmax per sequence.
+#
+# One profiled run is one sample, and the profiler adds its own cost to every operator call: the table says where
+# the time went in this run, not which engine is ahead (that is the interval comparison above).
+
+
+# %% tags=["export"]
+PROFILE_GROUPS = {  # category -> does it take this operator (an aten name without "aten::")?
+    "matmul (linear layers)": lambda op: op in ("mm", "addmm", "bmm", "matmul", "linear"),
+    "attention (SDPA)": lambda op: "scaled_dot_product" in op or "softmax" in op,
+    "index, copy, cat (KV reads/writes among them)": lambda op: (
+        op == "cat" or any(part in op for part in ("index", "gather", "scatter", "copy", "clone"))
+    ),
+}
+PYTHON_AND_WAITING = "Python and waiting (span - operators)"
+
+
+def profile_group(key):
+    """The category of one profiled operator name (e.g. "aten::index_select"): "other tensor ops" when no category
+    of PROFILE_GROUPS takes it, or when it is not an aten operator."""
+    if not key.startswith("aten::"):
+        return "other tensor ops"
+    return next((g for g, takes in PROFILE_GROUPS.items() if takes(key.removeprefix("aten::"))), "other tensor ops")
+
+
+def profile_groups(averages, span_ms):
+    """A profile's self CPU time by category, in ms: `averages` is `prof.key_averages()` (entries with `key` and
+    `self_cpu_time_total` in microseconds), `span_ms` the wall time the profiled work took.
+
+    Every operator goes to one category of PROFILE_GROUPS or to "other tensor ops"; PYTHON_AND_WAITING is the span
+    minus all operator time, never below 0 (the operators of several threads can add up to more than the span).
+    User annotations (`record_function` ranges) are not operators: their time is left in the Python share. The
+    categories add up to the span, or to the operator time where that is larger."""
+    groups = dict.fromkeys([*PROFILE_GROUPS, "other tensor ops"], 0.0)
+    for e in averages:
+        if not getattr(e, "is_user_annotation", False):
+            groups[profile_group(e.key)] += e.self_cpu_time_total / 1000
+    groups[PYTHON_AND_WAITING] = max(0.0, span_ms - sum(groups.values()))
+    return groups
+
+
+# %%
+from torch.profiler import ProfilerActivity
+
+
+def profiled(run):
+    """(run's result, prof.key_averages()) of one call of `run` under the profiler, every thread of this process."""
+    # generate_batch's loop thread too: a plain profile records only this thread and those it starts. The switch is
+    # the profiler's experimental config (`profile_all_threads`, pytorch PR #143659, torch 2.7 and later)
+    every_thread = torch.profiler._ExperimentalConfig(profile_all_threads=True)
+    with torch.profiler.profile(activities=[ProfilerActivity.CPU], experimental_config=every_thread) as prof:
+        result = run()
+    return result, prof.key_averages()
+
+
+if peer_cmp is None or peer_diff is not None:
+    print(
+        "No profile side by side: "
+        + ("transformers' continuous batching cannot run here (see above)." if peer_cmp is None else
+           "generate_batch's tokens differ from generate's (see above), and other tokens are other work.")
+    )  # fmt: skip
+else:
+    ours_requests, ours_avg = profiled(lambda: run_load("continuous", TOKEN_BUDGET, load=peer_load)[0])
+    peer_res, peer_avg = profiled(lambda: peer_generate_batch(model, peer_prompts, LONG, **peer_settings))
+    assert first_difference(peer_res["answers"], peer_expected) is None, "generate_batch's tokens changed"
+    ours_m = metrics(ours_requests)  # this engine's answers were checked against generate inside run_load
+    prof_span_ms = {OURS: 1000 * ours_m["seconds"], PEER: 1000 * peer_res["seconds"]}
+    prof_tokens = {OURS: ours_m["tokens"], PEER: peer_res["tokens"]}
+    prof_avg = {OURS: ours_avg, PEER: peer_avg}
+    prof_passes = {n: sum(e.count for e in prof_avg[n] if e.key == "aten::embedding") for n in prof_avg}  # 1 a pass
+    if not prof_passes[PEER]:
+        print("The profiler saw no forward pass of generate_batch (its loop thread was not recorded): no profile.")
+    else:
+        prof_ms = {n: profile_groups(prof_avg[n], prof_span_ms[n]) for n in prof_avg}
+        prof_per_token = {n: {cat: ms / prof_tokens[n] for cat, ms in prof_ms[n].items()} for n in prof_avg}
+        prof_rows = []
+        for cat in prof_ms[OURS]:
+            row = {"category": cat}
+            for n in prof_avg:
+                row[f"{n}: ms"] = prof_ms[n][cat]
+                row[f"{n}: share %"] = 100 * prof_ms[n][cat] / sum(prof_ms[n].values())
+                row[f"{n}: ms per token"] = prof_per_token[n][cat]
+            prof_rows.append(row)
+        display(pd.DataFrame(prof_rows).set_index("category").round(2))
+        print(
+            "; ".join(
+                f"{n}: {prof_tokens[n]} tokens in {prof_span_ms[n]:.0f} ms, {prof_passes[n]} forward passes, "
+                f"{prof_tokens[n] / prof_passes[n]:.2f} tokens made per pass"
+                for n in prof_avg
+            )
+            + "."
+        )
+        gap = {cat: prof_per_token[OURS][cat] - prof_per_token[PEER][cat] for cat in prof_ms[OURS]}  # ours - peer
+        widest = max(gap, key=lambda cat: abs(gap[cat]))
+        per_token_all = {n: sum(prof_per_token[n].values()) for n in prof_avg}
+        to_lose = per_token_all[OURS] - per_token_all[PEER]  # ms per token this engine would need to lose
+        print(
+            f"One profiled run of each (one sample, the profiler's cost included): the largest difference per token "
+            f"is {widest}: {prof_per_token[OURS][widest]:.2f} ms per token in {OURS} against "
+            f"{prof_per_token[PEER][widest]:.2f} ms in {PEER}. In all, {per_token_all[OURS]:.2f} ms per token "
+            f"against {per_token_all[PEER]:.2f} ms"
+            + (
+                f": to take as little per token in this run, {OURS} would need {to_lose:.2f} ms per token less; it "
+                f"takes more than {PEER} in "
+                + ", ".join(f"{cat} (+{gap[cat]:.2f} ms)" for cat in sorted(gap, key=gap.get, reverse=True)
+                            if gap[cat] > 0)
+                if to_lose > 0
+                else f": {OURS} took no more per token in this run than {PEER}"
+            )
+            + "."
+        )  # fmt: skip
+
+
+# %% [markdown]
 # ## Admission by free blocks, and pre-emption
 # The pool so far had room for a full batch of the longest requests. A server sizes its pool from the memory
 # it has, not from the worst case; under load the blocks then run out. The scheduler above already handles
@@ -1668,6 +1820,97 @@ print(
 )
 
 # %% [markdown]
+# ### The slice of the pool that `attention="blocks"` reads, on a pool that has served a while
+# `attention="blocks"` attends to one slice of the pool, from the batch's lowest block to its highest
+# (`visible`), and scores every slot of it. On a fresh pool the blocks are handed out lowest first, so the slice
+# holds the batch's blocks and little else. Once requests finish, their blocks go back and are handed out again,
+# and with prefix caching a finished prompt's blocks stay in the pool, idle, until their memory is needed: a
+# batch's blocks then lie among blocks it does not use, and its slice spans those too. The copying version reads
+# only the blocks in use, and so does a paged kernel.
+#
+# Measured: a churn load (the load's prompts and caps, `N_CHURN` requests arriving at random, about as fast as a
+# full batch finishes them, on the pool of the policy comparison, chunked prefill), with prefix caching (the
+# streaming server's default) and without. Arrivals are counted in engine steps, not seconds, so the layout does
+# not depend on this machine's speed. Every pass notes the blocks its slice spans (highest - lowest + 1) and the
+# blocks the batch uses: span / used is 1 when the slice holds nothing else, 2 when it is twice the batch's own
+# blocks. "Fresh": the passes before any request finished; "after churn": the passes once half the requests had
+# finished. Every answer is checked against `generate`.
+
+
+# %%
+class SpanScheduler(Scheduler):
+    """The Scheduler, noting for every pass the blocks its "blocks" slice spans and the blocks the batch uses."""
+
+    def __init__(self, *args, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.finished, self.spans = 0, []  # spans: (blocks spanned, blocks used, requests finished before the pass)
+
+    def _pass(self, group):
+        logits = super()._pass(group)  # the new tokens' blocks are in the tables now, as `visible` saw them
+        blocks = [b for r, _ in group for b in self.kv.tables[r.rid]]
+        self.spans.append((max(blocks) - min(blocks) + 1, len(set(blocks)), self.finished))
+        return logits
+
+
+N_CHURN = cu.pick(full=24, smoke=16)
+churn_rng = random.Random(2)
+churn_work = [(churn_rng.randrange(len(pool)), LONG if churn_rng.random() < 0.25 else SHORT) for _ in range(N_CHURN)]
+churn_arrivals = np.cumsum([churn_rng.expovariate(MAX_SLOTS / mean_new) for _ in range(N_CHURN)])  # in steps
+for p, _ in churn_work:
+    expected_answer(p)
+
+
+def churn_spans(prefix_caching):
+    """Serve the churn load step by step; check every answer; return one row per pass (spanned, used, finished)."""
+    requests = [Request(i, pool[p], cap, eos=EOS) for i, (p, cap) in enumerate(churn_work)]
+    kv = PagedKV(cfg, NUM_BLOCKS, BLOCK, prefix_caching=prefix_caching)
+    sched = SpanScheduler(model, kv, max_slots=MAX_SLOTS, token_budget=TOKEN_BUDGET)
+    pending, step = list(zip(churn_arrivals, requests, strict=True)), 0
+    while pending or sched.has_work():
+        while pending and pending[0][0] <= step:  # the requests due by this step join the queue
+            sched.add(pending.pop(0)[1])
+        sched.step()  # an empty step when nothing is queued: time passes
+        sched.finished, step = sum(r.done for r in requests), step + 1
+    for r, (p, cap) in zip(requests, churn_work, strict=True):
+        assert r.out == expected_answer(p)[:cap], f"churn: request {r.rid} differs from generate"
+    assert kv.blocks_in_use() == 0, "every block went back (idle cached blocks count as free)"
+    spans = pd.DataFrame(sched.spans, columns=["spanned", "used", "finished"])
+    return spans.assign(ratio=spans["spanned"] / spans["used"])
+
+
+churn_rows = []
+for name, mode in (("prefix caching", True), ("no prefix caching", False)):
+    spans = churn_spans(mode)
+    phases = {"fresh": spans[spans["finished"] == 0], "after churn": spans[spans["finished"] >= N_CHURN // 2]}
+    for phase, rows in phases.items():
+        churn_rows.append({"pool": name, "passes": phase, "n": len(rows),
+                           "span / used, median": rows["ratio"].median(),
+                           "span / used, p90": rows["ratio"].quantile(0.9),
+                           "span, % of the pool (median)": 100 * rows["spanned"].median() / NUM_BLOCKS})  # fmt: skip
+churn_table = pd.DataFrame(churn_rows).set_index(["pool", "passes"])
+display(churn_table.round(2))
+ch = churn_table["span / used, median"]
+ch90 = churn_table["span / used, p90"]
+
+
+def span_pair(pool, when):
+    """The slice's span over the blocks the batch uses, median and p90 of the passes: counts of blocks."""
+    return f"{ch[pool, when]:.2f}x, {ch90[pool, when]:.2f}x"
+
+
+print(
+    f"{N_CHURN} requests, a pool of {NUM_BLOCKS} blocks, every answer == generate. The slice that "
+    f"attention='blocks' reads, against the blocks the batch uses (median, p90): on the fresh pool "
+    f"{span_pair('prefix caching', 'fresh')} with prefix caching and {span_pair('no prefix caching', 'fresh')} "
+    f"without; after {N_CHURN // 2} requests had finished, with prefix caching "
+    f"{span_pair('prefix caching', 'after churn')} (a median "
+    f"{churn_table.loc[('prefix caching', 'after churn'), 'span, % of the pool (median)']:.0f}% of the pool), "
+    f"without {span_pair('no prefix caching', 'after churn')}. "
+    "The attention scores every slot of the slice: that many times the keys of the batch's own blocks."
+)
+
+
+# %% [markdown]
 # ## A real streaming server
 # So far the scheduler ran inside this notebook. A server adds HTTP, a process of its own, and clients that
 # read tokens as they stream. LitServe 0.2.19 ships a **continuous-batching loop**
@@ -1679,6 +1922,11 @@ print(
 # `run` again at once when there is nothing to do, spinning a core, so ours rests 2 ms when idle; and a step
 # that makes no token (a prompt chunk) makes the loop sleep 10 ms, so `step` runs engine steps until one does.
 #
+# A request's body is JSON: `{"prompt": [token ids], "max_new": n}`, and optionally the sampling settings the
+# engine takes, `"temperature"` (default 0: greedy), `"top_p"` (default 1) and `"seed"` (the same seed, the same
+# tokens; by default the request's number in this server). The load below sends greedy requests only, so every
+# answer can be checked against `generate`.
+#
 # The server is a file of its own (`%%writefile`): it runs as its own process. It imports this lesson's engine
 # from `course_utils/from_lessons/l16_llm_serving.py` (generated from the cells tagged `export`: the code you
 # read above). The process binds
@@ -1688,11 +1936,12 @@ print(
 #
 # One client must not break the others. A streamed answer starts with HTTP 200 before its first token, so a
 # request is judged *before* it reaches the engine: `AdmissionGuard` (`course_utils/serve/stream_guard.py`, in
-# the HTTP process) runs the engine's own `check_request` on each body and answers a request that could never
-# run with **HTTP 422** and the reason (a second stream under a `request_id` still streaming gets 409). It
-# also notices a client that leaves mid-stream and sends its connection id to the model worker, which
-# `cancel`s the request before its next step: its blocks go back at once instead of after its last token. A
-# request whose step raises ends with one `{"error": ...}` line; the others stream on, token for token.
+# the HTTP process) runs the engine's own `check_request` and `check_sampling` on each body and answers a request
+# that could never run, or whose sampling settings are out of range, with **HTTP 422** and the reason (a second
+# stream under a `request_id` still streaming gets 409). It also notices a client that leaves mid-stream and
+# sends its connection id to the model worker, which `cancel`s the request before its next step: its blocks go
+# back at once instead of after its last token. A request whose step raises ends with one `{"error": ...}` line;
+# the others stream on, token for token.
 
 # %%
 import atexit
@@ -1736,9 +1985,11 @@ class RestingContinuousLoop(ContinuousBatchingLoop):
 class StreamingLLM(ls.LitAPI):
     """Lesson 16's Scheduler behind LitServe: requests join at any step, every token streams as it is made.
 
-    A request is JSON {"prompt": [token ids], "max_new": n}; the answer streams one line per token: {"token": id},
-    or one line {"error": why} when its step failed. A request the engine could never run was refused before,
-    with HTTP 422 (AdmissionGuard); a client that leaves is cancelled (its connection id arrives on `cancelled`)."""
+    A request is JSON {"prompt": [token ids], "max_new": n}, optionally with "temperature" (default 0: greedy),
+    "top_p" (default 1) and "seed" (default: the request's number in this server; the same seed, the same tokens);
+    the answer streams one line per token: {"token": id}, or one line {"error": why} when its step failed. A request
+    the engine could never run, or with sampling settings out of range, was refused before, with HTTP 422
+    (AdmissionGuard); a client that leaves is cancelled (its connection id arrives on `cancelled`)."""
 
     def __init__(self, *, slots, token_budget, num_blocks, block_size=16, layers=None, prefix_caching=True,
                  cancelled=None, events=None):  # fmt: skip
@@ -1799,7 +2050,9 @@ class StreamingLLM(ls.LitAPI):
         while not self.inbox.empty():
             uid, body = self.inbox.get()
             body = body if isinstance(body, dict) else {}
-            r = self.engine.Request(self.count, body.get("prompt"), body.get("max_new"), eos=self.eos)
+            r = self.engine.Request(self.count, body.get("prompt"), body.get("max_new"), eos=self.eos,
+                                    temperature=body.get("temperature", 0.0), top_p=body.get("top_p", 1.0),
+                                    seed=body.get("seed"))  # fmt: skip
             if body.get("conn") in self.gone:
                 self.gone.discard(body["conn"])
                 outputs.append(Output(uid, "", LitAPIStatus.FINISH_STREAMING))
@@ -1827,25 +2080,27 @@ class StreamingLLM(ls.LitAPI):
         return output
 
 
-def check_body(body, *, check, vocab_size, context, num_blocks, block_size):
-    """AdmissionGuard's check, in the HTTP process: the engine's own `check_request` (ValueError -> HTTP 422)."""
+def check_body(body, *, check, check_sampling, vocab_size, context, num_blocks, block_size):
+    """AdmissionGuard's check, in the HTTP process: the engine's own `check_request` and `check_sampling` (their
+    BadRequest is a ValueError -> HTTP 422); the sampling fields are optional, with the engine's defaults."""
     check(body.get("prompt"), body.get("max_new"), vocab_size=vocab_size, context=context, num_blocks=num_blocks,
           block_size=block_size)  # fmt: skip
+    check_sampling(body.get("temperature", 0.0), body.get("top_p", 1.0), body.get("seed"))
 
 
 def build_server(max_batch_size=8, batch_timeout=0.0, workers_per_device=1, accelerator="cpu"):
     """The LitServer that `server_process.serve(...)` starts; engine settings as JSON in COURSE_16_SERVER."""
     import course_utils as cu
-    from course_utils.from_lessons.l16_llm_serving import check_request
+    from course_utils.from_lessons.l16_llm_serving import check_request, check_sampling
 
     settings = {"slots": max_batch_size, "token_budget": 64, "num_blocks": 128, "block_size": 16,
                 **json.loads(os.environ.get("COURSE_16_SERVER", "{}"))}  # fmt: skip
     cancelled = multiprocessing.get_context("spawn").SimpleQueue()  # HTTP process -> model worker
     api = StreamingLLM(**settings, cancelled=cancelled)
     shape = cu.llm.smollm2_config()  # SmolLM2's vocabulary and context (the stand-in has the same shape)
-    check = functools.partial(check_body, check=check_request, vocab_size=shape.vocab_size,
-                              context=shape.max_position_embeddings, num_blocks=settings["num_blocks"],
-                              block_size=settings["block_size"])  # fmt: skip
+    check = functools.partial(check_body, check=check_request, check_sampling=check_sampling,
+                              vocab_size=shape.vocab_size, context=shape.max_position_embeddings,
+                              num_blocks=settings["num_blocks"], block_size=settings["block_size"])  # fmt: skip
     guard = (AdmissionGuard, {"check": check, "cancelled": cancelled})
     return ls.LitServer(api, accelerator=accelerator, workers_per_device=workers_per_device, timeout=60,
                         middlewares=[guard])  # fmt: skip
@@ -2281,7 +2536,10 @@ print(
     f"{attn_ratio.says('in place', 'the copy')}; at batch 1: {attn_table['blocks vs copy (speed)'].iloc[0]}. "
     f"At batch {BATCHES[-1]} each new token is scored against {last['keys per token, copy']} keys (copy) or "
     f"{last['keys per token, blocks']} slots (in place), where a paged kernel reads "
-    f"{last['keys per token, a paged kernel']}: both versions pay for the batch's other sequences."
+    f"{last['keys per token, a paged kernel']}: both versions pay for the batch's other sequences. On a pool that "
+    f"had served {N_CHURN // 2} requests, with prefix caching, the slice spanned (median, p90) "
+    f"{span_pair('prefix caching', 'after churn')} the batch's own blocks "
+    f"(fresh: {span_pair('prefix caching', 'fresh')})."
 )
 print(
     f"* A pool of half the peak demand: {sched_pre.preemptions} pre-emptions and the same {N_PRE} answers; the "

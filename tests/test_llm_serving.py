@@ -270,6 +270,8 @@ BAD_BODIES = [
     ({"prompt": [5] * 2000, "max_new": 500}, "needs up to 313 KV blocks and the whole pool has 300"),
     ({"max_new": 3}, "the prompt must be a non-empty list"),
     ([1, 2], "the body must be a JSON object, not list"),
+    ({"prompt": [5], "max_new": 3, "temperature": -1}, "need temperature >= 0 and 0 < top_p <= 1, not -1 and 1.0"),
+    ({"prompt": [5], "max_new": 3, "seed": "7"}, "seed must be a whole number from 0 to 2**64 - 1"),
 ]
 
 
@@ -301,6 +303,23 @@ def test_a_request_id_still_streaming_gets_409(served):
             assert "token" in json.loads(next(lines))  # the first one streams
             second = client.post(srv.predict_url, json={**body, "max_new": 2})
             assert second.status_code == 409 and "request_id 'same' is still streaming" in second.json()["error"]
+
+
+def test_served_sampling_settings_reach_the_engine_and_the_same_seed_gives_the_same_tokens(served):
+    srv, _ = served
+    prompt, sampled = list(range(600, 612)), {"max_new": 6, "temperature": 0.9, "top_p": 0.95, "seed": 11}
+    bodies = [{"prompt": prompt, **sampled}, {"prompt": prompt, **sampled}, {"prompt": prompt, "max_new": 6}]
+    answers = stream_load.open_loop_stream(srv.predict_url, bodies, rate=1e6, n_requests=3, timeout=120)
+    assert all(a.ok for a in answers), [a.error for a in answers]
+    first, second, greedy = ([line["token"] for line in a.lines] for a in answers)
+    model, _ = engine.serving_model(2)
+    alone = engine.Request(0, prompt, 6, temperature=0.9, top_p=0.95, seed=11)  # the same settings, in-process
+    sched = engine.Scheduler(model, engine.PagedKV(model.config, 16, 8), max_slots=1, token_budget=16)
+    sched.add(alone)
+    while sched.has_work():
+        sched.step()
+    assert first == second == alone.out, "the same seed and settings must give the same tokens"
+    assert greedy == _generate(prompt, 6) and first != greedy, "the sampling settings never reached the engine"
 
 
 def test_a_client_that_leaves_is_cancelled_and_its_blocks_freed(served):
@@ -359,6 +378,69 @@ def test_the_boundaries_of_a_valid_request_are_accepted():
     _check([0, 99], 1)  # the vocabulary's both ends, one new token
     _check([5] * 30, 2)  # exactly the whole pool: 32 tokens in 8 blocks of 4
     _check([5] * 60, 4, num_blocks=16)  # exactly the context
+
+
+@pytest.fixture(scope="module")
+def check_body(tmp_path_factory):
+    """The server file's `check_body` (the lesson's %%writefile cell, imported), bound as `build_server` binds it."""
+    import functools
+    import importlib.util
+
+    path = server_process.writefile_fallback(tmp_path_factory.mktemp("l16_check") / "llm_server.py", LESSON)
+    spec = importlib.util.spec_from_file_location("l16_llm_server_for_tests", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return functools.partial(module.check_body, check=engine.check_request, check_sampling=engine.check_sampling,
+                             vocab_size=100, context=64, num_blocks=8, block_size=4)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "sampling",
+    [{}, {"temperature": 0}, {"temperature": 0.7, "top_p": 0.9, "seed": 3}, {"temperature": 2, "top_p": 1},
+     {"top_p": 1e-9}, {"seed": 0}, {"seed": 2**64 - 1}, {"seed": None}],
+)  # fmt: skip
+def test_check_body_accepts_good_sampling_settings(check_body, sampling):
+    check_body({"prompt": [5, 6], "max_new": 2, **sampling})
+
+
+@pytest.mark.parametrize(
+    ("sampling", "message"),
+    [
+        ({"temperature": -0.5}, "need temperature >= 0 and 0 < top_p <= 1, not -0.5 and 1.0: temperature 0 is greedy"),
+        ({"top_p": 0}, r"not 0.0 and 0: temperature 0 is greedy, top_p 1 keeps every token"),
+        ({"top_p": 1.5}, r"0 < top_p <= 1, not 0.0 and 1.5"),
+        ({"top_p": -0.1}, r"0 < top_p <= 1, not 0.0 and -0.1"),
+        ({"temperature": "0.7"}, r"temperature must be a finite number, not '0.7': e.g. temperature 0.7, top_p 0.9"),
+        ({"temperature": True}, r"temperature must be a finite number, not True"),
+        ({"top_p": None}, r"top_p must be a finite number, not None"),
+        ({"top_p": [0.9]}, r"top_p must be a finite number, not \[0.9\]"),
+        ({"temperature": float("nan")}, r"temperature must be a finite number, not nan"),
+        ({"temperature": float("inf")}, r"temperature must be a finite number, not inf"),
+        ({"seed": 1.5}, r"seed must be a whole number from 0 to 2\*\*64 - 1 \(or left out\), not 1.5"),
+        ({"seed": "3"}, r"seed must be a whole number .*, not '3'"),
+        ({"seed": True}, r"seed must be a whole number .*, not True"),
+        ({"seed": -1}, r"seed must be a whole number .*, not -1"),
+        ({"seed": 2**64}, r"seed must be a whole number .*, not 18446744073709551616"),
+    ],
+)
+def test_check_body_refuses_bad_sampling_settings_naming_the_fix(check_body, sampling, message):
+    with pytest.raises(engine.BadRequest, match=message):
+        check_body({"prompt": [5, 6], "max_new": 2, **sampling})
+
+
+def test_two_requests_with_the_same_seed_in_one_batch_make_the_same_tokens(model):
+    sched = engine.Scheduler(model, engine.PagedKV(model.config, 32, 4), max_slots=3, token_budget=32)
+    prompt, settings = list(range(3, 14)), {"temperature": 1.0, "top_p": 0.95}
+    reqs = [engine.Request(0, prompt, 8, seed=21, **settings), engine.Request(1, prompt, 8, seed=21, **settings),
+            engine.Request(2, prompt, 8, seed=22, **settings)]  # fmt: skip
+    for r in reqs:
+        sched.add(r)
+    while sched.has_work():
+        made = sched.step()
+        assert len({r.rid for r, _ in made}) == len(made)
+    assert reqs[0].out == reqs[1].out and len(reqs[0].out) == 8  # one batch, the same seed: the same draws
+    assert reqs[2].out != reqs[0].out  # another seed, other draws (fixed seeds: the same outcome every run)
+    assert reqs[0].out != reference(model, prompt, 8), "temperature 1 must sample, not take the argmax"
 
 
 def test_the_scheduler_refuses_bad_requests_and_duplicate_ids_before_admission(model):
@@ -768,3 +850,47 @@ def test_a_working_peer_stand_in_gives_the_shape_the_lesson_reads():
     res = engine.peer_generate_batch(peer, [[1, 2], [3]], 2, **PEER_ARGS)
     assert res["answers"] == [[5, 6], [7]] and res["tokens"] == 3
     assert res["ttft_s"] == [0.1, 0.1] and res["seconds"] == pytest.approx(0.2)
+
+
+# ---------------------------------------------------------------- the profile side by side: its categories
+def _averages(*rows):
+    """Made-up `prof.key_averages()` entries: (key, self CPU time in microseconds[, a user annotation])."""
+    from types import SimpleNamespace
+
+    return [SimpleNamespace(key=k, self_cpu_time_total=us, count=1, is_user_annotation=bool(rest))
+            for k, us, *rest in rows]  # fmt: skip
+
+
+def test_profile_groups_sort_operators_and_leave_the_rest_of_the_span_to_python():
+    sdpa = "aten::_scaled_dot_product_flash_attention_for_cpu"
+    avg = _averages(("aten::mm", 5000), ("aten::addmm", 1000), (sdpa, 700), ("aten::index_select", 300),
+                    ("aten::index_copy_", 200), ("aten::cat", 100), ("aten::copy_", 50), ("aten::mul", 400),
+                    ("aten::frobnicate", 250), ("detach_", 10), ("## a range ##", 9000, True))  # fmt: skip
+    groups = engine.profile_groups(avg, span_ms=10.0)
+    assert list(groups) == [*engine.PROFILE_GROUPS, "other tensor ops", engine.PYTHON_AND_WAITING]
+    assert groups["matmul (linear layers)"] == pytest.approx(6.0)
+    assert groups["attention (SDPA)"] == pytest.approx(0.7)
+    assert groups["index, copy, cat (KV reads/writes among them)"] == pytest.approx(0.65)
+    assert groups["other tensor ops"] == pytest.approx(0.66)  # mul, an operator no category names, a non-aten op
+    assert groups[engine.PYTHON_AND_WAITING] == pytest.approx(10.0 - 8.01)  # the annotation is not an operator
+    assert sum(groups.values()) == pytest.approx(10.0)  # the categories add up to the span
+
+
+@pytest.mark.parametrize(
+    ("key", "group"),
+    [("aten::mm", "matmul (linear layers)"), ("aten::linear", "matmul (linear layers)"),
+     ("aten::_safe_softmax", "attention (SDPA)"), ("aten::scaled_dot_product_attention", "attention (SDPA)"),
+     ("aten::_index_put_impl_", "index, copy, cat (KV reads/writes among them)"),
+     ("aten::_to_copy", "index, copy, cat (KV reads/writes among them)"),
+     ("aten::mmx", "other tensor ops"), ("aten::concat", "other tensor ops"), ("index_select", "other tensor ops"),
+     ("", "other tensor ops")],
+)  # fmt: skip
+def test_an_operator_no_category_names_lands_in_other(key, group):
+    assert engine.profile_group(key) == group
+
+
+def test_python_time_is_never_negative_when_the_operators_outlast_the_span():
+    groups = engine.profile_groups(_averages(("aten::mm", 8000), ("aten::mul", 4000)), span_ms=10.0)  # two threads
+    assert groups[engine.PYTHON_AND_WAITING] == 0.0
+    assert sum(groups.values()) == pytest.approx(12.0)  # then they add up to the operator time
+    assert engine.profile_groups([], span_ms=3.0)[engine.PYTHON_AND_WAITING] == 3.0

@@ -28,6 +28,9 @@ RATIO_FORMAT = re.compile(r"\{[^{}]*:\.\d+[fg]\}x")
 EXEMPT = {  # (lesson, text on the line): why it is not a comparison of timed variants
     ("15", "{4 * hidden / padded:.1f}x"): "arithmetic on the config: INT4's padding bound, nothing timed",
     ("02", 'table["share"] = table["ms"] / table["ms"].sum()'): "each stage's share of one profile's total",
+    ("16", 'row[f"{n}: share %"] = 100 * prof_ms[n][cat] / sum(prof_ms[n].values())'): "each category's share of one "
+    "profile's total",
+    ("16", "{ch[pool, when]:.2f}x, {ch90[pool, when]:.2f}x"): "blocks a slice spans over blocks a batch uses: counts",
     ("03", "long.p99_ms / short.p99_ms"): "output of the batching simulation: what not to do past saturation",
     ("07", 'per_op["share"] = (per_op["total ms"] / per_op["total ms"].sum())'): "each operator's share of one profile",
     ("09", 'err = (e2e["measured img/s"] / e2e["predicted img/s"] - 1)'): "a measurement against its prediction",

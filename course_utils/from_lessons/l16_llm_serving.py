@@ -305,6 +305,7 @@ def accept_or_resample(p, q, token, generator=None):
     return int(torch.multinomial(residual / residual.sum(), 1, generator=generator)), False
 
 
+import math  # noqa: E402
 import numbers  # noqa: E402
 import time  # noqa: E402, F811
 from collections import deque  # noqa: E402
@@ -338,6 +339,21 @@ def check_request(prompt, max_new, *, vocab_size, context, num_blocks, block_siz
     if need > num_blocks:
         raise BadRequest(f"the request needs up to {need} KV blocks and the whole pool has {num_blocks}: it could "
                          "never run; shorten the prompt or lower max_new")  # fmt: skip
+
+
+# Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
+def check_sampling(temperature=0.0, top_p=1.0, seed=None):
+    """Raise BadRequest naming the fix unless the sampling settings can run: temperature and top_p finite numbers (not
+    true/false) within `sampling_probs`' own ranges, seed None or a whole number from 0 to 2**64 - 1."""
+    for name, value in (("temperature", temperature), ("top_p", top_p)):
+        if not isinstance(value, numbers.Real) or isinstance(value, bool) or not math.isfinite(value):
+            raise BadRequest(f"{name} must be a finite number, not {repr(value)[:40]}: e.g. temperature 0.7, top_p 0.9")
+    try:
+        sampling_probs(torch.zeros(2), temperature, top_p)  # the ranges, checked where the sampling happens
+    except ValueError as exc:
+        raise BadRequest(f"{exc}: temperature 0 is greedy, top_p 1 keeps every token") from None
+    if seed is not None and (not isinstance(seed, numbers.Integral) or isinstance(seed, bool) or not 0 <= seed < 2**64):
+        raise BadRequest(f"seed must be a whole number from 0 to 2**64 - 1 (or left out), not {repr(seed)[:40]}")
 
 
 # Defined in lessons/16_llm_serving.py, section "Requests and the scheduler"
@@ -395,10 +411,7 @@ class Scheduler:
                       num_blocks=self.kv.num_blocks, block_size=self.kv.block_size)  # fmt: skip
         if any(q.rid == r.rid for q in (*self.waiting, *self.running)):
             raise BadRequest(f"request id {r.rid} is already waiting or running: give each request its own id")
-        try:
-            sampling_probs(torch.zeros(2), r.temperature, r.top_p)  # the sampling settings' own check
-        except (TypeError, ValueError) as exc:
-            raise BadRequest(str(exc)) from None
+        check_sampling(r.temperature, r.top_p, r.seed)
         if r.temperature > 0 and r.generator is None:
             r.generator = torch.Generator().manual_seed(r.seed if r.seed is not None else r.rid)
         self.waiting.append(r)
@@ -624,3 +637,39 @@ def first_difference(answers, reference):
             if x != y:
                 return i, j, x, y
     return None
+
+
+PROFILE_GROUPS = {  # category -> does it take this operator (an aten name without "aten::")?
+    "matmul (linear layers)": lambda op: op in ("mm", "addmm", "bmm", "matmul", "linear"),
+    "attention (SDPA)": lambda op: "scaled_dot_product" in op or "softmax" in op,
+    "index, copy, cat (KV reads/writes among them)": lambda op: (
+        op == "cat" or any(part in op for part in ("index", "gather", "scatter", "copy", "clone"))
+    ),
+}
+PYTHON_AND_WAITING = "Python and waiting (span - operators)"
+
+
+# Defined in lessons/16_llm_serving.py, section "Side by side: transformers' own continuous batching"
+def profile_group(key):
+    """The category of one profiled operator name (e.g. "aten::index_select"): "other tensor ops" when no category
+    of PROFILE_GROUPS takes it, or when it is not an aten operator."""
+    if not key.startswith("aten::"):
+        return "other tensor ops"
+    return next((g for g, takes in PROFILE_GROUPS.items() if takes(key.removeprefix("aten::"))), "other tensor ops")
+
+
+# Defined in lessons/16_llm_serving.py, section "Side by side: transformers' own continuous batching"
+def profile_groups(averages, span_ms):
+    """A profile's self CPU time by category, in ms: `averages` is `prof.key_averages()` (entries with `key` and
+    `self_cpu_time_total` in microseconds), `span_ms` the wall time the profiled work took.
+
+    Every operator goes to one category of PROFILE_GROUPS or to "other tensor ops"; PYTHON_AND_WAITING is the span
+    minus all operator time, never below 0 (the operators of several threads can add up to more than the span).
+    User annotations (`record_function` ranges) are not operators: their time is left in the Python share. The
+    categories add up to the span, or to the operator time where that is larger."""
+    groups = dict.fromkeys([*PROFILE_GROUPS, "other tensor ops"], 0.0)
+    for e in averages:
+        if not getattr(e, "is_user_annotation", False):
+            groups[profile_group(e.key)] += e.self_cpu_time_total / 1000
+    groups[PYTHON_AND_WAITING] = max(0.0, span_ms - sum(groups.values()))
+    return groups
