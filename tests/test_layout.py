@@ -22,8 +22,9 @@ ROOT = Path(__file__).resolve().parent.parent
 #: the three packages, lowest first
 PACKAGE_NAMES = ("fakegpu", "course_utils", "course_checks")
 PACKAGES = [ROOT / name for name in PACKAGE_NAMES]
-#: the most lines of Python the bench (course_utils) may hold: the package a learner reads stays small
-BENCH_MAX_LINES = 9000
+#: the most lines of hand-written Python the bench (course_utils) may hold: the package a learner reads stays small.
+#: course_utils/from_lessons is not counted: it is the lessons' own cells (tagged export), read in the lessons.
+BENCH_MAX_LINES = 7500
 
 #: the rooms, lowest first: what each needs stands below it
 FLOORS = [
@@ -200,7 +201,8 @@ def test_three_packages_and_the_bench_stays_small():
     """The course is three packages, and the one a learner reads holds at most BENCH_MAX_LINES lines of Python."""
     for pkg in PACKAGES:
         assert (pkg / "__init__.py").is_file(), f"{pkg.name}/__init__.py is missing: the course is three packages"
-    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in _files([ROOT / "course_utils"]))
+    hand_written = [p for p in _files([ROOT / "course_utils"]) if "from_lessons" not in p.parts]
+    lines = sum(len(p.read_text(encoding="utf-8").splitlines()) for p in hand_written)
     assert lines <= BENCH_MAX_LINES, (
         f"course_utils holds {lines} lines of Python, more than {BENCH_MAX_LINES}: the bench is what a learner reads. "
         "Checker code belongs in course_checks, stand-in code in fakegpu, single-lesson code in its lesson's cells."
