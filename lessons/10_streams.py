@@ -313,10 +313,15 @@ for _, r in res.iterrows():
     possible = r["sequential s"] - r["best case s"]  # the most a two-stage overlap can save
     saved = r["sequential s"] - r["overlapped s"]
     together = timelines[t].busy_overlap_s("prepare (thread)", "compute (main)")
+    bound_text = (
+        f"overlap could save at most {possible:.2f} s of {r['sequential s']:.2f} s"
+        if possible > 0
+        else f"no bound: the stages timed alone give a bound of {r['best case s']:.2f} s, not below the sequential "
+        f"runs' {r['sequential s']:.2f} s, so the load differed between those timings"
+    )
     print(
-        f"threads={t}: overlap could save at most {possible:.2f} s of {r['sequential s']:.2f} s; the medians differ "
-        f"by {saved:.2f} s (overlapped vs sequential: {r['r']}); both stages were busy together for "
-        f"{together:.2f} s of the last run."
+        f"threads={t}: {bound_text}; the medians differ by {saved:.2f} s (overlapped vs sequential: {r['r']}); "
+        f"both stages were busy together for {together:.2f} s of the last run."
         + (" Overlap lost time here: the stages competed for the same cores." if r["r"].verdict == "slower" else "")
     )
 
