@@ -21,6 +21,9 @@
 #   `(p - 1) / (m + p - 1)`;
 # * **data-parallel replicas** behind one router, round-robin against least-outstanding-requests, under the
 #   course's load generator;
+# * **across nodes**: two `torchrun` agents on this machine as two nodes, what each rank is told, every socket of
+#   the launch checked while it runs, one node failing; and how `vllm serve --nnodes / --node-rank / --headless`
+#   maps to it;
 # * and the engines that do this at scale: `vllm serve --tensor-parallel-size / --pipeline-parallel-size /
 #   --data-parallel-size`, a Ray Serve LLM deployment and Triton's vLLM backend, with a decision table.
 #
@@ -1661,10 +1664,348 @@ print(
 # * **Engines.** vLLM does not continue with a missing rank: a tensor-parallel group is one model, and a dead
 #   worker takes the engine down. Recovery is a restart of the whole instance (by Kubernetes, Ray Serve or a
 #   systemd unit), with the other replicas (data parallelism) serving meanwhile: another reason to run replicas.
-# * Across nodes, `vllm serve --nnodes N --node-rank R` starts the same server on every node (the non-leader
-#   ones with `--headless`, no API server), as `torchrun --nnodes N --node-rank R` starts a training script's
-#   ranks. Both meet at a rendezvous address that must be reachable from every node: on a real network it
-#   listens beyond loopback by design, which is why that port belongs behind the cluster's firewall.
+# * **Across nodes** the same holds, with an agent per node: the next section launches two "nodes" with
+#   `torchrun` and makes one of them fail.
+
+# %% [markdown]
+# ## Across nodes: `torchrun --nnodes=2`, two nodes on this machine
+# A job on several machines starts one **agent** per node: the agent starts that node's workers, and the agents
+# meet at a **rendezvous** to agree on who is who. `torchrun` (`python -m torch.distributed.run`) is that agent.
+# Below, two agents on this machine play two nodes with `--nproc-per-node` workers each, and run a small script:
+# join one gloo group, `all_reduce` each rank's `RANK + 1`, and write down what torchrun told the worker.
+#
+# A rendezvous is a TCP service, and torchrun's defaults listen on every interface. The course's rule (nothing
+# listens beyond 127.0.0.1) takes four settings, each read in torch's code:
+# * **The rendezvous store is the notebook's.** With `--rdzv-backend=c10d` an agent normally hosts a TCPStore at
+#   `--rdzv-endpoint`. `--rdzv-conf is_host=false` makes both agents clients of it (`_create_tcp_store`,
+#   torch/distributed/elastic/rendezvous/c10d_rendezvous_backend.py), and the notebook hosts it with
+#   `loopback_store()` from above: on a socket it bound to 127.0.0.1.
+# * **No second store in an agent.** Once the rendezvous is done, the agent of group rank 0 starts *another*
+#   TCPStore for its workers to share (`DynamicRendezvousHandler.next_rendezvous` and `_create_tcp_store_server`,
+#   dynamic_rendezvous.py): a plain `TCPStore(is_master=True)`, on every interface, with no way to hand it a socket.
+#   `TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1` turns it off: the agent then only picks a free port
+#   (`RendezvousStoreInfo.build`, rendezvous/api.py) and passes it to the workers as `MASTER_PORT`.
+# * **The workers' store on loopback too.** With `init_process_group(init_method="env://")` rank 0 would bind
+#   `MASTER_PORT` on every interface (`_create_c10d_store`, torch/distributed/rendezvous.py). The script binds it on
+#   `MASTER_ADDR` itself and hands the socket over (`master_listen_fd`), as `loopback_store()` does.
+#   `--local-addr 127.0.0.1` makes `MASTER_ADDR` 127.0.0.1 instead of this machine's hostname (torch/distributed/
+#   run.py, passed on to `RendezvousStoreInfo.build`).
+# * **gloo on `lo`**: `GLOO_SOCKET_IFNAME=lo`, as for the ranks above.
+#
+# Then the check, not a promise: every 50 ms while the launch runs, the notebook lists every process of it (the
+# agents and all below them: torchrun starts each worker in a session of its own, so a process group would miss
+# them) and the TCP sockets each one listens on, and it stops the launch at once if one is beyond loopback. Each
+# worker waits after its `all_reduce` until the notebook has looked with every rank alive. Every process of the
+# launch is stopped at the end, also when the cell fails; if the notebook's process itself dies, the kernel
+# stops the agents (`prctl(PR_SET_PDEATHSIG)`), and each worker dies with its agent the same way.
+
+
+# %% tags=["contract"]
+import contextlib  # noqa: E402, F811 - the contract cell carries its own imports
+import ctypes  # noqa: E402
+import ipaddress  # noqa: E402
+import json  # noqa: E402, F811
+import os  # noqa: E402, F811
+import signal  # noqa: E402
+import subprocess  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402, F811
+from pathlib import Path  # noqa: E402, F811
+
+import psutil  # noqa: E402, F811
+
+PR_SET_PDEATHSIG = 1  # prctl's option (linux/prctl.h): a signal the kernel sends when our parent dies
+LIBC = ctypes.CDLL(None)  # opened here: between fork and exec (below) the new process only calls into it
+
+# The script each worker runs. The environment variables are what torchrun's agent sets for every worker
+# (`LocalElasticAgent._start_workers`, torch/distributed/elastic/agent/server/local_elastic_agent.py).
+NODE_SCRIPT = '''"""One worker of a torchrun launch: join the gloo group, all_reduce, write what this rank saw."""
+import ctypes, datetime, json, os, signal, socket, sys, time
+from pathlib import Path
+
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: the kernel kills this worker if its agent dies
+
+import torch
+import torch.distributed as dist
+
+folder, timeout_s = Path(sys.argv[1]), float(sys.argv[2])
+names = ("GROUP_RANK", "LOCAL_RANK", "RANK", "LOCAL_WORLD_SIZE", "WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
+record = {"node": int(os.environ["L17_NODE"]), "pid": os.getpid(), **{k: os.environ[k] for k in names}}
+rank, world = int(record["RANK"]), int(record["WORLD_SIZE"])
+try:
+    addr, port = record["MASTER_ADDR"], int(record["MASTER_PORT"])
+    timeout = datetime.timedelta(seconds=timeout_s)
+    if rank == 0:  # env:// would bind MASTER_PORT on every interface: bind it on MASTER_ADDR (127.0.0.1) ourselves
+        listener = socket.create_server((addr, port))
+        store = dist.TCPStore(addr, port, world, is_master=True, timeout=timeout, master_listen_fd=listener.detach())
+    else:
+        store = dist.TCPStore(addr, port, world, is_master=False, timeout=timeout)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world, timeout=timeout)
+    if rank == int(os.environ["L17_FAIL_RANK"]):
+        raise RuntimeError(f"rank {rank} fails on purpose, before its all_reduce")
+    total = torch.tensor([rank + 1.0])
+    dist.all_reduce(total)  # 1 + 2 + ... + WORLD_SIZE, on every rank
+    record["all_reduce"] = total.item()
+except Exception as error:
+    record.update(error=f"{type(error).__name__}: {error}", at=time.time())
+    raise
+finally:
+    (folder / f"rank{rank}.json").write_text(json.dumps(record))
+deadline = time.monotonic() + timeout_s  # every rank alive until the notebook has looked at their sockets
+while not (folder / "release").exists() and time.monotonic() < deadline:
+    time.sleep(0.02)
+dist.destroy_process_group()
+'''
+
+
+def on_loopback(ip):
+    """127.0.0.0/8 and ::1 (also an IPv4 loopback address written as IPv6, ::ffff:127.0.0.1)."""
+    address = ipaddress.ip_address(ip.split("%")[0])
+    mapped = getattr(address, "ipv4_mapped", None)
+    return address.is_loopback or (mapped is not None and mapped.is_loopback)
+
+
+class LaunchWatch:
+    """Every process of a launch, and the TCP addresses they listen on: the agents and all their descendants.
+    torchrun starts each worker in a session of its own (`start_new_session=True`, `SubprocessHandler._popen`,
+    torch/distributed/elastic/multiprocessing/subprocess_handler/subprocess_handler.py), so a process group would
+    miss them; psutil's `children()` follows the parent links instead."""
+
+    def __init__(self):
+        self.agents, self.seen, self.listening, self.samples = [], {}, {}, 0  # seen: pid -> psutil.Process
+
+    def processes(self):
+        """The processes of the launch now (each is remembered, to be stopped at the end)."""
+        now = []
+        for agent in self.agents:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                now += [agent, *agent.children(recursive=True)]
+        self.seen.update((p.pid, p) for p in now)
+        return now
+
+    def sample(self):
+        for p in self.processes():
+            with contextlib.suppress(psutil.NoSuchProcess):  # exited meanwhile
+                for c in p.net_connections("tcp"):
+                    if c.status == psutil.CONN_LISTEN:
+                        self.listening.setdefault((c.laddr.ip, c.laddr.port), set()).add(p.pid)
+        self.samples += 1
+
+    def beyond_loopback(self):
+        return {f"{ip}:{port}": sorted(pids) for (ip, port), pids in self.listening.items() if not on_loopback(ip)}
+
+    def stop(self, grace_s=3.0):
+        """SIGTERM to every process of the launch still running, SIGKILL after `grace_s` (psutil checks that a pid
+        still names the process it saw, not a new one that got the same number)."""
+        self.processes()
+        alive = [p for p in self.seen.values() if p.is_running()]
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.terminate()
+        _, alive = psutil.wait_procs(alive, timeout=grace_s)
+        for p in alive:
+            with contextlib.suppress(psutil.NoSuchProcess):
+                p.kill()
+        psutil.wait_procs(alive, timeout=grace_s)
+
+
+def torchrun_nodes(folder, *, nodes=2, nproc=1, fail_rank=-1, timeout_s=60.0, grace_s=10.0, script=NODE_SCRIPT):
+    """Start `nodes` torchrun agents on this machine, one per "node", that meet at a rendezvous store this process
+    holds on 127.0.0.1, and run `script` (written to `folder`) in `nproc` workers each. Waits at most `timeout_s`,
+    and at most `grace_s` for the other agents once one has failed; every process of the launch is stopped on the
+    way out, whatever happened. `fail_rank`: that rank raises before its all_reduce.
+
+    Returns what each rank wrote, each agent's exit code and exit time, and what the launch listened on."""
+    folder = Path(folder)
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "node_script.py").write_text(script)
+    store, port = loopback_store(timeout_s)  # the rendezvous, in this process, on 127.0.0.1 only
+    store_listens = [a for a in listening(os.getpid()) if a.endswith(f":{port}")]
+    env = {
+        **os.environ,
+        "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",  # no TCPStore of the agent's own (see above)
+        "GLOO_SOCKET_IFNAME": "lo",
+        "OMP_NUM_THREADS": "1",
+        "L17_FAIL_RANK": str(fail_rank),
+    }
+    notebook = os.getpid()
+
+    def die_with_notebook():  # runs in the new process, before torchrun: SIGTERM to it when this process dies
+        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+        if os.getppid() != notebook:  # died already, before the prctl
+            os._exit(1)
+
+    watch, agents, exited, start = LaunchWatch(), [], {}, time.time()
+    try:
+        for node in range(nodes):
+            command = [
+                sys.executable, "-m", "torch.distributed.run",  # = torchrun
+                f"--nnodes={nodes}", f"--node-rank={node}", f"--nproc-per-node={nproc}",
+                "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}", "--rdzv-conf=is_host=false",
+                "--local-addr=127.0.0.1", "--max-restarts=0",
+                f"--log-dir={folder}/node{node}_workers", "--redirects=3",  # each worker's output to its own files
+                str(folder / "node_script.py"), str(folder), str(timeout_s),
+            ]  # fmt: skip
+            with open(folder / f"node{node}.log", "w") as log:  # the agent's own output
+                agent = subprocess.Popen(
+                    command,
+                    env={**env, "L17_NODE": str(node)},
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=die_with_notebook,
+                )
+            agents.append(agent)
+            watch.agents.append(psutil.Process(agent.pid))
+        while len(exited) < nodes:
+            failed = [exited[n] for n in exited if agents[n].returncode]
+            if failed and time.time() - min(failed) > grace_s:
+                break  # a node failed and the others still run: they are stopped below
+            if time.time() - start > timeout_s:
+                logs = sorted(folder.glob("node*.log"))
+                tails = "".join(f"\n{log.name}: {log.read_text()[-800:]}" for log in logs)
+                raise TimeoutError(f"the launch ran past {timeout_s:.0f} s; the agents' logs end:{tails}")
+            everyone = len(list(folder.glob("rank*.json"))) == nodes * nproc  # every rank has reported and waits
+            watch.sample()
+            if beyond := watch.beyond_loopback():
+                raise RuntimeError(f"a process of the launch listens beyond loopback: {beyond}; the launch is stopped")
+            if everyone:
+                (folder / "release").touch()  # the sample above saw every rank alive: they may finish
+            for node, agent in enumerate(agents):
+                if node not in exited and agent.poll() is not None:
+                    exited[node] = time.time()
+            time.sleep(0.05)
+    finally:
+        ended = time.time()
+        watch.stop()
+        del store  # the rendezvous store closes its socket
+    ranks = sorted((json.loads(f.read_text()) for f in folder.glob("rank*.json")), key=lambda r: int(r["RANK"]))
+    workers = {int(r["pid"]) for r in ranks}
+    return {
+        "world": nodes * nproc,
+        "ranks": ranks,
+        "agents": [
+            {"node": n, "pid": a.pid, "exit_code": a.returncode if n in exited else None, "exited_at": exited.get(n)}
+            for n, a in enumerate(agents)
+        ],  # exit_code None: still running `grace_s` after another node failed, stopped by the notebook
+        "grace_s": grace_s,
+        "seconds": ended - start,
+        "store": store_listens,
+        "listening": sorted(f"{ip}:{port}" for ip, port in watch.listening),
+        "beyond_loopback": watch.beyond_loopback(),
+        "workers_seen_listening": workers <= set().union(*watch.listening.values()),
+        "processes": len(watch.seen),
+        "samples": watch.samples,
+        "logs": {n: (folder / f"node{n}.log").read_text() for n in range(nodes)},
+        "worker_logs": {
+            n: "".join(f.read_text() for f in sorted(folder.glob(f"node{n}_workers/**/std*.log"))) for n in range(nodes)
+        },  # fmt: skip
+    }
+
+
+def failure_report(run):
+    """Which rank failed first and with what message, what the others saw, and when each agent stopped."""
+    errors = sorted((r for r in run["ranks"] if "error" in r), key=lambda r: r["at"])
+    lines = []
+    for i, r in enumerate(errors):
+        after = f", {r['at'] - errors[0]['at']:.2f} s later" if i else ""
+        which = f"rank {r['RANK']} (GROUP_RANK {r['GROUP_RANK']}{after})"
+        lines.append(f"{'first' if i == 0 else 'then'}: {which}: {r['error']}")
+    silent = sorted(set(range(run["world"])) - {int(r["RANK"]) for r in run["ranks"]})
+    if silent:
+        lines.append(f"ranks {silent} wrote no record: stopped, or failed before they could")
+    for a in run["agents"]:
+        if a["exit_code"] is None:
+            lines.append(f"agent started with --node-rank={a['node']}: still running {run['grace_s']:.0f} s after "
+                         "another node failed: stopped by the notebook")  # fmt: skip
+            continue
+        since = f", {a['exited_at'] - errors[0]['at']:.2f} s after the first error" if errors else ""
+        lines.append(f"agent started with --node-rank={a['node']}: exit code {a['exit_code']}{since}")
+        if a["exit_code"] and not any(r["node"] == a["node"] for r in errors):  # a worker died without a record
+            said = run["worker_logs"][a["node"]].splitlines() or run["logs"][a["node"]].splitlines()
+            lines.append("  its workers' output ends: " + " | ".join(said[-3:]))
+    return "\n".join(lines)
+
+
+# %% [markdown]
+# The launch: two agents, `--nproc-per-node` workers each, one script. Each row is what one worker was told.
+
+# %%
+NPROC = cu.pick(full=2, smoke=1)  # workers per node
+mn = torchrun_nodes(WORK / "torchrun", nproc=NPROC)
+if any("error" in r for r in mn["ranks"]) or any(a["exit_code"] for a in mn["agents"]):
+    raise RuntimeError("the launch failed:\n" + failure_report(mn))
+views = pd.DataFrame(mn["ranks"]).set_index("RANK").rename(columns={"node": "--node-rank given"})
+display(views.drop(columns=["pid"]))
+want = mn["world"] * (mn["world"] + 1) / 2
+assert all(r["all_reduce"] == want for r in mn["ranks"]), f"all_reduce: {[r['all_reduce'] for r in mn['ranks']]}"
+print(
+    f"✓ {mn['world']} workers on {len(mn['agents'])} nodes: all_reduce of RANK + 1 gave {want:.0f} on every rank; "
+    f"the launch took {mn['seconds']:.1f} s"
+)
+assert all(
+    int(r["RANK"]) == int(r["GROUP_RANK"]) * int(r["LOCAL_WORLD_SIZE"]) + int(r["LOCAL_RANK"]) for r in mn["ranks"]
+), "RANK != GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK"
+print("✓ on every worker: RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK")
+for a in mn["agents"]:
+    got = sorted({int(r["GROUP_RANK"]) for r in mn["ranks"] if r["node"] == a["node"]})
+    print(f"The agent started with --node-rank={a['node']} (pid {a['pid']}): its workers got GROUP_RANK {got}")
+by_pid = [a["node"] for a in sorted(mn["agents"], key=lambda a: a["pid"])]
+group_of = {r["node"]: int(r["GROUP_RANK"]) for r in mn["ranks"]}
+print(f"Group ranks in the order of the agents' pids: {[group_of[n] for n in by_pid]}")
+said = [line.split("] ")[-1] for log in mn["logs"].values() for line in log.splitlines() if "node_rank is" in line]
+print(f"torchrun's log: {said[0] if said else '(nothing about --node-rank)'}")
+print(
+    f"{mn['processes']} processes of the launch, {mn['samples']} looks at their sockets. They listened on "
+    f"{mn['listening']}; beyond loopback: {mn['beyond_loopback'] or 'nothing'}. The rendezvous store (this "
+    f"process) listened on {mn['store']}."
+)
+assert not mn["beyond_loopback"] and mn["workers_seen_listening"], "a worker was never seen, or beyond loopback"
+pids = [a["pid"] for a in mn["agents"]] + [r["pid"] for r in mn["ranks"]]
+left = [p for p in pids if psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE]
+print(f"Processes of the launch left running: {left or 'none'}")
+
+# %% [markdown]
+# The c10d rendezvous does not use `--node-rank` (torch warns, above): it numbers the nodes itself once they have
+# all joined, in the order of their descriptions, sorted by address and then the agent's process id
+# (`_mark_rendezvous_complete` and `_NodeDesc`, dynamic_rendezvous.py). Here both addresses are 127.0.0.1, so the
+# agents' process ids decide (printed above). Then `RANK = GROUP_RANK x LOCAL_WORLD_SIZE + LOCAL_RANK`, and every worker
+# found rank 0's store at `MASTER_ADDR:MASTER_PORT`. A script that needs a fixed place per node reads
+# `GROUP_RANK`, not the flag; `--rdzv-backend=static` is the launcher that obeys `--node-rank`, and there node
+# 0's agent hosts the store itself, a `TCPStore` on every interface (torch/distributed/elastic/rendezvous/
+# static_tcp_rendezvous.py).
+#
+# ### One node's worker fails
+# The same launch with the last rank raising before its `all_reduce` (`--max-restarts=0`: torchrun does not start
+# the group again). The other ranks wait in the `all_reduce`; gloo sees the failed rank's connections close.
+
+# %%
+failed = torchrun_nodes(WORK / "torchrun_fail", nproc=NPROC, fail_rank=2 * NPROC - 1)
+print(failure_report(failed))
+first = min((r for r in failed["ranks"] if "error" in r), key=lambda r: r["at"])
+assert first["RANK"] == str(2 * NPROC - 1) and "on purpose" in first["error"], failure_report(failed)
+assert all(a["exit_code"] != 0 for a in failed["agents"]), "an agent reported success"
+assert not failed["beyond_loopback"], failed["beyond_loopback"]
+
+# %% [markdown]
+# **vLLM's multi-node flags, against this launch.** With `--distributed-executor-backend mp` the same `vllm serve`
+# command runs on every node, with its own place in the job (`ParallelConfig.nnodes`, `node_rank`, `master_addr`,
+# `master_port` in vllm/config/parallel.py, "for multi-node distributed inference when distributed_executor_backend
+# is mp"; each flag below is in vLLM 0.33.0's parser, checked by tests/gpu_contract/test_l17_engines.py):
+#
+# * **how many nodes**: torchrun `--nnodes 2`; vLLM `--nnodes 2`.
+# * **this node's place**: torchrun's `--node-rank` is ignored by the c10d rendezvous, which numbers the nodes
+#   itself (`GROUP_RANK`), and obeyed by `--rdzv-backend=static`; vLLM's `--node-rank R` is obeyed, node 0 is the
+#   head.
+# * **where the nodes meet**: torchrun's `--rdzv-endpoint` (here the notebook's store), then rank 0's
+#   `MASTER_ADDR:MASTER_PORT` for the process group; vLLM's `--master-addr` and `--master-port`, the head node's
+#   address for torch.distributed's process group.
+# * **what each node runs**: torchrun, an agent and its `--nproc-per-node` workers, the same script on every node;
+#   vLLM, on node 0 the server with its API, on nodes R > 0 `--headless`: workers only, no API server
+#   (`run_headless`, vllm/entrypoints/cli/serve.py).
+#
+# On a real cluster these addresses must be reachable from every node: they listen beyond loopback by design, and
+# their ports belong behind the cluster's firewall. Here the check above watched them while the launch ran.
 
 # %% [markdown]
 # ## At scale: vLLM, Ray Serve LLM, Triton's vLLM backend

@@ -72,6 +72,7 @@ ISSUE32_R3 = "issue 32 round 3"
 ISSUE32_R4 = "issue 32 round 4"
 ISSUE43 = "issue 43"  # the survivors of issue 43's held-out planted bugs
 ISSUE43_R5 = "issue 43 round 5"  # modules no earlier round targeted: lessons 03-14's new checks, the stream guard
+ISSUE44 = "issue 44"  # lesson 17's two-node torchrun launch: its loopback check and its clean-up
 T_TIMING = ("test_timing.py",)
 T_COMPARE = ("test_compare.py",)
 T_RESULTS = ("test_results.py",)
@@ -1205,6 +1206,28 @@ MUTATIONS: list[Mutation] = [
       "                                    seed=None)",
       "test_llm_serving.py::test_served_sampling_settings_reach_the_engine_and_the_same_seed_gives_the_same_tokens",
       "the LitServe server drops the body's seed (every sampled request seeded by its id)", ISSUE43_R5),
+    M("l17-loopback-check-blind", "lessons/17_beyond_one_device.py",
+      "    return address.is_loopback or (mapped is not None and mapped.is_loopback)", "    return True", (
+          "test_l17_multinode.py::test_on_loopback",
+          "test_l17_multinode.py::test_the_check_flags_every_listener_beyond_loopback_in_any_process_of_the_launch",
+      ), "lesson 17's launch check: every address counts as loopback", ISSUE44),
+    M("l17-watch-not-recursive", "lessons/17_beyond_one_device.py",
+      "now += [agent, *agent.children(recursive=True)]", "now += [agent, *agent.children()]",
+      "test_l17_multinode.py::test_the_check_flags_every_listener_beyond_loopback_in_any_process_of_the_launch",
+      "lesson 17's launch check misses the agents' grandchildren (the workers' children)", ISSUE44),
+    M("l17-worker-outlives-agent", "lessons/17_beyond_one_device.py",
+      "ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG", "pass  # PR_SET_PDEATHSIG",
+      "test_l17_multinode.py::test_nothing_outlives_an_agent_or_the_notebook_killed_mid_launch",
+      "a torchrun worker survives its SIGKILLed agent", ISSUE44),
+    M("l17-agent-outlives-notebook", "lessons/17_beyond_one_device.py",
+      "        LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGTERM)\n", "        pass\n",
+      "test_l17_multinode.py::test_agents_leave_with_a_notebook_killed_before_the_rendezvous",
+      "torchrun agents outlive a notebook killed before the rendezvous", ISSUE44),
+    M("l17-no-grace", "lessons/17_beyond_one_device.py",
+      "                break  # a node failed and the others still run",
+      "                pass  # a node failed and the others still run",
+      "test_l17_multinode.py::test_a_node_that_never_joins_the_group_is_stopped_after_the_grace",
+      "a failed node leaves the other agents waiting until the launch's timeout", ISSUE44),
     M("r5-tail-too-few-said-same", "measuring/intervals.py", "            return Finding(TOO_FEW,",
       "            return Finding(SAME_TAIL,", "test_verdicts.py",
       "tail_says: two quantiles with no upper end called 'no difference' instead of 'not told apart'", ISSUE43_R5),
