@@ -1084,7 +1084,11 @@ else:
     diverged_fp8 = (new_fp8.cpu() != ref[:, :n_agree].cpu()).nonzero()
     print(
         f"transformers' FP8 cache (per-tensor scale), free-running over {n_agree} tokens: "
-        + (f"first left the FP32 text at token {int(diverged_fp8[0, 1])}" if len(diverged_fp8) else "the FP32 text")
+        + (
+            f"first left the FP32 text at token {int(diverged_fp8[0, 1])}"
+            if len(diverged_fp8)
+            else "never left the FP32 text"
+        )
     )
 
 # %% [markdown]
