@@ -135,12 +135,13 @@ def test_the_launch_is_stopped_at_once_when_a_process_listens_beyond_loopback(ns
 
 
 def test_a_failing_rank_is_named_and_the_other_node_stops(ns, tmp_path):
-    run = ns["torchrun_nodes"](tmp_path, nproc=1, fail_rank=1, grace_s=30.0)
+    run = ns["torchrun_nodes"](tmp_path, nproc=1, fail_rank=1, grace_s=60.0)
     errors = sorted((r for r in run["ranks"] if "error" in r), key=lambda r: r["at"])
     assert errors and errors[0]["RANK"] == "1"
     assert errors[0]["error"] == "RuntimeError: rank 1 fails on purpose, before its all_reduce"
-    assert all(a["exit_code"] not in (0, None) for a in run["agents"]), run["agents"]  # both stopped by themselves
-    assert max(a["exited_at"] for a in run["agents"]) - errors[0]["at"] < 20, "an agent took long to stop"
+    # both agents stopped by themselves, within the grace (exit code None: stopped by the notebook after it); no
+    # bound in seconds here, which a busy machine would turn into a verdict on its load
+    assert all(a["exit_code"] not in (0, None) for a in run["agents"]), run["agents"]
     report = ns["failure_report"](run)
     assert report.startswith("first: rank 1 (GROUP_RANK 1): RuntimeError: rank 1 fails on purpose"), report
     assert "exit code 1" in report
@@ -152,9 +153,9 @@ def test_a_node_that_never_joins_the_group_is_stopped_after_the_grace(ns, tmp_pa
     """The node of group rank 1 exits before its workers join: the other node's rank waits in init_process_group
     (for as long as the store's timeout) until the notebook stops it, `grace_s` after the failure."""
     script = 'import os, sys\nif os.environ["GROUP_RANK"] == "1":\n    sys.exit("this node cannot start")\n'
-    start = time.monotonic()
+    # without the grace the waiting node would run into timeout_s (TimeoutError); no wall bound here, which a busy
+    # machine's slow torch imports would decide
     run = ns["torchrun_nodes"](tmp_path, nproc=1, grace_s=2.0, timeout_s=120.0, script=script + ns["NODE_SCRIPT"])
-    assert time.monotonic() - start < 60, "the grace did not bound the wait"
     codes = sorted(a["exit_code"] for a in run["agents"] if a["exit_code"] is not None)
     assert codes == [1] and sum(a["exit_code"] is None for a in run["agents"]) == 1, run["agents"]
     report = ns["failure_report"](run)
