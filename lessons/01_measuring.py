@@ -455,7 +455,7 @@ half = known.ratio("one matmul")
 same = known.ratio("one matmul again", vs="one matmul")  # the same work on both sides
 print(
     f"one vs two matmuls (true ratio 2): {half}: the interval "
-    f"{'contains' if half.low <= 2 <= half.high else 'misses'} 2"
+    + ("contains 2" if half.low <= 2 <= half.high else f"misses 2 ({half.low:.4g}-{half.high:.4g}, unrounded)")
 )
 print(f"one matmul vs two of them, judged against a 1.5x target: {half.judge(1.5)}; against 2.5x: {half.judge(2.5)}")
 print(f"two identical variants: {same}")
@@ -479,8 +479,10 @@ cpu_capability = torch.backends.cpu.get_cpu_capability()  # "AVX512", "AVX2", "D
 lanes = {"AVX512": 16, "AVX2": 8}.get(cpu_capability, 4)
 physical = psutil.cpu_count(logical=False) or os.cpu_count()
 ghz = psutil.cpu_freq().max / 1000 if psutil.cpu_freq() and psutil.cpu_freq().max else None
+clock_from = "the CPU's maximum clock"
 if not ghz:  # virtual machines often hide the maximum: use the current clock from /proc/cpuinfo
     ghz = float(next(line.split(":")[1] for line in open("/proc/cpuinfo") if line.startswith("cpu MHz"))) / 1000
+    clock_from = "the clock /proc/cpuinfo reports (a virtual machine's nominal clock; the cores may boost above it)"
 cores_used = min(physical, torch.get_num_threads())  # the roof of the threads this run uses
 cpu_spec_flops = cores_used * ghz * 1e9 * lanes * 2 * 2
 print(
@@ -721,7 +723,12 @@ matmul_share = cu.intervals.roof_says("compute-bound matmul", f["compute: matmul
 print(
     f"{matmul_share}"
     + {
-        "above the roof": ".",
+        "above the roof": (
+            f". The roof's clock is {clock_from}: at {f['compute: matmul'] * cpu_spec_flops / 1e9:.0f} GFLOP/s the "
+            f"cores ran at {f['compute: matmul'] * ghz:.2f} GHz or more, if the FLOP per cycle above holds."
+            if spec_flops == cpu_spec_flops
+            else "."
+        ),
         "far under the roof": ": implausibly far for a large matmul. Other programs took the cores while it was "
         "timed, or torch runs fewer threads than the roof assumes; the roofline is not trusted: rerun on a "
         "quieter machine.",

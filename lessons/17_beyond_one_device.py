@@ -1293,10 +1293,14 @@ def stage_time_bubble(per_micro_batch, m):
 # %%
 W.run(l17.load_shards, path=str(tp_path), shape=l17.shape_of(cfg), sizes=[1], name="whole", whole_on_every_rank=True)
 pp_bubbles, pp_runs, pp_model, pp_blocked, pp_busy, pp_uneven = ({m: [] for m in MICRO} for _ in range(6))
+pp_match = {}  # per m, the round whose logits were furthest from the reference
 for _ in range(cu.pick(full=5, smoke=3)):  # rounds, the micro-batch counts interleaved
     for m in MICRO:
         stages = W.run(l17.pp_forward, ranks=range(P_STAGES), name="whole", p=P_STAGES, tokens=pp_tokens, m=m)
-        cu.check_outputs(stages[-1]["logits"], pp_ref, "fp32", label=f"pipeline, m={m}")
+        match = cu.compare_outputs(stages[-1]["logits"], pp_ref, "fp32")  # every round; printed once, below
+        if not match.within:  # prints why and raises: no bubble is measured on wrong logits
+            cu.check_outputs(stages[-1]["logits"], pp_ref, "fp32", label=f"pipeline, m={m}")
+        pp_match[m] = max(pp_match.get(m, match), match, key=lambda r: r.max_rel)
         pp_bubbles[m].append(bubble(stages))
         per_mb = [np.median([e - s for s, e in st["busy"]]) for st in stages]
         pp_model[m].append(stage_time_bubble(per_mb, m))
@@ -1306,6 +1310,8 @@ for _ in range(cu.pick(full=5, smoke=3)):  # rounds, the micro-batch counts inte
         pp_blocked[m].append(stages[0]["blocked_s"]["send"] / wall)
         pp_busy[m].append(sum(e - s for st in stages for s, e in st["busy"]))
         pp_runs[m] = stages
+for m in MICRO:
+    print(f"pipeline, m={m}, the furthest of the rounds: {pp_match[m]}")
 print(f"✓ The pipeline's last-position logits == the single-process model's (fp32 tolerance), m = {MICRO}")
 pp_rows = []
 for m in MICRO:
