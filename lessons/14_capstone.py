@@ -374,6 +374,7 @@ with warnings.catch_warnings():
 so = ort.SessionOptions()
 so.graph_optimization_level = ort.GraphOptimizationLevel.ORT_ENABLE_ALL
 so.intra_op_num_threads = threads
+so.add_session_config_entry("session.intra_op.allow_spinning", "0")  # idle threads would hold eager's cores (07)
 if device.type == "cuda":
     session = onnx_runtime.ort_session(onnx_path, providers=["CUDAExecutionProvider", "CPUExecutionProvider"])
     ort_run = onnx_runtime.ort_iobinding_runner(session, lambda s: (s[0], ref.shape[1]))

@@ -74,6 +74,13 @@ def test_session_runner_parity_and_levels(tiny_onnx, tmp_path):
         B.ort_session(path, level="max")
 
 
+def test_sessions_do_not_spin_idle_threads(tiny_onnx):
+    """ORT's idle threads spin by default and hold the cores of whatever runs next (eager PyTorch taking turns in
+    a comparison): the bench's sessions turn it off, as ORT's session records."""
+    sess = B.ort_session(tiny_onnx[1], threads=2)
+    assert sess.get_session_options().get_session_config_entry("session.intra_op.allow_spinning") == "0"
+
+
 def test_runner_bad_inputs_name_the_expected(tiny_onnx):
     run = B.ort_runner(B.ort_session(tiny_onnx[1], threads=1))
     with pytest.raises(B.BadInputError, match="expected one of \\['input'\\]"):

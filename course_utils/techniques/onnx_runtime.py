@@ -155,6 +155,8 @@ def ort_session(
     so.log_severity_level = 3  # errors only: the optimizer's notes are not for learners
     if threads is not None:
         so.intra_op_num_threads = int(threads)
+    # idle threads sleep instead of spinning (ORT's default), which would hold the cores of whatever runs next
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
     if optimized_path is not None:
         Path(optimized_path).parent.mkdir(parents=True, exist_ok=True)
         so.optimized_model_filepath = str(optimized_path)
