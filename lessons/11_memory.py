@@ -334,11 +334,12 @@ line_check = (
     if plausible
     else cu.intervals.Finding("not judged", "no prediction (the fitted slope was not positive)")
 )
-if not first["fits"]:
-    verdict = "OVER the budget: " + (
-        "a line fitted on small batches does not hold that far; leave a margin or measure near it"
-        if plausible
-        else "even the largest measured batch"
+if not first["fits"]:  # whether the line held there is line_check's verdict
+    verdict = "OVER the budget: " + {
+        "held": "the line held within its tolerance, and that tolerance is no margin: leave one below the budget",
+        "not judged": "even the largest measured batch",
+    }.get(
+        line_check.verdict, "a line fitted on small batches does not hold that far; leave a margin or measure near it"
     )
 else:  # it ran under the budget; whether the line's prediction of its peak held is line_check's verdict
     verdict = {
