@@ -201,9 +201,12 @@ def decision_guide(report: OptimizeReport, *, min_gain: float = 1.05) -> str:
     slow = ran[ran["speedup"].notna() & ~ran["technique"].isin(set(paying["technique"]))]  # not shown to pay
     for _, r in slow.iterrows():
         step = next((s for s in report.steps if s.technique == r["technique"] and s.ratio is not None), None)
-        slower = step.ratio.verdict == "slower" if step is not None else r["speedup"] < 1.0
-        verdict = "slower than" if slower else "not shown faster than"
-        lines.append(f"Does not pay here: {r['technique']} is {verdict} the baseline ({_speed(report, r)}).")
+        said = step.ratio.verdict if step is not None else ("slower" if r["speedup"] < 1.0 else "")
+        verdict = {  # "faster" and yet not paying: its interval's low end is under min_gain
+            "slower": "is slower than the baseline",
+            "faster": f"is faster than the baseline, but not shown {min_gain:.2f}x it",
+        }.get(said, "is not shown faster than the baseline")
+        lines.append(f"Does not pay here: {r['technique']} {verdict} ({_speed(report, r)}).")
     for _, r in ran[~ran["within_budget"].fillna(False).astype(bool)].iterrows():
         lines.append(f"Outside the budget: {r['technique']} ({r['reason'] or r['check']}).")
     for _, r in df[~df["applied"]].iterrows():
