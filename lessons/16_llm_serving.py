@@ -1950,6 +1950,7 @@ import os
 import shutil
 import tempfile
 from pathlib import Path
+from types import SimpleNamespace
 
 from course_utils.serve import server_process, stream_load
 
@@ -2139,27 +2140,12 @@ for a, (p, cap) in zip(answers, work, strict=True):
     tokens = [line["token"] for line in a.lines if isinstance(line, dict) and "token" in line]
     assert a.ok, f"served request {a.index}: status {a.status}, {a.error or a.lines[:3]}"
     assert tokens == expected_answer(p)[:cap], f"served request {a.index} differs from generate: {tokens}"
-ttft = [1000 * a.times_s[0] for a in answers]  # from when the request was due to its first token
-itl = [1000 * g for a in answers for g in np.diff(a.times_s)]  # every gap between two streamed tokens
-per_request = [1000 * (a.times_s[-1] - a.times_s[0]) / (len(a.times_s) - 1) if len(a.times_s) > 1 else 0.0
-               for a in answers]  # fmt: skip
-tpot = [p for p, a in zip(per_request, answers, strict=True) if len(a.times_s) > 1]  # one mean per request
-span = max(a.due_s + a.times_s[-1] for a in answers) - min(a.due_s for a in answers)
-# goodput as `metrics` counts it: TTFT and TPOT both within the targets (a one-token answer on its TTFT alone)
-good = sum(t <= TTFT_SLO_MS and p <= TPOT_SLO_MS for t, p in zip(ttft, per_request, strict=True))
-served = {
-    "goodput_rps": good / span,
-    "met_targets": good,
-    "tpot_p99_ms": np.percentile(tpot, 99),
-    "tokens": sum(len(a.times_s) for a in answers),
-    "seconds": span,
-    "tokens_per_s": sum(len(a.times_s) for a in answers) / span,
-    "ttft_p50_ms": np.percentile(ttft, 50),
-    "ttft_p99_ms": np.percentile(ttft, 99),
-    "itl_p50_ms": np.percentile(itl, 50),
-    "itl_p99_ms": np.percentile(itl, 99),
-    "tpot_p50_ms": np.percentile(tpot, 50),
-}
+# The served answers in `metrics`' terms, so both rows are the same definitions: each request arrives when it was
+# due (the client's clock starts there, see above) and each token counts when its line reached the client.
+# (out: one entry per token, which is all `metrics` counts of it)
+served = metrics(
+    [SimpleNamespace(arrival=a.due_s, times=[a.due_s + t for t in a.times_s], out=a.times_s) for a in answers]
+)
 print(
     f"Served over HTTP on 127.0.0.1 ({MAX_SLOTS} slots, chunked prefill, one model thread): all {len(answers)} "
     "streams == generate. Beside it, the in-process chunked runs above (this notebook's threads, no HTTP):"
